@@ -1,0 +1,20 @@
+# The two commands the README promises. Each installs what is missing first (scripts/setup.sh).
+PY := .venv/bin/python
+ARGS ?=
+
+.PHONY: run test lab check
+run:
+	@scripts/setup.sh run
+	@exec .venv/bin/node-resize-exporter run $(ARGS)
+
+test:
+	@scripts/setup.sh test
+	@$(PY) -m pytest $(ARGS)
+
+check:
+	@scripts/setup.sh run
+	@.venv/bin/node-resize-exporter check
+
+lab:
+	@scripts/setup.sh lab
+	@$(PY) -m lab $(ARGS)

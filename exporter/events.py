@@ -1,0 +1,220 @@
+"""The typed events every source yields and the correlator consumes.
+
+One direction of flow: sources -> these events -> correlator -> sinks. Every timestamp here is
+wall-clock seconds (float, time.time() basis) derived from CLOCK_MONOTONIC through
+exporter.clock.Clock, so kernel time and user-space time share one axis and never jump.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class Resource(str, enum.Enum):
+    CPU = "cpu"
+    MEMORY = "memory"
+    HUGEPAGES_2MI = "hugepages-2Mi"
+    HUGEPAGES_1GI = "hugepages-1Gi"
+    SWAP = "swap"
+
+    @property
+    def unit(self) -> str:
+        """The kube-state-metrics unit label: CPUs are cores, everything else bytes."""
+        return "core" if self is Resource.CPU else "byte"
+
+
+class Direction(str, enum.Enum):
+    """A kernel transition's direction (a CPU or memory block going online or offline)."""
+
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+    @property
+    def change(self) -> "Change":
+        return Change.INCREASE if self is Direction.ONLINE else Change.DECREASE
+
+
+class Change(str, enum.Enum):
+    """A capacity change's direction, as the KEP-3953 metrics name it."""
+
+    INCREASE = "increase"
+    DECREASE = "decrease"
+
+
+class Result(str, enum.Enum):
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+# ---------------------------------------------------------------- kernel side
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One CPU or memory block finished changing state in the kernel (or the kernel refused).
+
+    `start` is None when the source cannot know when the transition began (uevent, sysfs);
+    only BPF records carry a duration.
+    """
+
+    source: str  # "bpf", "uevent" or "sysfs"
+    resource: Resource  # CPU or MEMORY (per unit); capacity-only changes use CapacityChange
+    unit: int  # CPU number or memory block number
+    direction: Direction
+    result: Result
+    end: float
+    start: float | None = None
+    steps: int | None = None  # cpuhp steps run (BPF)
+    failed_state: str | None = None  # cpuhp state name (or number) whose callback failed
+    error: str | None = None  # errno name or "ret=-16"
+    pfn: int | None = None  # memory: first page frame (BPF)
+    nr_pages: int | None = None  # memory: pages in the range (BPF)
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.start is None else max(0.0, self.end - self.start)
+
+
+@dataclass(frozen=True)
+class DeviceChange:
+    """A CPU or memory block device appeared or vanished (uevent add/remove: physical hotplug)."""
+
+    source: str
+    resource: Resource
+    unit: int
+    action: str  # "add" or "remove"
+    time: float
+
+
+@dataclass(frozen=True)
+class KernelSnapshot:
+    """What sysfs and procfs say right now: the truth every gauge is set from."""
+
+    time: float
+    cpus_online: frozenset[int]
+    cpus_offline: frozenset[int]
+    cpus_present: frozenset[int]
+    cpus_possible: frozenset[int]
+    memory_block_size: int  # bytes; 0 when the kernel has no memory hotplug sysfs
+    memory_blocks_online: frozenset[int]
+    memory_blocks_offline: frozenset[int]
+    mem_total_bytes: int
+    swap_total_bytes: int
+    hugepages_bytes: Mapping[Resource, int] = field(default_factory=dict)
+
+    def capacity(self, resource: Resource) -> float:
+        """The kernel's capacity in the unit the Node object uses (cores or bytes)."""
+        if resource is Resource.CPU:
+            return float(len(self.cpus_online))
+        if resource is Resource.MEMORY:
+            return float(self.mem_total_bytes)
+        if resource is Resource.SWAP:
+            return float(self.swap_total_bytes)
+        return float(self.hugepages_bytes.get(resource, 0))
+
+    @property
+    def memory_blocks_bytes(self) -> int:
+        return len(self.memory_blocks_online) * self.memory_block_size
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """A source started, stopped or failed; `reason` says why, for logs and `check`."""
+
+    source: str
+    up: bool
+    time: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class EventsLost:
+    """A source lost events (ring buffer full, netlink ENOBUFS). `count` is the new loss."""
+
+    source: str
+    count: int
+    time: float
+
+
+@dataclass(frozen=True)
+class MalformedInput:
+    """A source got data it could not parse; counted and skipped, never fatal."""
+
+    source: str
+    detail: str
+    time: float
+
+
+# ---------------------------------------------------------------- Kubernetes side
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """The Node object's status as a watch delivered it (time = delivery time)."""
+
+    time: float
+    node: str
+    capacity: Mapping[Resource, float]  # cores or bytes
+    allocatable: Mapping[Resource, float]
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerResize:
+    """Balloon pod in-place resize state, read from conditions (or deprecated status.resize)."""
+
+    pending_reason: str = ""  # "Deferred", "Infeasible" (PodResizePending) or ""
+    in_progress: bool = False  # PodResizeInProgress present
+    in_progress_error: bool = False  # PodResizeInProgress reason Error
+    desired: Mapping[Resource, float] = field(default_factory=dict)  # spec requests
+    applied: Mapping[Resource, float] = field(default_factory=dict)  # status resources
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    """One pod on this node, as the pod watch delivered it."""
+
+    time: float
+    uid: str
+    namespace: str
+    name: str
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    reason: str  # status.reason, e.g. OutOfcpu
+    ready: bool
+    deleted: bool = False
+    balloon: bool = False
+    requests: Mapping[Resource, float] = field(default_factory=dict)  # sum over containers
+    resize: ContainerResize | None = None
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class PodsRelisted:
+    """A relist replaced the pod view: pods not in `uids` are gone (no double counting)."""
+
+    time: float
+    uids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class PodResourcesAllocatable:
+    """kubelet podresources GetAllocatableResources. None means "not reported" (empty list)."""
+
+    time: float
+    cpu_ids: frozenset[int] | None
+    memory_bytes: Mapping[str, int] = field(default_factory=dict)  # memory type -> bytes
+
+
+@dataclass(frozen=True)
+class KubeletFeatures:
+    """What the kubelet's own /metrics says: feature gates and native resize metrics found."""
+
+    time: float
+    gates: Mapping[str, bool]
+    native_metrics: frozenset[str] = frozenset()
+
+
+KernelEvent = Transition | DeviceChange | KernelSnapshot
+KubeEvent = NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
+Event = KernelEvent | KubeEvent | SourceStatus | EventsLost | MalformedInput

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Installs what node-resize-exporter needs on a Debian 12 machine, as root. Idempotent: a second
+# run checks and says nothing. Usage: scripts/setup.sh run|test|lab
+#   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
+#   test  run + pytest deps, Debian's prometheus/promtool and alertmanager, the QEMU lab's packages
+set -euo pipefail
+mode=${1:-run}
+here=$(cd "$(dirname "$0")/.." && pwd)
+venv=$here/.venv
+say() { echo "setup: $*" >&2; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    say "must run as root to install Debian packages and mount tracefs (try: sudo make $mode)"; exit 1
+  fi
+}
+
+apt_install() {  # apt_install pkg... : installs only the packages not yet installed
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  need_root
+  say "installing Debian packages: ${missing[*]}"
+  if [ -z "$(find /var/lib/apt/lists -name '*Packages*' -newer /etc/apt/sources.list 2>/dev/null | head -1)" ] \
+     || ! apt-get install -y -qq --no-install-recommends --dry-run "${missing[@]}" >/dev/null 2>&1; then
+    apt-get update -qq
+  fi
+  # INITRD=No: the lab only needs the guest kernel image, not an initramfs for this host.
+  DEBIAN_FRONTEND=noninteractive INITRD=No apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/tmp/node-resize-exporter-apt.log 2>&1 \
+    || { cat /tmp/node-resize-exporter-apt.log >&2; exit 1; }
+}
+
+kernel_headers() {
+  # bcc compiles C at load time and wants /lib/modules/$(uname -r)/build. Kernels without their
+  # own headers (custom builds, no CONFIG_IKHEADERS) work with Debian's: tracepoint programs only
+  # read `args`, never kernel struct layouts, so the version does not matter.
+  local kdir=/lib/modules/$(uname -r)
+  [ -e "$kdir/build/Makefile" ] && return 0
+  [ -e /sys/kernel/kheaders.tar.xz ] && return 0
+  apt_install linux-headers-amd64
+  local hdr common
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -1)
+  [ -n "$hdr" ] || { say "no /usr/src/linux-headers-*-amd64 after installing linux-headers-amd64"; exit 1; }
+  need_root
+  mkdir -p "$kdir"
+  ln -sfn "$hdr" "$kdir/build"
+  [ -n "$common" ] && ln -sfn "$common" "$kdir/source"
+  say "linked $kdir/build -> $hdr (bcc needs kernel headers; this kernel ships none)"
+}
+
+tracefs() {
+  [ -e /sys/kernel/tracing/events ] && return 0
+  need_root
+  mount -t tracefs nodev /sys/kernel/tracing && say "mounted tracefs on /sys/kernel/tracing"
+}
+
+venv() {
+  local extras=$1 stamp=$venv/.installed-$1
+  if [ ! -x "$venv/bin/python" ]; then
+    # /usr/bin/python3 is the interpreter Debian's bcc is built for; system site packages let
+    # the venv import it (bcc is not on PyPI).
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+  fi
+  if [ ! -f "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
+    say "installing the project into $venv ($extras)"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[$extras]" \
+      >/tmp/node-resize-exporter-pip.log 2>&1 || { cat /tmp/node-resize-exporter-pip.log >&2; exit 1; }
+    touch "$stamp"
+  fi
+}
+
+base() {
+  apt_install python3-bpfcc python3-venv python3-pip
+  kernel_headers
+  tracefs
+}
+
+case "$mode" in
+  run)  base; venv run ;;
+  test) base
+        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 busybox-static
+        venv "test,report" ;;
+  lab)  base; apt_install qemu-system-x86 linux-image-amd64 busybox-static; venv "test" ;;
+  *) say "unknown mode '$mode' (use run, test or lab)"; exit 2 ;;
+esac

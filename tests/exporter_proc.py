@@ -1,0 +1,113 @@
+"""Run a real `node-resize-exporter run` as a subprocess and scrape it over HTTP."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Scrape:
+    """One /metrics exposition, parsed: value(name, **labels)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.samples: dict[tuple[str, frozenset], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                self.samples[(s.name, frozenset(s.labels.items()))] = s.value
+
+    def value(self, name: str, default: float | None = None, **labels) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())), default)
+
+    def series(self, name: str) -> dict[frozenset, float]:
+        return {lab: v for (n, lab), v in self.samples.items() if n == name}
+
+
+class RunningExporter:
+    def __init__(self, *args: str, env: dict | None = None, journal: bool = False):
+        self.port = free_port()
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.tmp = tempfile.TemporaryDirectory(prefix="nre-test-")
+        self.log_path = Path(self.tmp.name) / "exporter.log"
+        if not journal and "--journal" not in self.args and "--no-journal" not in self.args:
+            self.args.append("--no-journal")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "RunningExporter":
+        cmd = [sys.executable, "-m", "exporter", "run", "--listen", f"127.0.0.1:{self.port}",
+               "--log-level", "debug", *self.args]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exporter exited {self.proc.returncode}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"exporter not ready in {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def scrape(self) -> Scrape:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            return Scrape(r.read().decode())
+
+    def wait_for(self, predicate, timeout: float = 10.0, interval: float = 0.05) -> Scrape:
+        """Scrape until predicate(scrape) is true; the last scrape is in the error otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            scrape = self.scrape()
+            if predicate(scrape):
+                return scrape
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met in {timeout}s; last scrape:\n"
+                                     f"{scrape.text}\nlogs:\n{self.logs()[-4000:]}")
+            time.sleep(interval)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "RunningExporter":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.tmp.cleanup()

@@ -1,0 +1,125 @@
+"""Drive the real kernel's CPU and memory hotplug from tests, always restoring state."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CPU_ROOT = Path("/sys/devices/system/cpu")
+MEM_ROOT = Path("/sys/devices/system/memory")
+LOCK_PATH = "/run/lock/node-resize-exporter-hotplug.lock"
+
+
+@contextlib.contextmanager
+def hotplug_lock():
+    """One machine-wide lock for every test (any process) that hotplugs CPUs or memory."""
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    with open(LOCK_PATH, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclass
+class Cpu:
+    n: int
+
+    @property
+    def path(self) -> Path:
+        return CPU_ROOT / f"cpu{self.n}" / "online"
+
+    def hotpluggable(self) -> bool:
+        return self.path.exists() and os.access(self.path, os.W_OK)
+
+    def online(self) -> bool:
+        return self.path.read_text().strip() == "1"
+
+    def set_online(self, on: bool) -> None:
+        if self.online() != on:
+            self.path.write_text("1" if on else "0")
+
+
+@dataclass
+class MemoryBlock:
+    n: int
+
+    @property
+    def path(self) -> Path:
+        return MEM_ROOT / f"memory{self.n}" / "state"
+
+    def state(self) -> str:
+        return self.path.read_text().strip()
+
+    def try_offline(self) -> int:
+        """0 on success, else the errno the kernel answered (EBUSY for a refused offline)."""
+        try:
+            self.path.write_text("offline")
+            return 0
+        except OSError as e:
+            return e.errno or errno.EIO
+
+    def set_online(self, on: bool) -> None:
+        want = "online" if on else "offline"
+        if self.state() != want:
+            self.path.write_text(want)
+
+
+def memory_blocks() -> list[MemoryBlock]:
+    if not MEM_ROOT.exists():
+        return []
+    return sorted((MemoryBlock(int(p.name[6:])) for p in MEM_ROOT.glob("memory[0-9]*")),
+                  key=lambda b: b.n)
+
+
+def _removable_candidates() -> list[MemoryBlock]:
+    return [b for b in memory_blocks() if b.n > 0 and b.path.exists() and b.state() == "online"]
+
+
+def find_offlinable_memory_block() -> MemoryBlock | None:
+    """Try blocks low to high (low ones are the offlinable ones here); leave it online."""
+    for block in _removable_candidates()[:120]:
+        if block.try_offline() == 0:
+            block.set_online(True)
+            return block
+    return None
+
+
+def find_refused_memory_block() -> MemoryBlock | None:
+    """The highest blocks hold kernel memory here and are refused with EBUSY."""
+    for block in reversed(_removable_candidates()[-40:]):
+        err = block.try_offline()
+        if err == 0:
+            block.set_online(True)
+            continue
+        if err == errno.EBUSY:
+            return block
+    return None
+
+
+@dataclass
+class Baseline:
+    cpus_online: dict[int, bool]
+    blocks_online: dict[int, bool]
+
+    @classmethod
+    def capture(cls) -> "Baseline":
+        cpus = {}
+        for p in CPU_ROOT.glob("cpu[0-9]*/online"):
+            cpus[int(p.parent.name[3:])] = p.read_text().strip() == "1"
+        blocks = {b.n: b.state() == "online" for b in memory_blocks() if b.path.exists()}
+        return cls(cpus, blocks)
+
+    def restore(self) -> None:
+        for n, was_online in self.cpus_online.items():
+            if was_online:
+                with contextlib.suppress(OSError):
+                    Cpu(n).set_online(True)
+        for n, was_online in self.blocks_online.items():
+            if was_online:
+                with contextlib.suppress(OSError):
+                    MemoryBlock(n).set_online(True)
