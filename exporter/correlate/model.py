@@ -1,0 +1,96 @@
+"""Episodes: one capacity change of one resource, as the kernel saw it, followed to its end.
+
+Plain dataclasses, shared by the correlator (which builds them) and the sinks (traces, journal,
+metrics) that read them. See ../shared/DESIGN.md, "Episodes".
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from exporter.events import Change, Resource, Transition
+
+
+class Phase(str, enum.Enum):
+    KERNEL = "kernel"  # transitions may still join (coalescing window open)
+    RESYNC = "resync"  # kernel done; waiting for the Node capacity to match the kernel
+    READMISSION = "readmission"  # hot-unplug only: resynced; watching pod admission settle
+    ENDED = "ended"
+
+
+class Outcome(str, enum.Enum):
+    CONVERGED = "converged"
+    KERNEL_FAILED = "kernel_failed"
+    RESYNC_TIMEOUT = "resync_timeout"
+    MISMATCH = "mismatch"
+    SUPERSEDED = "superseded"
+    # No Kubernetes source configured: the episode ends with its kernel phase, no resync judged.
+    KERNEL_ONLY = "kernel_only"
+
+
+class PodVerdict(str, enum.Enum):
+    KEPT = "kept"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    time: float
+    namespace: str
+    name: str
+    uid: str
+    outcome: PodVerdict
+    reason: str  # status.reason of a rejected pod (OutOfcpu, ...), "NotReady", or "" when kept
+
+
+@dataclass
+class Episode:
+    id: str  # deterministic from the first transition, so a replay yields the same ids
+    resource: Resource
+    change: Change
+    opened: float  # start of the first transition (its end when the start is unknown)
+    transitions: list[Transition] = field(default_factory=list)
+    kernel_done: float | None = None  # end of the last successful (or last) transition
+    kernel_before: float | None = None  # kernel capacity before / after (cores or bytes)
+    kernel_after: float | None = None
+    kubelet_before: float | None = None  # Node status.capacity when the episode opened
+    phase: Phase = Phase.KERNEL
+    resynced: float | None = None  # watch delivery time of the matching Node update
+    kubelet_after: float | None = None  # the Node capacity it settled on (match or mismatch)
+    readmission_settled: float | None = None
+    pods: list[PodOutcome] = field(default_factory=list)
+    outcome: Outcome | None = None
+    ended: float | None = None
+    detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+
+    @property
+    def kernel_seconds(self) -> float | None:
+        return None if self.kernel_done is None else self.kernel_done - self.opened
+
+    @property
+    def resync_seconds(self) -> float | None:
+        if self.resynced is None or self.kernel_done is None:
+            return None
+        return max(0.0, self.resynced - self.kernel_done)
+
+    @property
+    def readmission_seconds(self) -> float | None:
+        if self.readmission_settled is None or self.kernel_done is None:
+            return None
+        return max(0.0, self.readmission_settled - self.kernel_done)
+
+
+class UpdateKind(str, enum.Enum):
+    OPENED = "opened"
+    TRANSITION = "transition"
+    KERNEL_DONE = "kernel_done"
+    RESYNCED = "resynced"
+    POD = "pod"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class EpisodeUpdate:
+    kind: UpdateKind
+    episode: Episode  # a copy taken when the update was made: sinks may keep it
+    time: float
