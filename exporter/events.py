@@ -129,6 +129,16 @@ class SourceStatus:
 
 
 @dataclass(frozen=True)
+class ProgramStatus:
+    """A BPF program attached or not (and why), as ebpf_exporter reports its programs."""
+
+    program: str
+    attached: bool
+    time: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class EventsLost:
     """A source lost events (ring buffer full, netlink ENOBUFS). `count` is the new loss."""
 
@@ -217,4 +227,4 @@ class KubeletFeatures:
 
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
-Event = KernelEvent | KubeEvent | SourceStatus | EventsLost | MalformedInput
+Event = KernelEvent | KubeEvent | SourceStatus | ProgramStatus | EventsLost | MalformedInput

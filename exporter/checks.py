@@ -1,0 +1,149 @@
+"""`node-resize-exporter check`: what works here, what does not, and the fix for each."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok", "warn" (works, with less), "fail"
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.upper():4} {self.name}: {self.detail}"
+        return text + (f"\n     fix: {self.fix}" if self.fix and self.status != "ok" else "")
+
+
+def effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def check_capabilities() -> Check:
+    caps = effective_caps()
+    has = lambda c: bool(caps >> c & 1)  # noqa: E731
+    if has(CAP_BPF) and has(CAP_PERFMON):
+        return Check("capabilities", "ok", "CAP_BPF and CAP_PERFMON")
+    if has(CAP_SYS_ADMIN):
+        return Check("capabilities", "ok", "CAP_SYS_ADMIN (covers BPF on kernels < 5.8)")
+    return Check("capabilities", "fail", "neither CAP_BPF+CAP_PERFMON nor CAP_SYS_ADMIN",
+                 "run as root, or add capabilities BPF and PERFMON (SYS_ADMIN before 5.8)")
+
+
+def check_tracefs() -> Check:
+    if Path("/sys/kernel/tracing/events").exists():
+        return Check("tracefs", "ok", "mounted at /sys/kernel/tracing")
+    return Check("tracefs", "fail", "not mounted at /sys/kernel/tracing",
+                 "mount -t tracefs nodev /sys/kernel/tracing")
+
+
+def check_btf() -> Check:
+    if Path("/sys/kernel/btf/vmlinux").exists():
+        return Check("BTF", "ok", "/sys/kernel/btf/vmlinux present")
+    return Check("BTF", "warn", "no /sys/kernel/btf/vmlinux (not needed: the programs read "
+                 "tracepoint args only)", "use a kernel with CONFIG_DEBUG_INFO_BTF for CO-RE tools")
+
+
+def check_headers() -> Check:
+    build = Path(f"/lib/modules/{os.uname().release}/build")
+    if (build / "Makefile").exists():
+        return Check("kernel headers", "ok", f"{build} -> {build.resolve()}")
+    if Path("/sys/kernel/kheaders.tar.xz").exists():
+        return Check("kernel headers", "ok", "kheaders module")
+    return Check("kernel headers", "fail", f"{build} missing; bcc compiles C at load time",
+                 "scripts/setup.sh run (installs linux-headers-amd64 and links it) or "
+                 "modprobe kheaders")
+
+
+def check_bcc() -> Check:
+    try:
+        import bcc  # noqa: F401
+        return Check("bcc", "ok", f"python bcc at {Path(bcc.__file__).parent}")
+    except ImportError as e:
+        return Check("bcc", "fail", f"cannot import bcc: {e}",
+                     "apt-get install python3-bpfcc; use a venv made with "
+                     "/usr/bin/python3 -m venv --system-site-packages")
+
+
+def check_tracepoints() -> Check:
+    base = Path("/sys/kernel/tracing/events/cpuhp")
+    missing = [t for t in ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
+               if not (base / t).exists()]
+    if not missing:
+        return Check("cpuhp tracepoints", "ok", "cpuhp_enter, cpuhp_multi_enter, cpuhp_exit")
+    return Check("cpuhp tracepoints", "fail", f"missing {', '.join(missing)}",
+                 "mount tracefs; the kernel needs CONFIG_HOTPLUG_CPU and CONFIG_TRACEPOINTS")
+
+
+def check_kprobes() -> Check:
+    if Path("/sys/kernel/tracing/kprobe_events").exists():
+        return Check("kprobes", "ok", "memory online/offline probes can attach")
+    return Check("kprobes", "warn", "kernel built without CONFIG_KPROBES: the memory BPF "
+                 "probes (online_pages/offline_pages) cannot attach; memory hotplug is still "
+                 "seen through uevents and sysfs, without kernel durations or refusal codes",
+                 "a kernel with CONFIG_KPROBES=y for memory durations and EBUSY reasons")
+
+
+def check_uevent() -> Check:
+    from exporter.sources.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
+            s.bind((0, KERNEL_GROUP))
+        return Check("uevent socket", "ok", "NETLINK_KOBJECT_UEVENT group 1 joined")
+    except OSError as e:
+        return Check("uevent socket", "fail", str(e),
+                     "run in the host network namespace (hostNetwork: true)")
+
+
+def check_sysfs(sysfs: str = "/sys") -> Check:
+    cpu = Path(sysfs) / "devices/system/cpu/online"
+    mem = Path(sysfs) / "devices/system/memory/block_size_bytes"
+    if not os.access(cpu, os.R_OK):
+        return Check("sysfs", "fail", f"cannot read {cpu}", "mount the host's /sys")
+    if not mem.exists():
+        return Check("sysfs", "warn", f"{cpu} readable; no memory hotplug in sysfs",
+                     "a kernel with CONFIG_MEMORY_HOTPLUG to see memory blocks")
+    return Check("sysfs", "ok", f"{cpu} and memory blocks readable")
+
+
+def check_bpf_load() -> Check:
+    """The only real test: compile, load and attach, then detach."""
+    from exporter.clock import MonotonicWallClock
+    from exporter.sources.base import SourceUnavailable
+    from exporter.sources.bpf import BpfSource
+
+    source = BpfSource(MonotonicWallClock())
+    try:
+        source.open()
+    except SourceUnavailable as e:
+        return Check("bpf source", "fail", e.reason, e.fix)
+    try:
+        attached = [p for p, (ok, _) in source.attached.items() if ok]
+        missing = [p for p, (ok, _) in source.attached.items() if not ok]
+        detail = f"compiled and attached: {', '.join(attached)}"
+        if missing:
+            detail += f"; not attached: {', '.join(missing)}"
+        return Check("bpf source", "ok", detail)
+    finally:
+        source.close()
+
+
+def run_checks() -> list[Check]:
+    checks = [check_capabilities(), check_tracefs(), check_btf(), check_headers(), check_bcc(),
+              check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs()]
+    prerequisites = {"capabilities", "tracefs", "kernel headers", "bcc", "cpuhp tracepoints"}
+    if all(c.status != "fail" for c in checks if c.name in prerequisites):
+        checks.append(check_bpf_load())
+    else:
+        checks.append(Check("bpf source", "fail", "not tried: a prerequisite above failed",
+                            "fix the failures above"))
+    return checks

@@ -1,0 +1,145 @@
+"""What the correlator knows about the Kubernetes side: the Node, the pods, balloon resizes.
+
+Pure state fed by events; the episode tracker reads it to judge resync and readmission, and the
+gauges (kubelet capacity, balloon requests, effective capacity) are computed from it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def is_active(pod: PodStatus) -> bool:
+    """A pod that holds (or will hold) node resources: not finished, not deleted."""
+    return not pod.deleted and pod.phase not in TERMINAL_PHASES
+
+
+class NodeView:
+    """The latest Node status, and since when each capacity value has been what it is."""
+
+    def __init__(self) -> None:
+        self.status: NodeStatus | None = None
+        # First delivery of the current capacity value per resource: a heartbeat that repeats
+        # the same value must not move a resync timestamp.
+        self.since: dict[Resource, float] = {}
+
+    def update(self, node: NodeStatus) -> None:
+        old = self.status.capacity if self.status is not None else {}
+        for resource, value in node.capacity.items():
+            if resource not in old or old[resource] != value or resource not in self.since:
+                self.since[resource] = node.time
+        for resource in list(self.since):
+            if resource not in node.capacity:
+                del self.since[resource]
+        self.status = node
+
+    def capacity(self, resource: Resource) -> float | None:
+        if self.status is None:
+            return None
+        value = self.status.capacity.get(resource)
+        return None if value is None else float(value)
+
+
+class PodView:
+    """Pods on this node keyed by uid: watch events upsert, deletions and relists remove."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodStatus] = {}
+
+    def get(self, uid: str) -> PodStatus | None:
+        return self.pods.get(uid)
+
+    def apply(self, pod: PodStatus) -> None:
+        if pod.deleted:
+            self.pods.pop(pod.uid, None)
+        else:
+            self.pods[pod.uid] = pod
+
+    def relist(self, uids: frozenset[str]) -> list[str]:
+        """Drop every pod the relist did not list; returns the uids dropped."""
+        gone = [uid for uid in self.pods if uid not in uids]
+        for uid in gone:
+            del self.pods[uid]
+        return gone
+
+    def active(self) -> Iterator[PodStatus]:
+        return (pod for pod in self.pods.values() if is_active(pod))
+
+    def balloons(self) -> list[PodStatus]:
+        return [pod for pod in self.active() if pod.balloon]
+
+    def balloon_requests(self) -> dict[Resource, float]:
+        total: dict[Resource, float] = {}
+        for pod in self.balloons():
+            for resource, value in pod.requests.items():
+                total[resource] = total.get(resource, 0.0) + float(value)
+        return total
+
+
+@dataclass
+class _ResizeAttempt:
+    desired: dict[Resource, float]
+    started: float  # the first event that showed desired != applied
+    deferred: bool = False  # "deferred" counted already (once per attempt)
+    errored: bool = False  # "error" counted already
+    closed: bool = False  # ended Infeasible: nothing more to count for this target
+
+
+def _applied(resize: ContainerResize) -> bool:
+    return all(resource in resize.applied and float(resize.applied[resource]) == float(value)
+               for resource, value in resize.desired.items())
+
+
+class BalloonResizes:
+    """In-place resizes of balloon pods, one attempt per (pod, desired requests).
+
+    Events repeat (watch re-deliveries, relists), so every result is counted once per attempt.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, _ResizeAttempt] = {}
+
+    def observe(self, pod: PodStatus) -> list[tuple[str, float | None]]:
+        """Results this event decides: [(applied|deferred|infeasible|error, duration or None)]."""
+        if pod.deleted or not pod.balloon:
+            self.forget(pod.uid)
+            return []
+        resize = pod.resize
+        if resize is None or not resize.desired:
+            return []
+        attempt = self.attempts.get(pod.uid)
+        if _applied(resize):
+            self.attempts.pop(pod.uid, None)
+            if attempt is None or attempt.closed:
+                return []
+            return [("applied", max(0.0, pod.time - attempt.started))]
+        desired = {resource: float(value) for resource, value in resize.desired.items()}
+        if attempt is None or attempt.desired != desired:
+            # A new target replaces an unfinished one: the old attempt is abandoned, not failed.
+            attempt = self.attempts[pod.uid] = _ResizeAttempt(desired, pod.time)
+        if attempt.closed:
+            return []
+        results: list[tuple[str, float | None]] = []
+        if resize.pending_reason == "Infeasible":
+            attempt.closed = True
+            return [("infeasible", None)]
+        if resize.pending_reason == "Deferred" and not attempt.deferred:
+            attempt.deferred = True
+            results.append(("deferred", None))
+        if resize.in_progress_error and not attempt.errored:
+            attempt.errored = True
+            results.append(("error", None))
+        return results
+
+    def forget(self, uid: str) -> None:
+        self.attempts.pop(uid, None)
+
+
+def subtract(minuend: Mapping[Resource, float], subtrahend: Mapping[Resource, float]
+             ) -> dict[Resource, float]:
+    return {resource: float(value) - float(subtrahend.get(resource, 0.0))
+            for resource, value in minuend.items()}

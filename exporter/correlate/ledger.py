@@ -1,0 +1,79 @@
+"""The kernel ledger: what every source saw, each transition counted once.
+
+Several sources see the same transition (BPF, then the uevent, then the sysfs reconciler's
+diff), in any order, and any of them may miss some (a full ring buffer, ENOBUFS, a flap faster
+than a sysfs read). Per unit and direction we count what each source saw; a transition is new
+when some source's count goes past the best count so far, so the total is the maximum over
+sources: no double counting, and a transition any one source saw is not lost. Durations come
+only from BPF, which never duplicates itself, so each BPF record's duration is observed.
+Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from exporter.correlate.histogram import KERNEL_BUCKETS, Histogram
+from exporter.events import (
+    Direction, Event, EventsLost, KernelSnapshot, MalformedInput, ProgramStatus, Resource, Result,
+    SourceStatus, Transition,
+)
+
+UnitKey = tuple[Resource, int, Direction, Result]
+
+
+@dataclass
+class SourceState:
+    up: bool
+    reason: str = ""
+
+
+@dataclass
+class KernelLedger:
+    seen: dict[str, Counter[UnitKey]] = field(default_factory=dict)  # per source
+    best: Counter[UnitKey] = field(default_factory=Counter)
+    transitions: Counter[tuple[Resource, Direction, Result]] = field(default_factory=Counter)
+    durations: dict[tuple[Resource, Direction], Histogram] = field(default_factory=dict)
+    snapshot: KernelSnapshot | None = None
+    events: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    malformed: Counter[str] = field(default_factory=Counter)
+    sources: dict[str, SourceState] = field(default_factory=dict)
+    programs: dict[str, SourceState] = field(default_factory=dict)
+
+    def handle(self, event: Event, source: str | None = None) -> bool:
+        """Record the event; True when the correlator should act on it (new, not a duplicate).
+
+        `source` names who delivered it when the event itself does not say (KernelSnapshot
+        from sysfs, Kubernetes events from their watches)."""
+        name = getattr(event, "source", None) or source
+        if name:
+            self.events[name] += 1
+        if isinstance(event, Transition):
+            return self._transition(event)
+        if isinstance(event, KernelSnapshot):
+            self.snapshot = event
+        elif isinstance(event, SourceStatus):
+            self.sources[event.source] = SourceState(event.up, event.reason)
+        elif isinstance(event, ProgramStatus):
+            self.programs[event.program] = SourceState(event.attached, event.reason)
+        elif isinstance(event, EventsLost):
+            self.lost[event.source] += event.count
+        elif isinstance(event, MalformedInput):
+            self.malformed[event.source] += 1
+        return True
+
+    def _transition(self, t: Transition) -> bool:
+        if t.duration is not None:
+            self._histogram(t.resource, t.direction).observe(t.duration)
+        key = (t.resource, t.unit, t.direction, t.result)
+        seen = self.seen.setdefault(t.source, Counter())
+        seen[key] += 1
+        if seen[key] <= self.best[key]:
+            return False
+        self.best[key] = seen[key]
+        self.transitions[(t.resource, t.direction, t.result)] += 1
+        return True
+
+    def _histogram(self, resource: Resource, direction: Direction) -> Histogram:
+        return self.durations.setdefault((resource, direction), Histogram(KERNEL_BUCKETS))

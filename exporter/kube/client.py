@@ -1,0 +1,168 @@
+"""How the exporter talks to the API server: configuration, the lightkube client, resources.
+
+lightkube does the HTTP, auth, TLS and list/watch decoding. Three things it does not do that a
+node agent needs are added here, through lightkube's public `transport` hook rather than by
+writing HTTP ourselves:
+- ask watches for bookmarks (`allowWatchBookmarks=true`; lightkube has no parameter for it),
+  so a quiet, field-selected watch still advances its resourceVersion and survives compaction;
+- bound a watch's read time (lightkube reads forever), so a silently dead TCP connection is
+  noticed after `watch_read_timeout` seconds instead of never;
+- abort in-flight watches from another thread (socket shutdown), so a source stops promptly.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import weakref
+from pathlib import Path
+from typing import Callable, Mapping
+
+import httpx2 as httpx
+import lightkube
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.exceptions import ConfigError
+from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource, \
+    create_api_info
+
+from exporter.sources.base import SourceUnavailable
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+_VERBS = ["get", "list", "watch", "global_list", "global_watch"]
+
+
+class RawNode(GenericGlobalResource):
+    """core/v1 Node decoded as a plain dict: our converter tolerates odd fields, while
+    lightkube's typed models would reject a whole list for one unexpected value."""
+
+    _api_info = create_api_info("", "v1", "Node", "nodes", verbs=_VERBS)
+
+
+class RawPod(GenericNamespacedResource):
+    _api_info = create_api_info("", "v1", "Pod", "pods", verbs=_VERBS)
+
+
+def load_config(kubeconfig: str | None = None, *,
+                service_account_dir: str = SERVICE_ACCOUNT_DIR,
+                env: Mapping[str, str] | None = None) -> SingleConfig:
+    """--kubeconfig if given, else the in-cluster service account, else $KUBECONFIG.
+
+    Never ~/.kube/config: an agent on a node must not silently act as whoever logged in last.
+    """
+    env = os.environ if env is None else env
+    if kubeconfig:
+        return _from_file(kubeconfig, "--kubeconfig")
+    token = Path(service_account_dir, "token")
+    if env.get("KUBERNETES_SERVICE_HOST") and token.is_file():
+        try:
+            return KubeConfig.from_service_account(service_account_dir).get()
+        except (ConfigError, OSError, KeyError) as e:
+            raise SourceUnavailable(
+                f"in-cluster config in {service_account_dir} is unusable: {e}",
+                "mount the service-account token (automountServiceAccountToken: true)") from e
+    if env.get("KUBECONFIG"):
+        return _from_file(env["KUBECONFIG"], "$KUBECONFIG")
+    raise SourceUnavailable(
+        "no Kubernetes API configuration: not in a pod (KUBERNETES_SERVICE_HOST unset or no "
+        f"token in {service_account_dir}) and no --kubeconfig",
+        "run as the DaemonSet in deploy/ or pass --kubeconfig PATH (or disable the API sources)")
+
+
+def _from_file(path: str, what: str) -> SingleConfig:
+    try:
+        config = KubeConfig.from_file(path).get()
+    except (ConfigError, OSError, KeyError, TypeError, ValueError) as e:
+        raise SourceUnavailable(f"cannot use kubeconfig {path} ({what}): {e}",
+                                "pass a readable kubeconfig with a current-context") from e
+    if config is None or config.cluster is None or not config.cluster.server:
+        raise SourceUnavailable(f"kubeconfig {path} ({what}) names no cluster server",
+                                "set clusters[].cluster.server and current-context")
+    return config
+
+
+class KubeTransport(httpx.BaseTransport):
+    """Wraps the real HTTP transport for the three additions described in the module doc."""
+
+    def __init__(self, inner: httpx.BaseTransport, watch_read_timeout: float) -> None:
+        self._inner = inner
+        self._watch_read_timeout = watch_read_timeout
+        self._lock = threading.Lock()
+        self._watch_streams: weakref.WeakSet = weakref.WeakSet()
+        self._watch_responses: weakref.WeakSet = weakref.WeakSet()
+        self._aborted = False
+        # Called (in the requesting thread) with the HTTP status of each watch request: lets a
+        # source say "up again" when a re-watch connects, before any event arrives.
+        self.on_watch_response: Callable[[int], None] | None = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self._aborted:
+            raise httpx.ConnectError("client stopped", request=request)
+        is_watch = request.url.params.get("watch") == "true"
+        if is_watch:
+            if "allowWatchBookmarks" not in request.url.params:
+                request.url = request.url.copy_add_param("allowWatchBookmarks", "true")
+            timeout = dict(request.extensions.get("timeout") or {})
+            timeout["read"] = self._watch_read_timeout
+            request.extensions["timeout"] = timeout
+            self._release_old_watches()
+        response = self._inner.handle_request(request)
+        if is_watch:
+            self._watch_responses.add(response)
+            stream = response.extensions.get("network_stream")
+            if stream is not None:
+                with self._lock:
+                    self._watch_streams.add(stream)
+                if self._aborted:  # stop() raced with this request: do not block on it
+                    self.abort_watches()
+            if self.on_watch_response is not None:
+                self.on_watch_response(response.status_code)
+        return response
+
+    def _release_old_watches(self) -> None:
+        """Close earlier watch responses before a new watch starts (one watch per client).
+
+        lightkube leaves a watch response open when it raises out of it (an ERROR event such
+        as 410): unclosed, its pooled connection would stay checked out forever, and after
+        enough relists the pool would run dry.
+        """
+        for old in list(self._watch_responses):
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - a broken stream is exactly what we discard
+                pass
+            self._watch_responses.discard(old)
+
+    def abort_watches(self) -> None:
+        """Wake any thread blocked reading a watch: it sees a closed connection and returns.
+        Later requests fail at once: this is for stopping."""
+        with self._lock:
+            self._aborted = True
+            streams = list(self._watch_streams)
+        for stream in streams:
+            sock = stream.get_extra_info("socket")
+            if sock is None:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: nothing to wake
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def make_client(config: SingleConfig, *, request_timeout: float = 10.0,
+                watch_read_timeout: float = 330.0) -> tuple[lightkube.Client, KubeTransport]:
+    """A lightkube client for `config` plus the transport that can abort its watches."""
+    if config.user is None:
+        # lightkube asserts a user exists; an anonymous kubeconfig is legal, give it one.
+        from lightkube.config.models import User
+        config = SingleConfig(context_name=config.context_name, context=config.context,
+                              cluster=config.cluster, user=User(), fname=config.fname)
+    verify = verify_cluster(config.cluster, config.user, config.abs_file)
+    transport = KubeTransport(httpx.HTTPTransport(verify=verify, retries=0), watch_read_timeout)
+    client = lightkube.Client(config, timeout=httpx.Timeout(request_timeout), trust_env=False,
+                              transport=transport)
+    return client, transport

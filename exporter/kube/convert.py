@@ -1,0 +1,221 @@
+"""Node and Pod JSON (as the API server serialises them) -> the typed events.
+
+Pure functions over plain dicts. Real objects are not always tidy (older servers, fakes,
+hand-edited status), so every field is optional here: a missing field gives a default, a
+quantity that does not parse is left out and reported in `problems`, never raised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
+from exporter.kube.quantity import parse_quantity
+
+# Node/Pod resource names we track; everything else (ephemeral-storage, pods, devices) is ignored.
+_RESOURCES = {r.value: r for r in (Resource.CPU, Resource.MEMORY, Resource.HUGEPAGES_2MI,
+                                   Resource.HUGEPAGES_1GI)}
+
+BALLOON_PRIORITY_CLASS = "system-balloon"  # KEP-5620's priority class for balloon pods
+
+
+@dataclass
+class Converted:
+    """A conversion result plus the malformed bits that were skipped (for MalformedInput)."""
+
+    event: NodeStatus | PodStatus | None
+    problems: list[str] = field(default_factory=list)
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def resources(raw: Any, where: str, problems: list[str]) -> dict[Resource, float]:
+    """A ResourceList ({"cpu": "2", "memory": "8Gi", ...}) -> {Resource: cores or bytes}."""
+    out: dict[Resource, float] = {}
+    for name, text in _dict(raw).items():
+        resource = _RESOURCES.get(name)
+        if resource is None:
+            continue
+        try:
+            out[resource] = parse_quantity(text)
+        except ValueError as e:
+            problems.append(f"{where}.{name}: {e}")
+    return out
+
+
+def _add(total: dict[Resource, float], more: Mapping[Resource, float]) -> None:
+    for resource, value in more.items():
+        total[resource] = total.get(resource, 0.0) + value
+
+
+def node_status(obj: Any, now: float) -> Converted:
+    """A Node object -> NodeStatus (None when it is not a recognisable Node)."""
+    obj = _dict(obj)
+    meta = _dict(obj.get("metadata"))
+    name = _str(meta.get("name"))
+    if not name:
+        return Converted(None, ["node without metadata.name"])
+    problems: list[str] = []
+    status = _dict(obj.get("status"))
+    event = NodeStatus(
+        time=now,
+        node=name,
+        capacity=resources(status.get("capacity"), f"node {name} status.capacity", problems),
+        allocatable=resources(status.get("allocatable"), f"node {name} status.allocatable",
+                              problems),
+        resource_version=_str(meta.get("resourceVersion")),
+    )
+    return Converted(event, problems)
+
+
+class LabelSelector:
+    """An equality-based label selector: "a=b,c==d,e!=f,g,!h" (the kubectl -l grammar).
+
+    Set-based terms ("in", "notin") are rejected with ValueError at construction, so a typo in
+    the flag fails at start-up instead of silently matching nothing.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.terms: list[tuple[str, str, str]] = []  # (key, op, value); op in = != exists !exists
+        for term in (t.strip() for t in text.split(",")):
+            if not term:
+                continue
+            if " in " in term or " notin " in term or "(" in term:
+                raise ValueError(f"set-based selector terms are not supported: {term!r}")
+            if "!=" in term:
+                key, value = term.split("!=", 1)
+                op = "!="
+            elif "==" in term:
+                key, value = term.split("==", 1)
+                op = "="
+            elif "=" in term:
+                key, value = term.split("=", 1)
+                op = "="
+            elif term.startswith("!"):
+                key, value, op = term[1:], "", "!exists"
+            else:
+                key, value, op = term, "", "exists"
+            key, value = key.strip(), value.strip()
+            if not key or any(c.isspace() for c in key):
+                raise ValueError(f"bad label selector term: {term!r}")
+            self.terms.append((key, op, value))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if not self.terms:
+            return False  # an empty selector would make every pod a balloon: treat as "none"
+        for key, op, value in self.terms:
+            if op == "=" and labels.get(key) != value:
+                return False
+            if op == "!=" and labels.get(key) == value:
+                return False
+            if op == "exists" and key not in labels:
+                return False
+            if op == "!exists" and key in labels:
+                return False
+        return True
+
+
+def is_balloon(obj: Mapping[str, Any], selector: LabelSelector | None) -> bool:
+    """Balloon pods: the configured label selector OR KEP-5620's priority class."""
+    spec = _dict(obj.get("spec"))
+    if _str(spec.get("priorityClassName")) == BALLOON_PRIORITY_CLASS:
+        return True
+    labels = {k: v for k, v in _dict(_dict(obj.get("metadata")).get("labels")).items()
+              if isinstance(v, str)}
+    return selector is not None and selector.matches(labels)
+
+
+def _conditions(status: Mapping[str, Any]) -> dict[str, dict]:
+    out = {}
+    for cond in _list(status.get("conditions")):
+        cond = _dict(cond)
+        ctype = _str(cond.get("type"))
+        if ctype:
+            out[ctype] = cond
+    return out
+
+
+def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict],
+            desired: dict[Resource, float], applied: dict[Resource, float]) -> ContainerResize:
+    pending = conditions.get("PodResizePending")
+    in_progress = conditions.get("PodResizeInProgress")
+    pending_reason = _str(pending.get("reason")) if pending and pending.get("status") == "True" \
+        else ""
+    progressing = bool(in_progress) and in_progress.get("status") == "True"
+    error = progressing and _str(in_progress.get("reason")) == "Error"
+    # status.resize: deprecated (before v1.33) but still served by older kubelets.
+    legacy = _str(status.get("resize"))
+    if not pending_reason and legacy in ("Deferred", "Infeasible"):
+        pending_reason = legacy
+    if not progressing and legacy == "InProgress":
+        progressing = True
+    return ContainerResize(pending_reason=pending_reason, in_progress=progressing,
+                           in_progress_error=error, desired=desired, applied=applied)
+
+
+def pod_status(obj: Any, now: float, selector: LabelSelector | None,
+               deleted: bool = False) -> Converted:
+    """A Pod object -> PodStatus (None when it has no uid: nothing could track it)."""
+    obj = _dict(obj)
+    meta = _dict(obj.get("metadata"))
+    uid = _str(meta.get("uid"))
+    name = _str(meta.get("name"))
+    namespace = _str(meta.get("namespace"))
+    if not uid:
+        return Converted(None, [f"pod {namespace}/{name} without metadata.uid"])
+    problems: list[str] = []
+    spec = _dict(obj.get("spec"))
+    status = _dict(obj.get("status"))
+    where = f"pod {namespace}/{name}"
+
+    # What the pod asks for: the sum over its (app) containers' spec requests, the figure an
+    # in-place resize changes. Applied: what the kubelet reports it actuated, when it says.
+    desired: dict[Resource, float] = {}
+    for container in _list(spec.get("containers")):
+        container = _dict(container)
+        cname = _str(container.get("name"))
+        _add(desired, resources(_dict(container.get("resources")).get("requests"),
+                                f"{where} container {cname} requests", problems))
+    applied: dict[Resource, float] = {}
+    for cstatus in _list(status.get("containerStatuses")):
+        cstatus = _dict(cstatus)
+        cname = _str(cstatus.get("name"))
+        reported = _dict(cstatus.get("resources")).get("requests")
+        if reported is None:
+            reported = cstatus.get("allocatedResources")
+        _add(applied, resources(reported, f"{where} containerStatus {cname} resources",
+                                problems))
+
+    conditions = _conditions(status)
+    ready_cond = conditions.get("Ready")
+    balloon = is_balloon(obj, selector)
+    has_resize_signal = ("PodResizePending" in conditions or "PodResizeInProgress" in conditions
+                         or bool(_str(status.get("resize"))))
+    resize = _resize(status, conditions, desired, applied) if balloon or has_resize_signal \
+        else None
+    event = PodStatus(
+        time=now,
+        uid=uid,
+        namespace=namespace,
+        name=name,
+        phase=_str(status.get("phase")),
+        reason=_str(status.get("reason")),
+        ready=bool(ready_cond) and ready_cond.get("status") == "True",
+        deleted=deleted,
+        balloon=balloon,
+        requests=desired,
+        resize=resize,
+        resource_version=_str(meta.get("resourceVersion")),
+    )
+    return Converted(event, problems)

@@ -1,0 +1,221 @@
+"""List-then-watch with the recovery rules of client-go's reflector, on top of lightkube.
+
+What lightkube does (checked in its source, v1.0): `Client.watch` streams (type, object),
+remembers the last object's resourceVersion (BOOKMARK objects included, so bookmarks advance
+it), and re-opens the stream by itself when the server ends it cleanly (timeoutSeconds). Every
+other failure we ask it to raise (on_error_raise): a watch ERROR event becomes ApiError with
+the Status inside, HTTP errors become ApiError/HTTPStatusError, network failures httpx errors.
+
+What we add here:
+- 410 Gone/Expired (history compacted): relist at once and resume from the list's RV; the
+  subclass diffs the relist against what it already emitted, so unchanged objects produce no
+  second event;
+- a dropped or dead connection: re-watch from the last RV after a jittered exponential backoff;
+- 401/403 and an unreachable server: SourceStatus down with a reason an operator can act on,
+  retry with backoff, SourceStatus up when a list or watch succeeds again (no restart needed);
+- undecodable answers: MalformedInput, then a fresh list.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import httpx2 as httpx
+import msgspec
+from lightkube.core.exceptions import ApiError
+
+from exporter.clock import Clock
+from exporter.events import MalformedInput, SourceStatus
+from exporter.kube.client import KubeTransport, load_config, make_client
+from exporter.sources.base import Emit, Source
+
+
+class Backoff:
+    """Exponential backoff with +-20 % jitter, so a fleet of agents does not retry in step."""
+
+    def __init__(self, initial: float = 0.5, maximum: float = 30.0, factor: float = 2.0):
+        self.initial, self.maximum, self.factor = initial, maximum, factor
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.maximum, self._next * self.factor)
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class ListWatchSource(Source):
+    """Base for the Node and Pod sources. Subclasses set `resource`, `plural`, implement
+    `field_selector()`, `on_list(items, emit)` and `on_event(type, obj, emit)`."""
+
+    resource: Any = None
+    plural = ""
+    namespace: str | None = None
+
+    def __init__(self, clock: Clock, *, kubeconfig: str | None = None,
+                 server_timeout: int = 300, request_timeout: float = 10.0,
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0) -> None:
+        super().__init__(clock)
+        self.kubeconfig = kubeconfig
+        self.server_timeout = server_timeout
+        self.request_timeout = request_timeout
+        self.backoff = Backoff(backoff_initial, backoff_max)
+        self._client = None
+        self._transport: KubeTransport | None = None
+        self._emit: Emit | None = None
+        self._up: bool | None = None
+        # Plain counters for logs, `check` and tests; the metrics come from the events.
+        self.lists = 0
+        self.relists_gone = 0
+        self.reconnects = 0
+        self.bookmarks = 0
+        self.resource_version: str | None = None
+
+    # ------------------------------------------------------------ subclass API
+
+    def field_selector(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def on_list(self, items: list[dict], emit: Emit) -> None:
+        raise NotImplementedError
+
+    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ Source
+
+    def open(self) -> None:
+        config = load_config(self.kubeconfig)  # raises SourceUnavailable with a fix
+        # Client-side read bound: the server ends a watch after server_timeout; a little
+        # longer without a byte means the connection is dead.
+        self._client, self._transport = make_client(
+            config, request_timeout=self.request_timeout,
+            watch_read_timeout=self.server_timeout + 30.0)
+        self._transport.on_watch_response = self._watch_response
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self._transport is not None:
+            self._transport.abort_watches()
+        super().stop(timeout)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def loop(self, emit: Emit) -> None:
+        self._emit = emit
+        rv: str | None = None
+        while not self.stopping.is_set():
+            try:
+                if rv is None:
+                    rv = self._list(emit)
+                self._watch(rv, emit)
+            except Exception as e:  # classified below; nothing escapes the loop
+                if self.stopping.is_set():
+                    break
+                rv = self._recover(e, rv, emit)
+            else:
+                rv = self.resource_version
+
+    def _list(self, emit: Emit) -> str:
+        listing = self._client.list(self.resource, namespace=self.namespace,
+                                    fields=self.field_selector())
+        items = [dict(item) for item in listing]
+        rv = listing.resourceVersion
+        self.lists += 1
+        self.backoff.reset()
+        self._set_up(emit, True, f"listed {self.plural} ({len(items)})")
+        self.on_list(items, emit)
+        self.resource_version = rv
+        return rv
+
+    def _watch(self, rv: str, emit: Emit) -> None:
+        stream = self._client.watch(self.resource, namespace=self.namespace,
+                                    fields=self.field_selector(), resource_version=rv,
+                                    server_timeout=self.server_timeout)
+        try:
+            for event_type, obj in stream:
+                if self.stopping.is_set():
+                    return
+                raw = dict(obj)
+                new_rv = (raw.get("metadata") or {}).get("resourceVersion")
+                if event_type == "BOOKMARK":
+                    self.bookmarks += 1
+                else:
+                    self.backoff.reset()
+                    self.on_event(event_type, raw, emit)
+                if isinstance(new_rv, str) and new_rv:
+                    self.resource_version = new_rv
+        finally:
+            stream.close()
+
+    def _watch_response(self, status_code: int) -> None:
+        if status_code == 200 and self._up is False and self._emit is not None:
+            self._set_up(self._emit, True, f"watching {self.plural} again")
+
+    def _recover(self, e: Exception, rv: str | None, emit: Emit) -> str | None:
+        """Decide what a failure means; returns the RV to resume from (None = relist)."""
+        rv = self.resource_version if rv is not None else None
+        code, message = _http_error(e)
+        if code == 410:
+            # History compacted past our RV: only a fresh list can say what we missed.
+            self.relists_gone += 1
+            self.log.info("%s: resourceVersion %s expired, relisting", self.plural, rv)
+            return None
+        if code in (401, 403):
+            what = "RBAC: forbidden" if code == 403 else "unauthorized (401): token rejected"
+            self._set_up(emit, False,
+                         f"{what} to list/watch {self.plural}: {message}; grant get, list, "
+                         f"watch on {self.plural} to the exporter's service account "
+                         f"(deploy/rbac.yaml)")
+            self._sleep()
+            return None
+        if code is not None:
+            self._set_up(emit, False, f"API server answered {code} for {self.plural}: {message}")
+            self._sleep()
+            return None
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            self._set_up(emit, False, f"API server unreachable: {e}")
+            self._sleep()
+            return rv
+        if isinstance(e, httpx.TransportError):
+            # Dropped or dead watch connection: not "down" unless re-connecting fails.
+            self.reconnects += 1
+            self.log.info("%s watch connection lost (%s); reconnecting", self.plural, e)
+            self._sleep()
+            return rv
+        if isinstance(e, (msgspec.MsgspecError, ValueError, TypeError, KeyError,
+                          AttributeError)):
+            emit(MalformedInput(self.name, f"undecodable {self.plural} answer: {e!r}",
+                                self.clock.now()))
+            self._sleep()
+            return None
+        self.log.exception("%s: unexpected failure", self.plural)
+        self._set_up(emit, False, f"unexpected error: {e!r}")
+        self._sleep()
+        return None
+
+    def _sleep(self) -> None:
+        self.stopping.wait(self.backoff.next())
+
+    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+        if self._up is up:
+            return
+        self._up = up
+        (self.log.info if up else self.log.warning)("%s %s: %s", self.name,
+                                                   "up" if up else "down", reason)
+        emit(SourceStatus(self.name, up, self.clock.now(), reason))
+
+
+def _http_error(e: Exception) -> tuple[int | None, str]:
+    """(status code, message) of an API error, or (None, "") for anything else."""
+    if isinstance(e, ApiError) and getattr(e, "status", None) is not None:
+        status = e.status
+        code = status.code or (e.response.status_code if e.response is not None else None)
+        return code, status.message or status.reason or ""
+    if isinstance(e, httpx.HTTPStatusError) and e.response is not None:
+        return e.response.status_code, e.response.text[:200]
+    return None, ""

@@ -1,0 +1,1 @@
+"""Generated gRPC bindings (see scripts/gen-proto.sh); the .proto files are the source."""

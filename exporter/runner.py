@@ -1,0 +1,87 @@
+"""`run`: open the sources, start the sinks and the HTTP endpoint, stop cleanly on SIGTERM."""
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import sys
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from exporter.agent import Agent, StartupError
+from exporter.config import Options
+from exporter.http import MetricsServer
+from exporter.sinks.metrics import ExporterCollector
+
+log = logging.getLogger("exporter")
+
+
+def _fail(message: str) -> int:
+    print(f"node-resize-exporter: error: {message}", file=sys.stderr)
+    return 2
+
+
+def build_sinks(options: Options, node_name: str | None, clock) -> list:
+    """The journal first: it must hold an event before anything acts on it."""
+    sinks: list = []
+    journal = None
+    if options.journal_enabled:
+        from exporter.sinks.journal import Journal, default_journal_path
+        journal = Journal(options.journal or default_journal_path(), clock=clock)
+        sinks.append(journal)
+    from exporter.sinks.traces import TraceSink, trace_config_from_env
+    config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
+    if config is not None:
+        sinks.append(TraceSink(config, journal=journal, node_name=node_name))
+    return sinks
+
+
+def serve(options: Options) -> int:
+    agent = Agent(options)
+    try:
+        node = None
+        if agent.kubernetes:
+            from exporter import kube
+            node = kube.resolve_node_name(options.node_name)
+        sinks = build_sinks(options, node, agent.clock)
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    agent.sinks = sinks
+    try:
+        agent.open()
+    except StartupError as e:
+        return _fail(str(e))
+    journal = next((s for s in sinks if hasattr(s, "open_episodes")), None)
+    if journal is not None:
+        resumed = journal.open_episodes()
+        if resumed:
+            agent.correlator.resume(resumed)
+            log.info("resumed %d open episode(s) from the journal", len(resumed))
+
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(agent.lock, agent.correlator.ledger,
+                                        agent.correlator.tracker, sinks))
+    try:
+        server = MetricsServer(options.listen_host, options.listen_port, registry,
+                               healthy=agent.alive.is_set, web_config=options.web_config_file)
+    except OSError as e:
+        for source in agent.sources:
+            source.close()
+        where = f"{options.listen_host}:{options.listen_port}"
+        if e.errno == errno.EADDRINUSE:
+            return _fail(f"--listen {where}: address already in use (another exporter "
+                         "running?); choose another port with --listen")
+        return _fail(f"--listen {where}: cannot listen: {e.strerror or e}")
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("serving http://%s:%d/metrics", options.listen_host, options.listen_port)
+    try:
+        agent.run(stop)
+    finally:
+        server.stop()
+    log.info("stopped")
+    return 0

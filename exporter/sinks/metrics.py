@@ -1,0 +1,205 @@
+"""The Prometheus sink: a Collector that renders the correlator's state at scrape time.
+
+No metric object is updated as events flow; the ledger and the episode tracker hold plain state
+and this module only formats it, under the agent's lock. Names are the contract in DESIGN.md.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+)
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.correlate.histogram import Histogram
+from exporter.correlate.ledger import KernelLedger
+from exporter.events import Direction, Resource, Result
+
+KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
+    family.add_metric(labels, h.cumulative(), h.total)
+
+
+class ExporterCollector(Collector):
+    """Everything /metrics shows. `tracker` is the episode tracker (None: kernel only)."""
+
+    def __init__(self, lock: threading.Lock, ledger: KernelLedger, tracker=None,
+                 sinks: Iterable = ()):
+        self.lock = lock
+        self.ledger = ledger
+        self.tracker = tracker
+        self.sinks = list(sinks)  # their error counters are shown too
+
+    def collect(self) -> Iterable[Metric]:
+        with self.lock:
+            families = list(self._self_metrics()) + list(self._kernel())
+            if self.tracker is not None:
+                families += list(self._kubernetes(self.tracker))
+        families.append(self._sink_errors())
+        return families
+
+    def _sink_errors(self) -> Metric:
+        fam = CounterMetricFamily("node_resize_exporter_sink_errors",
+                                  "Writes a sink could not make (journal read-only or full, "
+                                  "trace export failures); the agent keeps running.",
+                                  labels=["sink"])
+        for sink in self.sinks:
+            name = type(sink).__name__.lower().removesuffix("sink") or "sink"
+            fam.add_metric([name], getattr(sink, "errors", 0))
+        return fam
+
+    # ------------------------------------------------------------ the exporter itself
+
+    def _self_metrics(self) -> Iterable[Metric]:
+        led = self.ledger
+        info = GaugeMetricFamily("node_resize_exporter_build_info",
+                                 "Build of the exporter; always 1.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        up = GaugeMetricFamily("node_resize_exporter_source_up",
+                               "1 when the source is running, 0 when it failed or is down.",
+                               labels=["source"])
+        for name, state in sorted(led.sources.items()):
+            up.add_metric([name], 1 if state.up else 0)
+        yield up
+        attached = GaugeMetricFamily("node_resize_exporter_bpf_program_attached",
+                                     "1 when the BPF program is attached.", labels=["program"])
+        for name, state in sorted(led.programs.items()):
+            attached.add_metric([name], 1 if state.up else 0)
+        yield attached
+        for metric, counts, help_ in (
+            ("node_resize_exporter_events", led.events, "Events received, by source."),
+            ("node_resize_exporter_events_lost", led.lost,
+             "Events a source lost (ring buffer full, netlink ENOBUFS)."),
+            ("node_resize_exporter_malformed", led.malformed,
+             "Inputs a source could not parse; counted and skipped."),
+        ):
+            fam = CounterMetricFamily(metric, help_, labels=["source"])
+            for name in sorted(set(counts) | set(led.sources)):
+                fam.add_metric([name], counts.get(name, 0))
+            yield fam
+
+    # ------------------------------------------------------------ kernel side
+
+    def _kernel(self) -> Iterable[Metric]:
+        led = self.ledger
+        tx = CounterMetricFamily("node_hotplug_transitions",
+                                 "CPU and memory block transitions the kernel made or refused.",
+                                 labels=["resource", "direction", "result"])
+        keys = {(r, d, res) for r in KERNEL_RESOURCES for d in Direction for res in Result}
+        for r, d, res in sorted(keys | set(led.transitions), key=str):
+            tx.add_metric([r.value, d.value, res.value], led.transitions.get((r, d, res), 0))
+        yield tx
+        dur = HistogramMetricFamily("node_hotplug_transition_duration_seconds",
+                                    "Kernel time of one transition, first cpuhp step (or "
+                                    "online_pages call) to the last (BPF only).",
+                                    labels=["resource", "direction"])
+        for (r, d), h in sorted(led.durations.items(), key=str):
+            _histogram(dur, [r.value, d.value], h)
+        yield dur
+        snap = led.snapshot
+        if snap is None:
+            return
+        cpus = GaugeMetricFamily("node_hotplug_cpus", "CPUs by state (sysfs).", labels=["state"])
+        for state, ids in (("online", snap.cpus_online), ("offline", snap.cpus_offline),
+                           ("present", snap.cpus_present), ("possible", snap.cpus_possible)):
+            cpus.add_metric([state], len(ids))
+        yield cpus
+        blocks = GaugeMetricFamily("node_hotplug_memory_blocks", "Memory blocks by state.",
+                                   labels=["state"])
+        blocks.add_metric(["online"], len(snap.memory_blocks_online))
+        blocks.add_metric(["offline"], len(snap.memory_blocks_offline))
+        yield blocks
+        cap = GaugeMetricFamily("node_capacity_kernel",
+                                "What the kernel has now: CPUs online, MemTotal, hugepages, swap.",
+                                labels=["resource", "unit"])
+        for r in Resource:
+            if r in (Resource.CPU, Resource.MEMORY, Resource.SWAP) or r in snap.hugepages_bytes:
+                cap.add_metric([r.value, r.unit], snap.capacity(r))
+        yield cap
+        yield GaugeMetricFamily("node_capacity_memory_blocks_bytes",
+                                "Online memory blocks times the block size.",
+                                value=snap.memory_blocks_bytes)
+
+    # ------------------------------------------------------------ Kubernetes side
+
+    def _kubernetes(self, tr) -> Iterable[Metric]:
+        st = tr.stats
+        yield GaugeMetricFamily("node_resize_exporter_episodes_open", "Episodes not yet ended.",
+                                value=len(tr.open_episodes()))
+        yield _counter("node_resize_resync_request", "Hot-plug episodes that need a kubelet "
+                       "resync (KEP-3953).", ["resource"],
+                       {(r.value,): n for r, n in st.resync_requests.items()})
+        yield _counter("node_resize_resync_errors", "Hot-plug episodes that did not resync, by "
+                       "reason.", ["resource", "reason"],
+                       {(r.value, why): n for (r, why), n in st.resync_errors.items()})
+        fam = HistogramMetricFamily("node_resize_resync_duration_seconds",
+                                    "Kernel done to Node capacity updated.",
+                                    labels=["resource", "direction"])
+        for (r, change), h in sorted(st.resync_duration.items(), key=str):
+            _histogram(fam, [r.value, change.value], h)
+        yield fam
+        yield _counter("node_hot_unplug_request", "Hot-unplug episodes (KEP-5578).",
+                       ["resource"], {(r.value,): n for r, n in st.unplug_requests.items()})
+        yield _counter("node_hot_unplug_errors", "Hot-unplug episodes that failed, by reason.",
+                       ["resource", "reason"],
+                       {(r.value, why): n for (r, why), n in st.unplug_errors.items()})
+        fam = HistogramMetricFamily("node_hot_unplug_readmission_duration_seconds",
+                                    "Kernel done to pod readmission settled.",
+                                    labels=["resource"])
+        for r, h in sorted(st.readmission_duration.items(), key=str):
+            _histogram(fam, [r.value], h)
+        yield fam
+        yield _counter("node_hot_unplug_readmission_pods", "Pods judged at readmission.",
+                       ["outcome", "reason"],
+                       {(o, why): n for (o, why), n in st.readmission_pods.items()})
+        yield _gauge("node_capacity_kubelet", "Node status.capacity.", tr.kubelet_capacity())
+        yield _gauge("node_allocatable_kubelet", "Node status.allocatable.",
+                     tr.kubelet_allocatable())
+        yield _gauge("node_capacity_drift", "Kernel capacity minus the Node's (0 in sync).",
+                     tr.drift())
+        drift_s = GaugeMetricFamily("node_capacity_drift_seconds",
+                                    "How long the current drift has lasted.",
+                                    labels=["resource"])
+        for r, v in sorted(tr.drift_seconds().items(), key=str):
+            drift_s.add_metric([r.value], v)
+        yield drift_s
+        yield _gauge("node_balloon_requests", "Requests held by balloon pods (KEP-5620).",
+                     tr.balloon_requests())
+        yield GaugeMetricFamily("node_balloon_pods", "Balloon pods on the node.",
+                                value=tr.balloon_pods())
+        yield _gauge("node_capacity_effective", "Kubelet allocatable minus balloon requests.",
+                     tr.effective())
+        yield _counter("node_balloon_resize", "In-place resizes of balloon pods, by result.",
+                       ["result"], {(res,): n for res, n in st.balloon_resizes.items()})
+        fam = HistogramMetricFamily("node_balloon_resize_duration_seconds",
+                                    "Balloon resize spec change to applied.")
+        _histogram(fam, [], st.balloon_resize_duration)
+        yield fam
+        allocatable = tr.podresources_allocatable_cpus()
+        if allocatable is not None:
+            yield GaugeMetricFamily("node_podresources_allocatable_cpus",
+                                    "CPU ids the kubelet podresources API offers.",
+                                    value=allocatable)
+            yield GaugeMetricFamily("node_podresources_offline_cpus",
+                                    "Offered CPU ids the kernel has offline.",
+                                    value=tr.podresources_offline_cpus() or 0)
+
+
+def _counter(name: str, help_: str, labels: list[str], values: dict) -> Metric:
+    fam = CounterMetricFamily(name, help_, labels=labels)
+    for key, n in sorted(values.items()):
+        fam.add_metric(list(key), n)
+    return fam
+
+
+def _gauge(name: str, help_: str, values: dict[Resource, float]) -> Metric:
+    fam = GaugeMetricFamily(name, help_, labels=["resource", "unit"])
+    for r, v in sorted(values.items(), key=str):
+        fam.add_metric([r.value, r.unit], v)
+    return fam

@@ -1,0 +1,73 @@
+"""This node's Node object (status.capacity / status.allocatable), from a watch.
+
+Only this node is watched (fieldSelector metadata.name=NODE): a DaemonSet of watches on every
+node object would cost the API server O(nodes^2). A NodeStatus is emitted when capacity or
+allocatable actually change (the first delivery always), not on every heartbeat update, and
+not again after a relist that finds the same values.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from exporter.clock import Clock
+from exporter.events import MalformedInput, NodeStatus
+from exporter.kube.client import RawNode
+from exporter.kube.convert import node_status
+from exporter.kube.watch import ListWatchSource
+from exporter.sources.base import Emit
+
+
+class KubeNodeSource(ListWatchSource):
+    name = "kube_node"
+    resource = RawNode
+    plural = "nodes"
+
+    def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
+        super().__init__(clock, **kwargs)
+        self.node_name = node_name
+        self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
+
+    def field_selector(self) -> dict[str, str]:
+        return {"metadata.name": self.node_name}
+
+    def on_list(self, items: list[dict], emit: Emit) -> None:
+        mine = [i for i in items if (i.get("metadata") or {}).get("name") == self.node_name]
+        if not mine:
+            self._last = None
+            self._set_up(emit, False,
+                         f"Node {self.node_name!r} not found in the API: check --node-name / "
+                         f"NODE_NAME (spec.nodeName via the downward API)")
+            return
+        self._deliver(mine[0], emit)
+
+    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+        if (obj.get("metadata") or {}).get("name") != self.node_name:
+            return  # the field selector should make this impossible; do not trust it blindly
+        if event_type == "DELETED":
+            self._last = None
+            self._set_up(emit, False, f"Node {self.node_name!r} was deleted")
+            return
+        if event_type in ("ADDED", "MODIFIED"):
+            self._set_up(emit, True, f"Node {self.node_name!r} present")
+            self._deliver(obj, emit)
+
+    def _deliver(self, obj: dict, emit: Emit) -> None:
+        now = self.clock.now()
+        converted = node_status(obj, now)
+        event = converted.event
+        if not isinstance(event, NodeStatus):
+            emit(MalformedInput(self.name, "; ".join(converted.problems), now))
+            return
+        key = (dataclasses.replace(event, time=0.0, resource_version=""),
+               tuple(converted.problems))
+        if key == self._last:
+            return
+        self._last = key
+        for problem in converted.problems:
+            emit(MalformedInput(self.name, problem, now))
+        emit(event)
+
+    def _watch_response(self, status_code: int) -> None:
+        if self._last is None:
+            return  # a working watch on a missing Node is still not "up"
+        super()._watch_response(status_code)

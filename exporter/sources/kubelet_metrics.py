@@ -1,0 +1,125 @@
+"""Optional: the kubelet's own /metrics, to learn whether it resyncs capacity natively.
+
+Two questions, answered from one scrape every `interval` seconds:
+- which resize-related feature gates are on (kubernetes_feature_enabled{name=...});
+- whether the kubelet already exports the KEP-3953/5578 metrics under either proposed name
+  set (node_resize_resync_*, kubelet_node_resize_requests_total,
+  kubelet_node_resize_errors_total). If it does, our numbers can be compared with its own.
+The kubelet's /metrics usually needs a bearer token with get on nodes/metrics; the service
+account token is used when present.
+"""
+from __future__ import annotations
+
+import os
+import ssl
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.clock import Clock
+from exporter.events import KubeletFeatures, MalformedInput, SourceStatus
+from exporter.kube.client import SERVICE_ACCOUNT_DIR
+from exporter.sources.base import Emit, Source
+
+GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
+         "BalloonPod")
+NATIVE_PREFIXES = ("node_resize_resync_", "kubelet_node_resize_requests_total",
+                   "kubelet_node_resize_errors_total")
+MAX_BYTES = 64 * 1024 * 1024  # a kubelet's /metrics is a few MB; refuse anything absurd
+
+
+def parse_features(text: str, now: float) -> KubeletFeatures:
+    """Exposition text -> KubeletFeatures. Raises ValueError when the text does not parse."""
+    gates: dict[str, bool] = {}
+    native: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kubernetes_feature_enabled":
+                gate = sample.labels.get("name", "")
+                if gate in GATES:
+                    gates[gate] = sample.value >= 1
+            elif sample.name.startswith(NATIVE_PREFIXES) and not sample.name.endswith(
+                    "_created"):
+                # Name histograms by family (not _bucket/_sum/_count), counters by sample.
+                histogram = family.type in ("histogram", "summary", "gaugehistogram")
+                native.add(family.name if histogram else sample.name)
+    return KubeletFeatures(now, gates, frozenset(native))
+
+
+class KubeletMetricsSource(Source):
+    name = "kubelet_metrics"
+
+    def __init__(self, clock: Clock, *, url: str, interval: float = 60.0,
+                 timeout: float = 5.0, token_file: str | None = None,
+                 ca_file: str | None = None, insecure_skip_verify: bool = False) -> None:
+        super().__init__(clock)
+        self.url = url
+        self.interval = interval
+        self.timeout = timeout
+        default_token = os.path.join(SERVICE_ACCOUNT_DIR, "token")
+        self.token_file = token_file if token_file is not None else (
+            default_token if os.path.isfile(default_token) else None)
+        self.ca_file = ca_file
+        self.insecure_skip_verify = insecure_skip_verify
+        self._up: bool | None = None
+        self._last: KubeletFeatures | None = None
+
+    def loop(self, emit: Emit) -> None:
+        while not self.stopping.is_set():
+            self.poll(emit)
+            self.stopping.wait(self.interval)
+
+    def poll(self, emit: Emit) -> None:
+        try:
+            body = self._fetch()
+        except urllib.error.HTTPError as e:
+            hint = ("; RBAC: grant get on nodes/metrics (or nodes/proxy) to the exporter"
+                    if e.code in (401, 403) else "")
+            self._down(emit, f"kubelet metrics {self.url} answered {e.code}{hint}")
+            return
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            self._down(emit, f"kubelet metrics {self.url} unreachable: {reason}")
+            return
+        now = self.clock.now()
+        try:
+            features = parse_features(body.decode("utf-8", errors="replace"), now)
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            emit(MalformedInput(self.name, f"{self.url} is not Prometheus text: {e}", now))
+            return
+        self._set_up(emit, True, f"scraping {self.url}")
+        if self._last is None or (features.gates, features.native_metrics) != (
+                self._last.gates, self._last.native_metrics):
+            self._last = features
+            emit(features)
+
+    def _fetch(self) -> bytes:
+        headers = {"Accept": "text/plain;version=0.0.4"}
+        if self.token_file:
+            with open(self.token_file) as f:
+                headers["Authorization"] = f"Bearer {f.read().strip()}"
+        context = None
+        if self.url.startswith("https:"):
+            context = ssl.create_default_context(cafile=self.ca_file)
+            if self.insecure_skip_verify:  # kubelet serving certs are often self-signed
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        request = urllib.request.Request(self.url, headers=headers)
+        with urllib.request.urlopen(request, timeout=self.timeout, context=context) as resp:
+            body = resp.read(MAX_BYTES + 1)
+        if len(body) > MAX_BYTES:
+            raise ValueError(f"answer larger than {MAX_BYTES} bytes")
+        return body
+
+    def _down(self, emit: Emit, reason: str) -> None:
+        self._last = None
+        if self._up is not False:
+            self._up = False
+            self.log.warning("kubelet_metrics down: %s", reason)
+            emit(SourceStatus(self.name, False, self.clock.now(), reason))
+
+    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+        if self._up is not up:
+            self._up = up
+            emit(SourceStatus(self.name, up, self.clock.now(), reason))

@@ -1,0 +1,136 @@
+"""The kubelet's podresources API (gRPC on a unix socket): which CPUs it offers to pods.
+
+GetAllocatableResources is polled every `interval` seconds. Its `cpu_ids` is empty unless the
+CPU manager runs the `static` policy: we emit cpu_ids=None ("not reported") then, never an
+empty set (that would read as "zero CPUs"). The socket may be missing (no kubelet yet, the host
+path not mounted): that is SourceStatus down with the reason, and we keep polling, so the
+source comes up by itself when the socket appears. An answer that does not parse as the proto
+is MalformedInput. An event is emitted when the answer changes (and again after an outage).
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import grpc
+
+from exporter.clock import Clock
+from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
+from exporter.proto import podresources_pb2, podresources_pb2_grpc
+from exporter.sources.base import Emit, Source
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+class PodResourcesSource(Source):
+    name = "podresources"
+
+    def __init__(self, clock: Clock, *, socket_path: str = DEFAULT_SOCKET,
+                 interval: float = 30.0, timeout: float = 5.0) -> None:
+        super().__init__(clock)
+        self.socket_path = socket_path
+        self.interval = interval
+        self.timeout = timeout
+        self._channel: grpc.Channel | None = None
+        self._stub: podresources_pb2_grpc.PodResourcesListerStub | None = None
+        self._up: bool | None = None
+        self._last: PodResourcesAllocatable | None = None
+        self.polls = 0
+
+    def loop(self, emit: Emit) -> None:
+        while not self.stopping.is_set():
+            self.poll(emit)
+            self.stopping.wait(self.interval)
+
+    def close(self) -> None:
+        self._drop_channel()
+
+    def poll(self, emit: Emit) -> None:
+        """One GetAllocatableResources round trip (public so `check` can run one)."""
+        self.polls += 1
+        problem = self._socket_problem()
+        if problem:
+            self._down(emit, problem)
+            return
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+            self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+        try:
+            answer = self._stub.GetAllocatableResources(
+                podresources_pb2.AllocatableResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            self._rpc_failed(e, emit)
+            return
+        now = self.clock.now()
+        self._set_up(emit, True, f"GetAllocatableResources on {self.socket_path}")
+        event = self._convert(answer, now, emit)
+        if self._last is None or _key(event) != _key(self._last):
+            self._last = event
+            emit(event)
+
+    def _convert(self, answer, now: float, emit: Emit) -> PodResourcesAllocatable:
+        cpus = set()
+        for cpu in answer.cpu_ids:
+            if cpu < 0:
+                emit(MalformedInput(self.name, f"negative CPU id {cpu} in cpu_ids", now))
+                continue
+            cpus.add(int(cpu))
+        memory: dict[str, int] = {}
+        for block in answer.memory:
+            kind = block.memory_type or "memory"
+            memory[kind] = memory.get(kind, 0) + int(block.size)
+        return PodResourcesAllocatable(now, frozenset(cpus) if cpus else None, memory)
+
+    def _socket_problem(self) -> str:
+        try:
+            mode = os.stat(self.socket_path).st_mode
+        except FileNotFoundError:
+            return (f"podresources socket {self.socket_path} missing: no kubelet on this host, "
+                    f"or /var/lib/kubelet/pod-resources is not mounted into the exporter")
+        except OSError as e:
+            return f"cannot stat podresources socket {self.socket_path}: {e}"
+        if not stat.S_ISSOCK(mode):
+            return f"{self.socket_path} exists but is not a unix socket"
+        return ""
+
+    def _rpc_failed(self, e: grpc.RpcError, emit: Emit) -> None:
+        code = e.code() if hasattr(e, "code") else None
+        details = (e.details() if hasattr(e, "details") else "") or ""
+        now = self.clock.now()
+        if code is grpc.StatusCode.INTERNAL and "deserializ" in details.lower():
+            # The kubelet answered, but not with AllocatableResourcesResponse.
+            emit(MalformedInput(self.name, f"GetAllocatableResources answer is not the "
+                                           f"podresources v1 proto: {details}", now))
+            return
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            reason = ("kubelet does not serve podresources GetAllocatableResources (needs "
+                      "v1.23+, or gate KubeletPodResourcesGetAllocatable before that)")
+        elif code is grpc.StatusCode.UNAVAILABLE:
+            reason = f"cannot reach the kubelet on {self.socket_path}: {details}"
+            self._drop_channel()  # a restarted kubelet makes a new socket inode
+        else:
+            name = code.name if code is not None else "error"
+            reason = f"GetAllocatableResources failed ({name}): {details}"
+        self._down(emit, reason)
+
+    def _down(self, emit: Emit, reason: str) -> None:
+        self._last = None  # re-emit the answer once we are back
+        self._set_up(emit, False, reason)
+
+    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+        if self._up is up:
+            return
+        self._up = up
+        (self.log.info if up else self.log.warning)("podresources %s: %s",
+                                                   "up" if up else "down", reason)
+        emit(SourceStatus(self.name, up, self.clock.now(), reason))
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+
+def _key(event: PodResourcesAllocatable) -> tuple:
+    return event.cpu_ids, tuple(sorted(event.memory_bytes.items()))

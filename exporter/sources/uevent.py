@@ -1,0 +1,129 @@
+"""Kernel uevents (NETLINK_KOBJECT_UEVENT): online/offline/add/remove of CPUs and memory blocks.
+
+The kernel broadcasts `offline@/devices/system/cpu/cpu1` and friends to multicast group 1 after
+a transition completed. Works on every kernel and needs no BPF, but knows nothing of durations
+or refusals (a refused offline sends no uevent at all).
+"""
+from __future__ import annotations
+
+import errno
+import re
+import select
+import socket
+from dataclasses import dataclass
+
+from exporter.clock import Clock
+from exporter.events import (
+    DeviceChange, Direction, EventsLost, MalformedInput, Resource, Result, SourceStatus,
+    Transition,
+)
+from exporter.sources.base import Emit, Source, SourceUnavailable
+
+NETLINK_KOBJECT_UEVENT = 15
+KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth
+RCVBUF = 4 * 1024 * 1024
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
+
+_DEVPATH = re.compile(r"^/devices/system/(cpu|memory)/(cpu|memory)(\d+)$")
+
+
+@dataclass(frozen=True)
+class Uevent:
+    action: str
+    devpath: str
+    env: dict[str, str]
+
+
+def parse_uevent(datagram: bytes) -> Uevent:
+    """`action@devpath\\0KEY=VALUE\\0...` -> Uevent. Raises ValueError when malformed."""
+    parts = datagram.split(b"\0")
+    header = parts[0].decode("utf-8", "strict")
+    if "@" not in header:
+        raise ValueError(f"no action@devpath header: {header[:80]!r}")
+    action, devpath = header.split("@", 1)
+    env = {}
+    for raw in parts[1:]:
+        if not raw:
+            continue
+        key, sep, value = raw.decode("utf-8", "replace").partition("=")
+        if sep:
+            env[key] = value
+    action = env.get("ACTION", action)
+    devpath = env.get("DEVPATH", devpath)
+    if not action or not devpath:
+        raise ValueError("empty ACTION or DEVPATH")
+    return Uevent(action, devpath, env)
+
+
+def to_event(ev: Uevent, now: float) -> Transition | DeviceChange | None:
+    """A CPU or memory-block uevent as a typed event; None for every other device."""
+    m = _DEVPATH.match(ev.devpath)
+    if not m or m.group(1) != m.group(2):
+        return None
+    resource = Resource.CPU if m.group(1) == "cpu" else Resource.MEMORY
+    unit = int(m.group(3))
+    if ev.action in ("online", "offline"):
+        return Transition("uevent", resource, unit, Direction(ev.action), Result.SUCCESS, end=now)
+    if ev.action in ("add", "remove"):
+        return DeviceChange("uevent", resource, unit, ev.action, now)
+    return None
+
+
+class UeventSource(Source):
+    name = "uevent"
+
+    def __init__(self, clock: Clock):
+        super().__init__(clock)
+        self.sock: socket.socket | None = None
+
+    def open(self) -> None:
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT)
+        except OSError as e:
+            raise SourceUnavailable(f"cannot open a NETLINK_KOBJECT_UEVENT socket: {e}",
+                                    "run on Linux with netlink available (not in a gVisor "
+                                    "sandbox); use --source sysfs otherwise") from e
+        try:
+            try:  # root may exceed rmem_max; a hotplug burst of 200 blocks must fit
+                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+            except OSError:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+            sock.bind((0, KERNEL_GROUP))
+        except OSError as e:
+            sock.close()
+            raise SourceUnavailable(f"cannot join the kernel uevent group: {e}",
+                                    "run in the host network namespace (hostNetwork: true); "
+                                    "uevents are not delivered into other namespaces") from e
+        self.sock = sock
+
+    def loop(self, emit: Emit) -> None:
+        assert self.sock is not None
+        emit(SourceStatus(self.name, True, self.clock.now()))
+        while not self.stopping.is_set():
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                data = self.sock.recv(65536)
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:  # the kernel dropped datagrams: we lost events
+                    emit(EventsLost(self.name, 1, self.clock.now()))
+                    continue
+                raise
+            self.handle(data, emit)
+
+    def handle(self, data: bytes, emit: Emit) -> None:
+        now = self.clock.now()
+        try:
+            ev = parse_uevent(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            emit(MalformedInput(self.name, str(e), now))
+            return
+        event = to_event(ev, now)
+        if event is not None:
+            emit(event)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

@@ -1,0 +1,193 @@
+"""Host side of the lab: boot a guest with the agent running, talk to it, scrape its exporter.
+
+`LabGuest` ties a QEMU `Guest` to the guest agent (lab/guest_agent.py) through the scratch
+share, and to whatever listens on the guest's port through the hostfwd on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from lab.initramfs import GUEST_PORT, SCRATCH_IN_GUEST
+from lab.qemu import Guest, GuestConfig
+
+GUEST_PYTHON = "/usr/bin/python3"  # what the venv's python links to; it exists in the chroot
+EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run", "--listen", f"0.0.0.0:{GUEST_PORT}",
+                 "--source", "auto", "--no-journal", "--log-level", "debug"]
+# The guest sees the checkout read-only: no bytecode writes, HOME on the guest's tmpfs.
+GUEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
+
+RUN_SH = f"""# Written by lab/control.py; /init runs it in the chroot, cwd /work/main.
+export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp PYTHONUNBUFFERED=1
+exec {GUEST_PYTHON} -m lab.guest_agent {SCRATCH_IN_GUEST} >>{SCRATCH_IN_GUEST}/agent.log 2>&1
+"""
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+class Scrape:
+    """One /metrics exposition, parsed: value(name, **labels) and sum over a label subset."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.samples: dict[tuple[str, frozenset], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                self.samples[(s.name, frozenset(s.labels.items()))] = s.value
+
+    def value(self, name: str, default: float | None = None, **labels: str) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())), default)
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of every series of `name` whose labels include `labels` (0 when none)."""
+        want = set(labels.items())
+        return sum(v for (n, lab), v in self.samples.items() if n == name and want <= lab)
+
+
+@dataclass
+class LabGuest:
+    guest: Guest
+    seq: int = 0
+    exporter_pid: int | None = None
+
+    @classmethod
+    def boot(cls, out: Path, config: GuestConfig | None = None,
+             timeout: float = 120.0) -> "LabGuest":
+        """Start QEMU and wait until the guest agent answers. Kills QEMU if that fails."""
+        guest = Guest(out, config or GuestConfig())
+        guest.scratch.mkdir(parents=True, exist_ok=True)
+        (guest.scratch / guest.config.script).write_text(RUN_SH)
+        guest.start()
+        lab = cls(guest)
+        try:
+            ready = guest.scratch / "agent.ready"
+            deadline = time.monotonic() + timeout
+            while not ready.exists():
+                if not guest.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"guest agent not ready in {timeout}s (QEMU alive: "
+                                       f"{guest.alive()}); serial tail:\n{guest.serial()[-3000:]}"
+                                       f"\nagent log:\n{lab.artifact('agent.log')[-2000:]}")
+                time.sleep(0.1)
+        except BaseException:
+            guest.stop()
+            raise
+        return lab
+
+    def artifact(self, name: str) -> str:
+        try:
+            return (self.guest.scratch / name).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    # ------------------------------------------------------------------ agent
+
+    def call(self, op: str, timeout: float = 60.0, **args) -> dict:
+        """One request to the guest agent; AgentError when it fails or does not answer."""
+        self.seq += 1
+        ctl = self.guest.scratch / "ctl"
+        name = f"{self.seq:06d}"
+        tmp = ctl / f".{name}.req.tmp"
+        tmp.write_text(json.dumps({"op": op, **args}))
+        os.rename(tmp, ctl / f"{name}.req")
+        res = ctl / f"{name}.res"
+        deadline = time.monotonic() + timeout
+        while not res.exists():
+            if not self.guest.alive():
+                raise AgentError(f"QEMU exited while the agent ran {op}")
+            if time.monotonic() > deadline:
+                raise AgentError(f"guest agent did not answer {op} in {timeout}s")
+            time.sleep(0.05)
+        answer = json.loads(res.read_text())
+        res.unlink()
+        if not answer.pop("ok"):
+            raise AgentError(f"guest agent {op}: {answer.get('exception')}")
+        return answer
+
+    def state(self) -> dict:
+        return self.call("state")
+
+    def mem_total_bytes(self) -> int:
+        return self.state()["mem_total_kb"] * 1024
+
+    def wait_guest(self, predicate, timeout: float, what: str) -> dict:
+        """Poll the guest's state until predicate(state) holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if predicate(state):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"guest never reached: {what}; last state {state}")
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------------ guest programs
+
+    def spawn(self, argv: list[str], log: str) -> int:
+        return self.call("spawn", argv=argv, log=log, env=GUEST_ENV)["pid"]
+
+    def stop_program(self, pid: int) -> int | None:
+        return self.call("stop", pid=pid, timeout=40.0)["returncode"]
+
+    def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        with urllib.request.urlopen(self.guest.url + path, timeout=timeout) as r:
+            return r.status, r.read()
+
+    def wait_http(self, path: str, timeout: float, pid: int | None = None) -> float:
+        """Wait until the guest answers `path` through the hostfwd; returns seconds waited."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                status, _ = self.http_get(path, timeout=3)
+                if status == 200:
+                    return time.monotonic() - t0
+            except OSError:
+                pass
+            if pid is not None and self.call("poll", pid=pid)["returncode"] is not None:
+                raise RuntimeError(f"guest program {pid} exited before serving {path}")
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"guest did not serve {path} in {timeout}s")
+            time.sleep(0.5)
+
+    def start_exporter(self, timeout: float = 240.0) -> float:
+        """Run the checkout's exporter in the guest and wait for /healthz through hostfwd."""
+        self.exporter_pid = self.spawn(EXPORTER_ARGV, "exporter.log")
+        try:
+            return self.wait_http("/healthz", timeout, self.exporter_pid)
+        except (RuntimeError, TimeoutError) as e:
+            raise RuntimeError(f"{e}; exporter log tail:\n"
+                               f"{self.artifact('exporter.log')[-3000:]}") from None
+
+    def scrape(self) -> Scrape:
+        _, body = self.http_get("/metrics", timeout=10)
+        return Scrape(body.decode())
+
+    def wait_scrape(self, predicate, timeout: float, what: str) -> Scrape:
+        """Scrape until predicate(scrape) holds; the last scrape goes into the error."""
+        deadline = time.monotonic() + timeout
+        while True:
+            scrape = self.scrape()
+            if predicate(scrape):
+                return scrape
+            if time.monotonic() > deadline:
+                raise AssertionError(f"exporter never showed: {what} (in {timeout}s)")
+            time.sleep(0.5)
+
+    def shutdown(self) -> None:
+        """Stop guest programs and QEMU; safe in every state."""
+        try:
+            if self.guest.alive():
+                if self.exporter_pid is not None:
+                    self.stop_program(self.exporter_pid)
+                self.call("shutdown", timeout=10)
+        except (AgentError, OSError):
+            pass
+        finally:
+            self.guest.stop()

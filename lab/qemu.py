@@ -1,0 +1,178 @@
+"""Boot the lab guest under QEMU TCG and make sure it dies with us, whatever happens.
+
+The guest: Debian's 6.1 kernel, our initramfs, the host root read-only over 9p, a writable 9p
+scratch share (the run's artifact folder, so the guest's logs land there directly), QEMU user
+networking with restrict=on and one hostfwd from the host's loopback, QMP on a unix socket.
+KVM is deliberately not used: `-enable-kvm` hangs at boot on these nested-virtualisation hosts.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab import initramfs
+from lab.initramfs import GUEST_PORT, Kernel
+from lab.qmp import QMP
+
+QEMU = "qemu-system-x86_64"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GuestConfig:
+    base_mib: int = 1024  # bcc's clang needs a few hundred MiB inside the guest
+    # Boot RAM below 4 GiB is ZONE_DMA32; only RAM above 4 GiB is ZONE_NORMAL, where the kernel
+    # keeps its own unmovable memory (memmap, page tables, slab). Splitting the base RAM puts
+    # ZONE_NORMAL blocks in the guest from boot, so a refused (EBUSY) offline has a target.
+    below_4g_mib: int = 512
+    slots: int = 4
+    max_mib: int = 4096
+    max_cpus: int = 2
+    script: str = "run.sh"  # on the scratch share; /init runs it in the chroot
+    # nokaslr: the kernel's physical placement (and so which boot blocks are busy) is stable.
+    extra_append: tuple[str, ...] = ("nokaslr",)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_LIVE: set[subprocess.Popen] = set()
+
+
+def _kill_all_live() -> None:
+    """atexit: any QEMU still running when the interpreter exits is killed."""
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _LIVE.discard(proc)
+
+
+atexit.register(_kill_all_live)
+
+
+@dataclass
+class Guest:
+    """One QEMU process. Use as a context manager, or call stop() in a finally."""
+
+    out: Path  # the run's artifact folder: serial.log, initramfs, scratch/ (the 9p share)
+    config: GuestConfig = field(default_factory=GuestConfig)
+    kernel: Kernel = field(default_factory=Kernel.find)
+    host_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    qmp: QMP | None = None
+
+    @property
+    def scratch(self) -> Path:
+        return self.out / "scratch"
+
+    @property
+    def serial_log(self) -> Path:
+        return self.out / "serial.log"
+
+    @property
+    def qmp_socket(self) -> Path:
+        # A unix socket path must fit in 108 bytes; the artifact folder may be deep.
+        return Path(f"/tmp/nre-lab-{os.getpid()}-{self.host_port}.qmp")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.host_port}"
+
+    def command(self, initrd: Path) -> list[str]:
+        c = self.config
+        append = ["console=ttyS0", "panic=-1", "memhp_default_state=online_movable",
+                  f"lab.script={c.script}", *c.extra_append]
+        return [
+            QEMU, "-machine", f"pc,max-ram-below-4g={c.below_4g_mib}M", "-accel", "tcg",
+            "-m", f"{c.base_mib}M,slots={c.slots},maxmem={c.max_mib}M",
+            "-smp", f"1,maxcpus={c.max_cpus}",
+            "-kernel", str(self.kernel.image), "-initrd", str(initrd),
+            "-append", " ".join(append),
+            "-nographic", "-monitor", "none", "-serial", f"file:{self.serial_log}",
+            "-qmp", f"unix:{self.qmp_socket},server,nowait",
+            "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.host_port}-:{GUEST_PORT}",
+            "-device", "virtio-net-pci,netdev=n0",
+            "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+            "-virtfs", f"local,path={self.scratch},mount_tag=scratch,security_model=none,multidevs=remap",
+            "-no-reboot",
+        ]
+
+    def start(self) -> "Guest":
+        if shutil.which(QEMU) is None:
+            raise FileNotFoundError(f"{QEMU} not found: run `scripts/setup.sh lab` (qemu-system-x86)")
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        initrd = initramfs.build(self.out / "initramfs.cpio", self.kernel)
+        self.qmp_socket.unlink(missing_ok=True)
+        cmd = self.command(initrd)
+        (self.out / "qemu-command.txt").write_text(" ".join(cmd) + "\n")
+        qemu_log = open(self.out / "qemu.log", "w")
+        # Own process group, so a Ctrl-C aimed at the lab does not reach QEMU before our
+        # finally does, and stdin detached so -nographic never grabs the terminal.
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qemu_log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        qemu_log.close()
+        _LIVE.add(self.proc)
+        try:
+            self.qmp = QMP(self.qmp_socket).connect()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def serial(self) -> str:
+        try:
+            return self.serial_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_serial(self, needle: str, timeout: float) -> float:
+        """Wait for `needle` in the serial log; returns seconds waited."""
+        t0 = time.monotonic()
+        while needle not in self.serial():
+            if not self.alive():
+                raise RuntimeError(f"QEMU exited ({self.proc.returncode}) before {needle!r}; "
+                                   f"serial tail:\n{self.serial()[-3000:]}")
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{needle!r} not on the serial console in {timeout}s; "
+                                   f"tail:\n{self.serial()[-3000:]}")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def stop(self) -> int | None:
+        """Quit QEMU (QMP quit, then SIGKILL); safe to call any number of times."""
+        if self.qmp is not None:
+            if self.alive():
+                self.qmp.quit()
+            self.qmp.close()
+            self.qmp = None
+        rc = None
+        if self.proc is not None:
+            try:
+                rc = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                rc = self.proc.wait()
+            _LIVE.discard(self.proc)
+        self.qmp_socket.unlink(missing_ok=True)
+        return rc
+
+    def __enter__(self) -> "Guest":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,531 @@
+"""A small, real HTTP Kubernetes API server for tests: Nodes and Pods, list and watch.
+
+It speaks the wire protocol a client library sees from kube-apiserver, for the two collections
+the exporter uses (/api/v1/nodes, /api/v1/pods):
+- GET list -> a NodeList/PodList with metadata.resourceVersion;
+- GET ?watch=true&resourceVersion=RV -> a chunked stream of {"type", "object"} lines: the
+  events after RV (or synthetic ADDED for everything when RV is absent or "0"), then live ones;
+  BOOKMARK events when the client sent allowWatchBookmarks=true and the test calls bookmark();
+  timeoutSeconds closes the stream cleanly;
+- fieldSelector metadata.name / spec.nodeName (=, ==, !=), comma-joined;
+- after compact(), an RV older than the compaction point is "too old": a watch gets HTTP 200
+  then an ERROR event carrying a 410 Expired Status (what kube-apiserver sends), or a plain
+  HTTP 410 when `gone_as_http` is set; open watches are expired with the same ERROR event;
+- drop_watches() cuts every watch connection abruptly (a network failure, not a clean end);
+- set_delay(s) delays every response, set_forbidden(True) answers 403 with an RBAC Status.
+
+Objects are shaped as the real API returns them (apiVersion, kind, metadata.uid and
+resourceVersion, quantity strings, conditions). Usage:
+
+    with FakeApiServer() as api:
+        api.set_node("n1", cpu="2", memory="8Gi")
+        api.put_pod("web", node="n1", requests={"cpu": "500m"})
+        ... Client(kubeconfig=api.kubeconfig_path) ...
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import queue
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+_DROP = object()  # queue sentinel: cut the connection
+_CLOSE = object()  # queue sentinel: end the stream cleanly
+
+KINDS = {"nodes": "Node", "pods": "Pod"}
+
+
+def status_object(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "details": details or {}, "code": code}
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _field_value(obj: dict, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur if isinstance(cur, str) else ""
+
+
+def parse_field_selector(text: str) -> Callable[[dict], bool]:
+    terms = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            terms.append((key, False, value))
+        else:
+            key, value = term.replace("==", "=").split("=", 1)
+            terms.append((key, True, value))
+        if terms[-1][0] not in ("metadata.name", "metadata.namespace", "spec.nodeName"):
+            raise ValueError(f'field label not supported: "{terms[-1][0]}"')
+
+    def matches(obj: dict) -> bool:
+        return all((_field_value(obj, key) == value) == equal for key, equal, value in terms)
+
+    return matches
+
+
+class _Watch:
+    def __init__(self, collection: str, matches: Callable[[dict], bool], bookmarks: bool):
+        self.collection = collection
+        self.matches = matches
+        self.bookmarks = bookmarks
+        self.queue: queue.Queue = queue.Queue()
+
+
+class FakeApiServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._lock = threading.RLock()
+        self._objects: dict[tuple[str, str], dict] = {}
+        self._rv = 100
+        self._history: list[tuple[int, str, str, dict]] = []  # (rv, collection, type, object)
+        self._compacted = 0  # RVs below this are "too old"
+        self._watches: list[_Watch] = []
+        self._delay = 0.0
+        self._forbidden = False
+        self._stopping = threading.Event()
+        self.gone_as_http = False
+        self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
+        self._host, self._port = host, port
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._tmpdir: str | None = None
+        self.kubeconfig_path = ""
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> "FakeApiServer":
+        server = self
+
+        class Handler(_Handler):
+            api = server
+
+        self._httpd = ThreadingHTTPServer((self._host, self._port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-apiserver",
+                                        daemon=True)
+        self._thread.start()
+        self._tmpdir = tempfile.mkdtemp(prefix="fake-apiserver-")
+        self.kubeconfig_path = self.write_kubeconfig(os.path.join(self._tmpdir, "kubeconfig"))
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            for watch in self._watches:
+                watch.queue.put(_CLOSE)
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def __enter__(self) -> "FakeApiServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None, "start() first"
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    def write_kubeconfig(self, path: str, token: str = "fake-token") -> str:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }
+        with open(path, "w") as f:
+            json.dump(config, f)  # JSON is YAML: any kubeconfig reader accepts it
+        return path
+
+    # ------------------------------------------------------------ test controls
+
+    def set_delay(self, seconds: float) -> None:
+        self._delay = seconds
+
+    def set_forbidden(self, forbidden: bool) -> None:
+        self._forbidden = forbidden
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def compact(self, expire_watches: bool = True) -> int:
+        """Forget history up to now. Open watches get a 410 ERROR event unless told not to."""
+        with self._lock:
+            self._compacted = self._rv
+            self._history.clear()
+            if expire_watches:
+                for watch in self._watches:
+                    watch.queue.put(("ERROR", self._expired(self._rv - 1)))
+                    watch.queue.put(_CLOSE)
+            return self._compacted
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection abruptly; returns how many were cut."""
+        with self._lock:
+            for watch in self._watches:
+                watch.queue.put(_DROP)
+            return len(self._watches)
+
+    def bookmark(self) -> int:
+        """Send a BOOKMARK at the current RV to every watch that asked for bookmarks."""
+        with self._lock:
+            for watch in self._watches:
+                if watch.bookmarks:
+                    watch.queue.put(("BOOKMARK", {
+                        "kind": KINDS[watch.collection], "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(self._rv)}}))
+            return self._rv
+
+    def open_watches(self, collection: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for w in self._watches if collection in (None, w.collection))
+
+    def wait_for_watches(self, count: int, collection: str | None = None,
+                         timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.open_watches(collection) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"expected {count} open {collection or ''} watches, have "
+                                   f"{self.open_watches(collection)}")
+            time.sleep(0.01)
+
+    def requests_for(self, collection: str, watch: bool | None = None) -> list[dict[str, str]]:
+        """Query strings of the requests received for a collection (optionally only watches)."""
+        with self._lock:
+            out = []
+            for path, query in self.requests:
+                if not path.endswith("/" + collection):
+                    continue
+                if watch is not None and (query.get("watch") == "true") != watch:
+                    continue
+                out.append(query)
+            return out
+
+    # ------------------------------------------------------------ objects
+
+    def set_node(self, name: str, cpu: str = "2", memory: str = "8Gi", *,
+                 allocatable_cpu: str | None = None, allocatable_memory: str | None = None,
+                 extra_capacity: dict[str, str] | None = None) -> dict:
+        """Create or replace a Node; allocatable defaults to capacity."""
+        capacity = {"cpu": cpu, "memory": memory, "pods": "110",
+                    "ephemeral-storage": "102626232Ki", "hugepages-1Gi": "0",
+                    "hugepages-2Mi": "0"}
+        capacity.update(extra_capacity or {})
+        allocatable = dict(capacity)
+        allocatable["cpu"] = allocatable_cpu if allocatable_cpu is not None else cpu
+        allocatable["memory"] = allocatable_memory if allocatable_memory is not None else memory
+        with self._lock:
+            old = self._objects.get(("nodes", name))
+            meta = old["metadata"] if old else {
+                "name": name, "uid": str(uuid.uuid4()), "creationTimestamp": _now_iso(),
+                "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                           "kubernetes.io/arch": "amd64"}}
+            node = {
+                "kind": "Node", "apiVersion": "v1", "metadata": copy.deepcopy(meta),
+                "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]},
+                "status": {
+                    "capacity": capacity, "allocatable": allocatable,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "kubelet is posting ready status",
+                                    "lastHeartbeatTime": _now_iso(),
+                                    "lastTransitionTime": _now_iso()}],
+                    "addresses": [{"type": "InternalIP", "address": "10.0.0.10"},
+                                  {"type": "Hostname", "address": name}],
+                    "nodeInfo": {"kubeletVersion": "v1.36.0", "architecture": "amd64",
+                                 "operatingSystem": "linux",
+                                 "containerRuntimeVersion": "containerd://2.1.0"},
+                },
+            }
+            return self._store("nodes", name, node)
+
+    def update_node(self, name: str, *, cpu: str | None = None, memory: str | None = None,
+                    allocatable_cpu: str | None = None, allocatable_memory: str | None = None,
+                    capacity: dict[str, str] | None = None,
+                    allocatable: dict[str, str] | None = None) -> dict:
+        """Change a Node's status (MODIFIED). With no arguments: a heartbeat-only update."""
+        with self._lock:
+            node = copy.deepcopy(self._objects[("nodes", name)])
+            status = node["status"]
+            if cpu is not None:
+                status["capacity"]["cpu"] = cpu
+            if memory is not None:
+                status["capacity"]["memory"] = memory
+            if allocatable_cpu is not None:
+                status["allocatable"]["cpu"] = allocatable_cpu
+            if allocatable_memory is not None:
+                status["allocatable"]["memory"] = allocatable_memory
+            status["capacity"].update(capacity or {})
+            status["allocatable"].update(allocatable or {})
+            for cond in status["conditions"]:
+                cond["lastHeartbeatTime"] = _now_iso()
+            return self._store("nodes", name, node)
+
+    def put_pod(self, name: str, *, node: str, namespace: str = "default",
+                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                priority_class: str | None = None, phase: str = "Running", reason: str = "",
+                ready: bool = True, conditions: list[dict] | None = None,
+                applied: dict[str, str] | None = None, resize: str | None = None,
+                containers: int = 1) -> dict:
+        """Create or replace a Pod bound to `node` (ADDED, or MODIFIED when it exists).
+
+        `requests` go on each of `containers` app containers; `applied` is what the kubelet
+        reports actuated (status.containerStatuses[].resources.requests); `conditions` are
+        added to the standard ones; `resize` sets the deprecated status.resize.
+        """
+        requests = {"cpu": "100m", "memory": "64Mi"} if requests is None else requests
+        key = f"{namespace}/{name}"
+        with self._lock:
+            old = self._objects.get(("pods", key))
+            uid = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            created = old["metadata"]["creationTimestamp"] if old else _now_iso()
+            names = [f"c{i}" for i in range(containers)]
+            spec: dict[str, Any] = {
+                "nodeName": node, "schedulerName": "default-scheduler",
+                "restartPolicy": "Always", "priority": 0,
+                "containers": [{"name": n, "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": dict(requests),
+                                              "limits": dict(requests)}}
+                               for n in names],
+            }
+            if priority_class:
+                spec["priorityClassName"] = priority_class
+            cond_status = "True" if ready else "False"
+            pod_conditions = [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": created},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": created},
+                {"type": "ContainersReady", "status": cond_status,
+                 "lastTransitionTime": _now_iso()},
+                {"type": "Ready", "status": cond_status, "lastTransitionTime": _now_iso()},
+            ] + list(conditions or [])
+            status: dict[str, Any] = {
+                "phase": phase, "conditions": pod_conditions, "hostIP": "10.0.0.10",
+                "podIP": "10.244.0.7", "startTime": created, "qosClass": "Guaranteed",
+                "containerStatuses": [
+                    {"name": n, "ready": ready, "restartCount": 0,
+                     "image": "registry.k8s.io/pause:3.10",
+                     "imageID": "registry.k8s.io/pause@sha256:0", "containerID": "containerd://0",
+                     "started": ready, "state": {"running": {"startedAt": created}},
+                     "allocatedResources": dict(applied if applied is not None else requests),
+                     "resources": {"requests": dict(applied if applied is not None
+                                                    else requests)}}
+                    for n in names],
+            }
+            if reason:
+                status["reason"] = reason
+                status["message"] = f"Pod was rejected: {reason}"
+            if resize:
+                status["resize"] = resize
+            pod = {
+                "kind": "Pod", "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                             "creationTimestamp": created, "labels": dict(labels or {})},
+                "spec": spec, "status": status,
+            }
+            return self._store("pods", key, pod)
+
+    def put_raw(self, collection: str, obj: dict) -> dict:
+        """Store an arbitrary object as-is (malformed-input tests); RV is still assigned."""
+        meta = obj.setdefault("metadata", {})
+        key = meta.get("name", "")
+        if collection == "pods":
+            key = f"{meta.get('namespace', 'default')}/{key}"
+        with self._lock:
+            return self._store(collection, key, copy.deepcopy(obj))
+
+    def delete_pod(self, name: str, namespace: str = "default") -> dict:
+        with self._lock:
+            pod = self._objects.pop(("pods", f"{namespace}/{name}"))
+            pod = copy.deepcopy(pod)
+            self._rv += 1
+            pod["metadata"]["resourceVersion"] = str(self._rv)
+            pod["metadata"]["deletionTimestamp"] = _now_iso()
+            self._publish("pods", "DELETED", pod)
+            return pod
+
+    def get(self, collection: str, key: str) -> dict:
+        with self._lock:
+            return copy.deepcopy(self._objects[(collection, key)])
+
+    # ------------------------------------------------------------ internals
+
+    def _store(self, collection: str, key: str, obj: dict) -> dict:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        kind = "MODIFIED" if (collection, key) in self._objects else "ADDED"
+        self._objects[(collection, key)] = obj
+        self._publish(collection, kind, obj)
+        return copy.deepcopy(obj)
+
+    def _publish(self, collection: str, kind: str, obj: dict) -> None:
+        snapshot = copy.deepcopy(obj)
+        self._history.append((self._rv, collection, kind, snapshot))
+        for watch in self._watches:
+            if watch.collection == collection and watch.matches(snapshot):
+                watch.queue.put((kind, snapshot))
+
+    def _expired(self, requested: int) -> dict:
+        return status_object(410, "Expired",
+                             f"too old resource version: {requested} ({self._compacted})")
+
+    def _list(self, collection: str, matches: Callable[[dict], bool]) -> dict:
+        with self._lock:
+            items = [copy.deepcopy(o) for (c, _), o in sorted(self._objects.items())
+                     if c == collection and matches(o)]
+            return {"kind": KINDS[collection] + "List", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _open_watch(self, collection: str, matches: Callable[[dict], bool], rv: str,
+                    bookmarks: bool) -> tuple[_Watch | None, list, dict | None]:
+        """Register a watch; returns (watch, initial events, expired-Status or None)."""
+        with self._lock:
+            if rv in ("", "0"):
+                initial = [("ADDED", copy.deepcopy(o)) for (c, _), o in
+                           sorted(self._objects.items()) if c == collection and matches(o)]
+            else:
+                try:
+                    since = int(rv)
+                except ValueError:
+                    return None, [], status_object(400, "BadRequest",
+                                                   f"invalid resource version: {rv}")
+                if since < self._compacted:
+                    return None, [], self._expired(since)
+                initial = [(k, copy.deepcopy(o)) for r, c, k, o in self._history
+                           if r > since and c == collection and matches(o)]
+            watch = _Watch(collection, matches, bookmarks)
+            self._watches.append(watch)
+            return watch, initial, None
+
+    def _close_watch(self, watch: _Watch) -> None:
+        with self._lock:
+            if watch in self._watches:
+                self._watches.remove(watch)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: FakeApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # noqa: A002 - keep test output clean
+        pass
+
+    def _send_json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, event_type: str, obj: dict) -> None:
+        line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+        self.wfile.flush()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        api = self.api
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        with api._lock:
+            api.requests.append((url.path, query))
+        if api._delay:
+            time.sleep(api._delay)
+        parts = url.path.strip("/").split("/")
+        if len(parts) != 3 or parts[:2] != ["api", "v1"] or parts[2] not in KINDS:
+            self._send_json(404, status_object(404, "NotFound",
+                                               "the server could not find the requested "
+                                               "resource"))
+            return
+        collection = parts[2]
+        if api._forbidden:
+            verb = "watch" if query.get("watch") == "true" else "list"
+            self._send_json(403, status_object(
+                403, "Forbidden",
+                f'{collection} is forbidden: User "system:serviceaccount:kube-system:'
+                f'node-resize-exporter" cannot {verb} resource "{collection}" in API group "" '
+                f"at the cluster scope", {"kind": collection}))
+            return
+        try:
+            matches = parse_field_selector(query.get("fieldSelector", ""))
+        except ValueError as e:
+            self._send_json(400, status_object(400, "BadRequest", str(e)))
+            return
+        if query.get("watch") not in ("true", "1"):
+            self._send_json(200, api._list(collection, matches))
+            return
+        self._watch(collection, matches, query)
+
+    def _watch(self, collection: str, matches, query: dict[str, str]) -> None:
+        api = self.api
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        watch, initial, error = api._open_watch(collection, matches,
+                                                query.get("resourceVersion", ""), bookmarks)
+        if error is not None and (api.gone_as_http or error["code"] != 410):
+            self._send_json(error["code"], error)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if error is not None:  # the real server: 200, then one ERROR event, then the end
+            self._chunk("ERROR", error)
+            self._end_stream()
+            return
+        assert watch is not None
+        timeout = float(query.get("timeoutSeconds") or 0)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        try:
+            for event_type, obj in initial:
+                self._chunk(event_type, obj)
+            while not api._stopping.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                try:
+                    item = watch.queue.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if item is _DROP:
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if item is _CLOSE:
+                    break
+                self._chunk(*item)
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True  # the client went away
+        finally:
+            api._close_watch(watch)
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()

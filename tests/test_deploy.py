@@ -1,0 +1,289 @@
+"""deploy/: the manifests validate offline against the Kubernetes schemas, the PrometheusRule is
+what alerts/ generates, the RBAC is what the code calls, and the DaemonSet keeps its security
+promises (capabilities, read-only mounts, not privileged)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import dockerfile
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: not in the upstream schemas
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+def _manifests() -> dict[str, dict]:
+    kustomization = _load("kustomization.yaml")
+    return {name: _load(name) for name in kustomization["resources"]}
+
+
+def _container(ds: dict) -> dict:
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _gen_module():
+    spec = importlib.util.spec_from_file_location("gen_prometheusrule",
+                                                  REPO / "scripts" / "gen-prometheusrule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- kustomization and schemas --------------------------------------------------------------
+
+def test_kustomization_lists_every_manifest_once():
+    listed = _load("kustomization.yaml")["resources"]
+    on_disk = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+    assert len(set(listed)) == len(listed)
+
+
+@pytest.mark.parametrize("name", sorted(_load("kustomization.yaml")["resources"]))
+def test_manifest_validates_against_kubernetes_schema(name):
+    doc = _load(name)
+    if doc["kind"] in OPERATOR_KINDS:
+        # No offline schema for prometheus-operator's CRDs: their content is checked by the
+        # scrape-wiring and PrometheusRule tests below.
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        return
+    version = kubernetes_validate.latest_version()
+    # strict: unknown fields are errors, so a typo such as `readOnlyRootFileSystem` is caught.
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_schema_validation_rejects_a_broken_daemonset():
+    """The validator is really looking: a wrong type in the DaemonSet must be an error."""
+    ds = _load("daemonset.yaml")
+    _container(ds)["securityContext"]["readOnlyRootFilesystem"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_namespaced_objects_share_one_namespace():
+    namespace = _load("kustomization.yaml")["namespace"]
+    assert _load("namespace.yaml")["metadata"]["name"] == namespace
+    for name, doc in _manifests().items():
+        if doc["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "PrometheusRule"}:
+            continue
+        assert doc["metadata"]["namespace"] == namespace, name
+    subject = _load("clusterrolebinding.yaml")["subjects"][0]
+    assert subject["namespace"] == namespace
+    assert subject["name"] == _load("serviceaccount.yaml")["metadata"]["name"]
+
+
+# --- PrometheusRule: one source of truth -----------------------------------------------------
+
+def test_prometheusrule_is_generated_from_alerts():
+    gen = _gen_module()
+    assert (DEPLOY / "prometheusrule.yaml").read_text() == gen.render(), \
+        "deploy/prometheusrule.yaml is stale: run scripts/gen-prometheusrule.py"
+
+
+def test_prometheusrule_groups_equal_rule_file():
+    rules = yaml.safe_load((REPO / "alerts" / "node-resize-exporter.rules.yml").read_text())
+    generated = _load("prometheusrule.yaml")
+    assert generated["kind"] == "PrometheusRule"
+    assert generated["spec"]["groups"] == rules["groups"]
+
+
+def test_generator_check_mode_detects_a_stale_file(tmp_path, monkeypatch, capsys):
+    gen = _gen_module()
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(gen.render().replace("severity: critical", "severity: info"))
+    monkeypatch.setattr(gen, "TARGET", stale)
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    assert gen.main(["--check"]) == 1
+    assert "severity: critical" in capsys.readouterr().out
+    stale.write_text(gen.render())
+    assert gen.main(["--check"]) == 0
+
+
+# --- scrape wiring ---------------------------------------------------------------------------
+
+def test_service_monitor_scrapes_the_daemonset_and_labels_node():
+    ds, svc, sm = _load("daemonset.yaml"), _load("service.yaml"), _load("servicemonitor.yaml")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+
+    port_names = {p["name"] for p in _container(ds)["ports"]}
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] in port_names
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == svc_port["name"]
+    assert endpoint["path"] == "/metrics"
+    # Dashboards and alerts group by `node`, taken from the pod's node name.
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+            "action": "replace"} in endpoint["relabelings"]
+    # The alerts match up{job="node-resize-exporter"}: the operator's job label is the
+    # Service name unless jobLabel says otherwise.
+    assert "jobLabel" not in sm["spec"]
+    assert svc["metadata"]["name"] == "node-resize-exporter"
+    rules = (REPO / "alerts" / "node-resize-exporter.rules.yml").read_text()
+    assert f'up{{job="{svc["metadata"]["name"]}"}}' in rules
+
+
+# --- DaemonSet security and mounts -----------------------------------------------------------
+
+def test_daemonset_gets_node_name_from_downward_api():
+    env = {e["name"]: e for e in _container(_load("daemonset.yaml"))["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_daemonset_is_not_privileged_and_has_only_bpf_and_perfmon():
+    ds = _load("daemonset.yaml")
+    pod = ds["spec"]["template"]["spec"]
+    sc = _container(ds)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON"]}
+    assert pod.get("hostPID", False) is False
+    assert pod.get("hostIPC", False) is False
+
+
+def _mounts(ds: dict) -> dict[str, tuple[str, bool]]:
+    """mountPath -> (host path, read-only) for every hostPath mount."""
+    host = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]
+            if "hostPath" in v}
+    return {m["mountPath"]: (host[m["name"]], m.get("readOnly", False))
+            for m in _container(ds)["volumeMounts"] if m["name"] in host}
+
+
+def test_daemonset_mounts_host_paths_read_only_except_the_journal():
+    mounts = _mounts(_load("daemonset.yaml"))
+    for path in ["/sys", "/sys/kernel/tracing", "/lib/modules", "/usr/src",
+                 "/var/lib/kubelet/pod-resources"]:
+        assert mounts[path] == (path, True), path
+    assert mounts["/var/lib/node-resize-exporter"] == ("/var/lib/node-resize-exporter", False)
+    assert set(mounts) == {"/sys", "/sys/kernel/tracing", "/lib/modules", "/usr/src",
+                           "/var/lib/kubelet/pod-resources", "/var/lib/node-resize-exporter"}
+
+
+def test_journal_flag_points_into_the_journal_mount():
+    args = _container(_load("daemonset.yaml"))["args"]
+    (journal,) = [a.split("=", 1)[1] for a in args if a.startswith("--journal=")]
+    assert Path(journal).parent == Path("/var/lib/node-resize-exporter")
+
+
+def _commented_patch() -> list[dict]:
+    """The CAP_SYS_ADMIN fallback kept as a comment in kustomization.yaml, uncommented."""
+    text = (DEPLOY / "kustomization.yaml").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("# ")]
+    start = next(i for i, line in enumerate(lines) if line == "# patches:")
+    block = yaml.safe_load("\n".join(line[2:] for line in lines[start:]))
+    (entry,) = block["patches"]
+    assert entry["target"] == {"kind": "DaemonSet", "name": "node-resize-exporter"}
+    return yaml.safe_load(entry["patch"])
+
+
+def _apply_json_patch(doc: dict, ops: list[dict]) -> dict:
+    doc = json.loads(json.dumps(doc))
+    for op in ops:
+        assert op["op"] == "replace", op
+        *parents, leaf = [p for p in op["path"].split("/") if p]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key = int(leaf) if isinstance(node, list) else leaf
+        assert key in node if isinstance(node, dict) else key < len(node), op["path"]
+        node[key] = op["value"]
+    return doc
+
+
+def test_sys_admin_fallback_patch_applies_and_stays_unprivileged():
+    ds = _apply_json_patch(_load("daemonset.yaml"), _commented_patch())
+    kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+    sc = _container(ds)["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert sc["privileged"] is False
+
+
+# --- RBAC equals the API calls the code makes ------------------------------------------------
+
+_LIGHTKUBE_CALL = re.compile(r"\.(get|list|watch)\(\s*([A-Z]\w*)")
+_API_INFO = re.compile(r'class\s+(\w+)\([^)]*\):(?:(?!\nclass ).)*?create_api_info\(\s*"([^"]*)",'
+                       r'\s*"[^"]*",\s*"[^"]*",\s*"([^"]*)"', re.S)
+
+
+def _code_api_calls() -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, from the lightkube calls under exporter/.
+
+    Resource classes are those declared with create_api_info (exporter/kube/client.py) or
+    imported from lightkube.resources; verbs are the client methods called on them.
+    """
+    sources = {p: p.read_text() for p in (REPO / "exporter").rglob("*.py")}
+    classes: dict[str, tuple[str, str]] = {}
+    for text in sources.values():
+        for cls, group, plural in _API_INFO.findall(text):
+            classes[cls] = (group, plural)
+        for module, names in re.findall(r"from lightkube\.resources\.(\w+) import ([\w, ()\n]+)",
+                                        text):
+            group = "" if module.startswith("core_") else module.rsplit("_", 1)[0]
+            for name in re.findall(r"\w+", names):
+                classes.setdefault(name, (group, name.lower() + "s"))
+    calls: dict[tuple[str, str], set[str]] = {}
+    for text in sources.values():
+        for verb, cls in _LIGHTKUBE_CALL.findall(text):
+            if cls in classes:
+                calls.setdefault(classes[cls], set()).add(verb)
+    return calls
+
+
+def test_kube_sources_exist():
+    # The RBAC comparison below is only meaningful once the sources that call the API exist.
+    assert sorted(p.name for p in (REPO / "exporter" / "sources").glob("kube_*.py"))
+
+
+def test_clusterrole_is_exactly_what_the_code_calls():
+    role = _load("clusterrole.yaml")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    called = _code_api_calls()
+    assert called, "found no lightkube list/watch/get calls under exporter/"
+    assert granted == called
+    assert set().union(*granted.values()) <= {"get", "list", "watch"}, "the exporter never writes"
+
+
+# --- Dockerfile ------------------------------------------------------------------------------
+
+_INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+                 "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK",
+                 "SHELL"}
+
+
+def test_dockerfile_parses_and_installs_bcc_and_the_project():
+    # No Docker engine here: parse with buildkit's own parser and check what can be checked.
+    commands = dockerfile.parse_file(str(DEPLOY / "Dockerfile"))
+    assert commands[0].cmd == "FROM" and commands[0].value[0].startswith("debian:12")
+    assert {c.cmd for c in commands} <= _INSTRUCTIONS
+    runs = " ".join(" ".join(c.value) for c in commands if c.cmd == "RUN")
+    assert "python3-bpfcc" in runs
+    assert "--system-site-packages" in runs  # the venv must see Debian's bcc
+    for c in commands:
+        if c.cmd in {"ENTRYPOINT", "CMD"}:
+            assert c.json, f"{c.cmd} in shell form: signals would go to /bin/sh, not Python"
+        if c.cmd == "COPY":
+            for src in c.value[:-1]:
+                assert (REPO / src).exists(), f"COPY {src}: not in the repository"
+    (entrypoint,) = [c for c in commands if c.cmd == "ENTRYPOINT"]
+    assert entrypoint.value[0].endswith("/bin/node-resize-exporter")
+    exposed = {c.value[0] for c in commands if c.cmd == "EXPOSE"}
+    ports = {str(p["containerPort"]) for p in _container(_load("daemonset.yaml"))["ports"]}
+    assert exposed == ports
