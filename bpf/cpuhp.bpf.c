@@ -7,8 +7,10 @@
  *     teardown callback), so done at the exit of the lowest state that has one
  *     (STATE_OFFLINE_DONE; the loader reads both numbers from
  *     /sys/devices/system/cpu/hotplug/states).
- *   - a callback returning != 0: emit a failed record naming the state; the kernel then rolls
- *     back towards where it came from, and we swallow those steps.
+ *   - a step returning != 0: emit a failed record naming the state that reported it (the
+ *     callback's own, or the AP-work wrapper's when the callback was not traced); the kernel
+ *     then rolls back towards where it came from, and we swallow those steps until it is
+ *     back, or until a step walks the original way again (nothing was rolled back).
  * Overhead: a hash lookup per callback, ~100 per transition; nothing when nobody hotplugs.
  */
 #include "hotplug.h"
@@ -24,11 +26,18 @@ BPF_HASH(inflight, u32, struct cpu_transition, 4096);
 
 static __always_inline int step_enter(u32 cpu, int target, int idx)
 {
+	int online = target > idx; /* walking up the state ladder */
 	struct cpu_transition *t = inflight.lookup(&cpu);
+	if (t && t->rolling_back && online == t->online) {
+		/* A step in the failed transition's own direction: the rollback is over (or the
+		 * kernel had nothing to undo), so this starts a new transition. */
+		inflight.delete(&cpu);
+		t = NULL;
+	}
 	if (!t) {
 		struct cpu_transition fresh = {
 			.start_ns = bpf_ktime_get_ns(),
-			.online = target > idx, /* walking up the state ladder */
+			.online = online,
 		};
 		inflight.update(&cpu, &fresh);
 		t = inflight.lookup(&cpu);

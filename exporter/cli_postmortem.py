@@ -137,7 +137,7 @@ def export_events(journal_path: Path | None, since: float | None, until: float |
                   progress_every: int) -> None:
     """The raw events as JSON lines on stdout (for `replay`); progress goes to stderr."""
     journal = open_journal(journal_path)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     try:
         total = journal.count_events(since, until)
         n = 0
@@ -269,3 +269,7 @@ def register(main: click.Group) -> None:
     main.add_command(episodes)
     main.add_command(replay)
     main.add_command(report)
+
+
+# What the main group registers (exporter/cli.py reads this).
+COMMANDS = (episodes, replay, report)

@@ -14,16 +14,23 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab.initramfs import GUEST_PORT, SCRATCH_IN_GUEST
+from lab.initramfs import CHECKOUT, GUEST_PORT, SCRATCH_IN_GUEST
 from lab.qemu import Guest, GuestConfig
 
-GUEST_PYTHON = "/usr/bin/python3"  # what the venv's python links to; it exists in the chroot
+# The checkout's venv: its python links to /usr/bin/python3 (which bcc is built for) and its
+# pyvenv.cfg adds the project's dependencies; the guest sees both at the same paths.
+GUEST_PYTHON = str(CHECKOUT / ".venv" / "bin" / "python")
+GUEST_JOURNAL = "/tmp/journal.db"  # guest tmpfs: SQLite WAL wants real shared memory, not 9p
+# A journal instead of --no-journal: a refused offline's reason (the BPF return code) is in the
+# episode's transitions, which only the journal shows (`episodes list --json`), not /metrics.
 EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run", "--listen", f"0.0.0.0:{GUEST_PORT}",
-                 "--source", "auto", "--no-journal", "--log-level", "debug"]
+                 "--source", "auto", "--journal", GUEST_JOURNAL, "--log-level", "debug"]
+EPISODES_ARGV = [GUEST_PYTHON, "-m", "exporter", "episodes", "list", "--json",
+                 "--journal", GUEST_JOURNAL]
 # The guest sees the checkout read-only: no bytecode writes, HOME on the guest's tmpfs.
 GUEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
 
-RUN_SH = f"""# Written by lab/control.py; /init runs it in the chroot, cwd /work/main.
+RUN_SH = f"""# Written by lab/control.py; /init runs it in the chroot, cwd the checkout.
 export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp PYTHONUNBUFFERED=1
 exec {GUEST_PYTHON} -m lab.guest_agent {SCRATCH_IN_GUEST} >>{SCRATCH_IN_GUEST}/agent.log 2>&1
 """
@@ -130,8 +137,22 @@ class LabGuest:
 
     # ------------------------------------------------------------------ guest programs
 
-    def spawn(self, argv: list[str], log: str) -> int:
-        return self.call("spawn", argv=argv, log=log, env=GUEST_ENV)["pid"]
+    def spawn(self, argv: list[str], log: str, err_log: str | None = None) -> int:
+        return self.call("spawn", argv=argv, log=log, env=GUEST_ENV, err_log=err_log,
+                         cwd=str(CHECKOUT))["pid"]
+
+    def run_program(self, argv: list[str], log: str, timeout: float) -> tuple[int, str]:
+        """Run a guest program to completion: (exit code, its stdout); stderr to <log>.err."""
+        (self.guest.scratch / log).unlink(missing_ok=True)
+        pid = self.spawn(argv, log, err_log=log + ".err")
+        deadline = time.monotonic() + timeout
+        while (rc := self.call("poll", pid=pid)["returncode"]) is None:
+            if time.monotonic() > deadline:
+                self.stop_program(pid)
+                raise TimeoutError(f"guest program {argv} did not finish in {timeout}s")
+            time.sleep(0.3)
+        self.call("stop", pid=pid)  # forget it in the agent
+        return rc, self.artifact(log)
 
     def stop_program(self, pid: int) -> int | None:
         return self.call("stop", pid=pid, timeout=40.0)["returncode"]

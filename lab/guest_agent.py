@@ -64,33 +64,39 @@ class Agent:
         return {"value": read(Path(path))}
 
     def op_refuse_memory_offline(self) -> dict:
-        """Find a boot (ZONE_NORMAL) memory block whose offline the kernel refuses with EBUSY.
+        """Write `offline` to a boot ZONE_NORMAL memory block the kernel refuses (EBUSY).
 
-        memblock allocates top-down, so the highest boot blocks hold unmovable kernel memory;
-        try from the top. A block that does go offline is put back online at once and reported,
-        so the host can account for that extra successful pair.
+        memblock allocates top-down, so the highest boot block of ZONE_NORMAL holds the memmap
+        and other unmovable kernel memory: it is tried first and is refused on every boot seen.
+        A block that does go offline instead is put back online at once and reported, so the
+        host can account for that extra successful pair; other errnos are reported too.
         """
-        restored = []
+        restored, other = [], []
         for n in reversed(self.boot_blocks):
-            if n == 0:
-                continue  # block 0 spans the DMA zones: refused before offline_pages runs
-            state = MEM_ROOT / f"memory{n}" / "state"
-            if read(state) != "online":
+            block = MEM_ROOT / f"memory{n}"
+            if "Normal" not in read(block / "valid_zones") or read(block / "state") != "online":
                 continue
-            result = self.op_write(str(state), "offline")
+            result = self.op_write(str(block / "state"), "offline")
             if result["errno"] == errno.EBUSY:
-                return {"block": n, **result, "restored": restored}
+                return {"block": n, **result, "restored": restored, "other_errors": other}
             if result["errno"] == 0:
-                self.op_write(str(state), "online")
+                self.op_write(str(block / "state"), "online")
                 restored.append(n)
-        return {"block": None, "errno": 0, "error": "no boot block refused", "restored": restored}
+            else:
+                other.append([n, result["error"]])
+        return {"block": None, "errno": 0, "error": "no ZONE_NORMAL boot block refused",
+                "restored": restored, "other_errors": other}
 
     def op_spawn(self, argv: list[str], log: str, cwd: str = "/work/main",
-                 env: dict | None = None) -> dict:
+                 env: dict | None = None, err_log: str | None = None) -> dict:
+        """Start a program; stdout to scratch/<log>, stderr there too unless err_log names one."""
         out = open(self.scratch / log, "ab")
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+        err = open(self.scratch / err_log, "ab") if err_log else None
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err or subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         out.close()
+        if err:
+            err.close()
         self.children[proc.pid] = proc
         return {"pid": proc.pid}
 

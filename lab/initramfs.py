@@ -18,6 +18,7 @@ BUSYBOX = Path("/bin/busybox")
 WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_net")
 GUEST_PORT = 9862
 SCRATCH_IN_GUEST = "/tmp/scratch"  # where the writable share appears inside the chroot
+CHECKOUT = Path(__file__).resolve().parent.parent  # the same path inside the guest's chroot
 
 # /init runs as PID 1 under busybox sh. Every line it prints starts with "lab-init:" so the host
 # can follow boot progress in the serial log. The guest never gets a default route: the only
@@ -56,16 +57,16 @@ for arg in $(cat /proc/cmdline); do
 done
 say "ready $(cut -d' ' -f1 /proc/uptime)s"
 if [ -n "$script" ]; then
-  chroot /host /bin/sh -c "cd /work/main && exec /bin/sh @SCRATCH@/$script"
+  chroot /host /bin/sh -c "cd @CHECKOUT@ && exec /bin/sh @SCRATCH@/$script"
 elif [ -n "$cmd" ]; then
-  chroot /host /bin/sh -c "cd /work/main && exec $cmd"
+  chroot /host /bin/sh -c "cd @CHECKOUT@ && exec $cmd"
 else
   say "nothing to run (lab.script=NAME or lab.cmd=WORDS,WITH,COMMAS)"
 fi
 say "command exited $?"
 sync
 poweroff -f
-""".replace("@SCRATCH@", SCRATCH_IN_GUEST)
+""".replace("@SCRATCH@", SCRATCH_IN_GUEST).replace("@CHECKOUT@", str(CHECKOUT))
 
 
 @dataclass(frozen=True)

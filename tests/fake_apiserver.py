@@ -97,6 +97,8 @@ class FakeApiServer:
         self._delay = 0.0
         self._forbidden = False
         self._stopping = threading.Event()
+        self._admit_watches = threading.Event()
+        self._admit_watches.set()
         self.gone_as_http = False
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
         self._host, self._port = host, port
@@ -124,6 +126,7 @@ class FakeApiServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._admit_watches.set()
         with self._lock:
             for watch in self._watches:
                 watch.queue.put(_CLOSE)
@@ -145,7 +148,9 @@ class FakeApiServer:
 
     @property
     def port(self) -> int:
-        assert self._httpd is not None, "start() first"
+        if self._httpd is None:  # not started: only known when given (kubeconfig before start)
+            assert self._port, "start() first, or construct with a fixed port"
+            return self._port
         return self._httpd.server_address[1]
 
     @property
@@ -192,6 +197,17 @@ class FakeApiServer:
             for watch in self._watches:
                 watch.queue.put(_DROP)
             return len(self._watches)
+
+    def hold_watches(self) -> None:
+        """A partition for watches: new watch requests wait (unanswered) until release.
+
+        With drop_watches() this makes a deterministic gap: changes made while held are
+        only seen by a client through the history, or through a relist after compact().
+        """
+        self._admit_watches.clear()
+
+    def release_watches(self) -> None:
+        self._admit_watches.set()
 
     def bookmark(self) -> int:
         """Send a BOOKMARK at the current RV to every watch that asked for bookmarks."""
@@ -483,6 +499,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, collection: str, matches, query: dict[str, str]) -> None:
         api = self.api
+        while not api._admit_watches.wait(0.05):
+            if api._stopping.is_set():
+                return
         bookmarks = query.get("allowWatchBookmarks") == "true"
         watch, initial, error = api._open_watch(collection, matches,
                                                 query.get("resourceVersion", ""), bookmarks)

@@ -13,6 +13,20 @@ MEM_ROOT = Path("/sys/devices/system/memory")
 LOCK_PATH = "/run/lock/node-resize-exporter-hotplug.lock"
 
 
+def write_sysfs(path: Path, value: str) -> int:
+    """One unbuffered write: 0 or the errno the kernel answered. (Python's buffered file
+    objects retry a write that failed with EAGAIN on close, so a refused hotplug would be
+    silently tried again.)"""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+        return 0
+    except OSError as e:
+        return e.errno or errno.EIO
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def hotplug_lock():
     """One machine-wide lock for every test (any process) that hotplugs CPUs or memory."""
@@ -39,9 +53,18 @@ class Cpu:
     def online(self) -> bool:
         return self.path.read_text().strip() == "1"
 
+    def try_set_online(self, on: bool) -> int:
+        return write_sysfs(self.path, "1" if on else "0")
+
     def set_online(self, on: bool) -> None:
         if self.online() != on:
-            self.path.write_text("1" if on else "0")
+            err = self.try_set_online(on)
+            if err:
+                raise OSError(err, f"cpu{self.n} online={int(on)}: {os.strerror(err)}")
+
+    def fail_next(self, state: int) -> None:
+        """The kernel's fault injection: the callback of `state` fails on the next transition."""
+        (self.path.parent / "hotplug" / "fail").write_text(str(state))
 
 
 @dataclass
@@ -57,16 +80,14 @@ class MemoryBlock:
 
     def try_offline(self) -> int:
         """0 on success, else the errno the kernel answered (EBUSY for a refused offline)."""
-        try:
-            self.path.write_text("offline")
-            return 0
-        except OSError as e:
-            return e.errno or errno.EIO
+        return write_sysfs(self.path, "offline")
 
     def set_online(self, on: bool) -> None:
         want = "online" if on else "offline"
         if self.state() != want:
-            self.path.write_text(want)
+            err = write_sysfs(self.path, want)
+            if err:
+                raise OSError(err, f"memory{self.n} {want}: {os.strerror(err)}")
 
 
 def memory_blocks() -> list[MemoryBlock]:

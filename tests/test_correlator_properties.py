@@ -16,8 +16,10 @@ from tests.correlator_stream import BLOCK, T0, GiB
 
 CPU, MEM = Resource.CPU, Resource.MEMORY
 UIDS = ("a", "b", "c", "bal")
-PHASES = ("Pending", "Running", "Succeeded", "Failed")
-REASONS = ("", "OutOfcpu", "OutOfmemory", "OutOfpods", "UnexpectedAdmissionError", "Evicted")
+# Repeats weight the draw towards pods that run and pods that admission rejects.
+PHASES = ("Pending", "Running", "Running", "Succeeded", "Failed", "Failed")
+REASONS = ("", "OutOfcpu", "OutOfcpu", "OutOfmemory", "OutOfpods", "UnexpectedAdmissionError",
+           "Evicted")
 
 configs = st.builds(
     CorrelatorConfig,
@@ -29,10 +31,13 @@ configs = st.builds(
 # Each step: (seconds to advance the clock, how far in the past the event is stamped, event).
 transitions = st.tuples(st.just("transition"), st.sampled_from([CPU, MEM]),
                         st.integers(0, 3), st.sampled_from(list(Direction)),
-                        st.sampled_from(list(Result)), st.sampled_from([None, 0.03125]))
+                        st.sampled_from([Result.SUCCESS] * 3 + [Result.FAILED]),
+                        st.sampled_from([None, 0.03125]))
 # Narrow value ranges, so that kernel and Node often agree and episodes reach every phase.
 snapshots = st.tuples(st.just("snapshot"), st.integers(1, 3), st.integers(191, 193))
 nodes = st.tuples(st.just("node"), st.integers(1, 3), st.integers(191, 193))
+# A kubelet restart: the Node reports what the kernel has (both events, same values).
+restarts = st.tuples(st.just("restart"), st.integers(1, 3), st.integers(191, 193))
 pods = st.tuples(st.just("pod"), st.sampled_from(UIDS), st.sampled_from(PHASES),
                  st.sampled_from(REASONS), st.booleans(), st.booleans(),
                  st.sampled_from(["", "Deferred", "Infeasible"]), st.booleans(),
@@ -45,9 +50,9 @@ ticks = st.tuples(st.just("tick"))
 steps = st.lists(st.tuples(
     st.sampled_from([0.0, 0.25, 0.25, 1.0, 1.0, 3.0, 20.0]), st.sampled_from([0.0, 0.0, 0.5]),
     # Listed twice: drawn more often.
-    st.one_of(transitions, transitions, snapshots, nodes, pods, pods, relists, podresources,
-              others, ticks)),
-    max_size=80)
+    st.one_of(transitions, transitions, snapshots, nodes, restarts, restarts, pods, pods, pods,
+              relists, podresources, others, ticks)),
+    min_size=20, max_size=80)
 
 
 def build(step: tuple, t: float):
@@ -93,9 +98,14 @@ def run(config: CorrelatorConfig, plan: list) -> tuple[EpisodeTracker, list]:
     updates: list = []
     for advance, lag, step in plan:
         clock.advance(advance)
-        event = build(step, clock.now() - lag)
-        updates += tracker.tick() if event is None else tracker.handle(event)
-        check(tracker, updates)
+        if step[0] == "restart":
+            events = [build(("snapshot", *step[1:]), clock.now() - lag),
+                      build(("node", *step[1:]), clock.now())]
+        else:
+            events = [build(step, clock.now() - lag)]
+        for event in events:
+            updates += tracker.tick() if event is None else tracker.handle(event)
+            check(tracker, updates)
     clock.advance(10_000.0)  # past every deadline and settle window
     updates += tracker.tick()
     check(tracker, updates)

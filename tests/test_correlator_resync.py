@@ -392,3 +392,12 @@ def test_other_events_are_ignored_and_bad_timestamps_counted():
                                 result=Result.SUCCESS, end=float("nan"))) == []
     assert s.tracker.stats.malformed_events == 1
     assert s.tracker.episodes_open == 0
+
+
+def test_a_flap_within_one_microsecond_gets_distinct_ids():
+    s = Stream(kubernetes=False)
+    for direction in (ON, OFF, ON):
+        s.transition(1.0, CPU, 2, direction, duration=0.0)
+    ids = [u.episode.id for u in s.updates if u.kind is UpdateKind.OPENED]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    assert ids[2] == ids[0] + "-2"

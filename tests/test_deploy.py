@@ -214,18 +214,21 @@ def test_sys_admin_fallback_patch_applies_and_stays_unprivileged():
 
 # --- RBAC equals the API calls the code makes ------------------------------------------------
 
-_LIGHTKUBE_CALL = re.compile(r"\.(get|list|watch)\(\s*([A-Z]\w*)")
+_CALL = re.compile(r"\.(get|list|watch)\(\s*(self\.resource\b|[A-Z]\w*)")
 _API_INFO = re.compile(r'class\s+(\w+)\([^)]*\):(?:(?!\nclass ).)*?create_api_info\(\s*"([^"]*)",'
                        r'\s*"[^"]*",\s*"[^"]*",\s*"([^"]*)"', re.S)
+_RESOURCE_ATTR = re.compile(r"^\s+resource\s*=\s*([A-Z]\w*)\s*$", re.M)
 
 
-def _code_api_calls() -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs, from the lightkube calls under exporter/.
+def _api_calls(sources: dict[str, str]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, from the lightkube calls in `sources` (path -> text).
 
     Resource classes are those declared with create_api_info (exporter/kube/client.py) or
-    imported from lightkube.resources; verbs are the client methods called on them.
+    imported from lightkube.resources. A call names its resource directly
+    (`client.watch(RawNode, ...)`) or, in the shared list-then-watch base
+    (exporter/kube/watch.py), through `self.resource`, which each source sets as a class
+    attribute (`resource = RawNode`): those verbs then apply to every such resource.
     """
-    sources = {p: p.read_text() for p in (REPO / "exporter").rglob("*.py")}
     classes: dict[str, tuple[str, str]] = {}
     for text in sources.values():
         for cls, group, plural in _API_INFO.findall(text):
@@ -236,16 +239,44 @@ def _code_api_calls() -> dict[tuple[str, str], set[str]]:
             for name in re.findall(r"\w+", names):
                 classes.setdefault(name, (group, name.lower() + "s"))
     calls: dict[tuple[str, str], set[str]] = {}
+    via_self: set[str] = set()
     for text in sources.values():
-        for verb, cls in _LIGHTKUBE_CALL.findall(text):
-            if cls in classes:
-                calls.setdefault(classes[cls], set()).add(verb)
+        for verb, target in _CALL.findall(text):
+            if target == "self.resource":
+                via_self.add(verb)
+            elif target in classes:
+                calls.setdefault(classes[target], set()).add(verb)
+    for text in sources.values():
+        for cls in _RESOURCE_ATTR.findall(text):
+            if cls in classes and via_self:
+                calls.setdefault(classes[cls], set()).update(via_self)
     return calls
+
+
+def _code_api_calls() -> dict[tuple[str, str], set[str]]:
+    return _api_calls({str(p): p.read_text() for p in (REPO / "exporter").rglob("*.py")})
+
+
+def test_api_call_scanner_reads_both_call_styles():
+    sources = {
+        "client.py": 'class RawNode(GenericGlobalResource):\n'
+                     '    _api_info = create_api_info("", "v1", "Node", "nodes", verbs=V)\n'
+                     'class RawLease(GenericNamespacedResource):\n'
+                     '    _api_info = create_api_info("coordination.k8s.io", "v1", "Lease", '
+                     '"leases", verbs=V)\n',
+        "watch.py": "    def _list(self):\n        self._client.list(self.resource, ns=1)\n"
+                    "    def _watch(self):\n        self._client.watch(self.resource)\n",
+        "kube_node.py": "class KubeNodeSource(ListWatchSource):\n    resource = RawNode\n",
+        "lease.py": "    client.get(RawLease, name='x')\n    {}.get(k)\n",
+    }
+    assert _api_calls(sources) == {("", "nodes"): {"list", "watch"},
+                                   ("coordination.k8s.io", "leases"): {"get"}}
 
 
 def test_kube_sources_exist():
     # The RBAC comparison below is only meaningful once the sources that call the API exist.
-    assert sorted(p.name for p in (REPO / "exporter" / "sources").glob("kube_*.py"))
+    names = sorted(p.name for p in (REPO / "exporter" / "sources").glob("kube_*.py"))
+    assert {"kube_node.py", "kube_pods.py"} <= set(names)
 
 
 def test_clusterrole_is_exactly_what_the_code_calls():
@@ -259,6 +290,30 @@ def test_clusterrole_is_exactly_what_the_code_calls():
     assert called, "found no lightkube list/watch/get calls under exporter/"
     assert granted == called
     assert set().union(*granted.values()) <= {"get", "list", "watch"}, "the exporter never writes"
+
+
+def test_kubelet_metrics_rbac_matches_whether_it_is_enabled():
+    # --kubelet-metrics-url needs get on nodes/metrics; the DaemonSet does not enable it, so
+    # the role must not grant it (the optional rule is documented in clusterrole.yaml).
+    args = _container(_load("daemonset.yaml"))["args"]
+    enabled = any(a.startswith("--kubelet-metrics-url") for a in args)
+    resources = {r for rule in _load("clusterrole.yaml")["rules"] for r in rule["resources"]}
+    assert ("nodes/metrics" in resources) == enabled
+    assert "nodes/metrics" in (DEPLOY / "clusterrole.yaml").read_text()
+
+
+def test_daemonset_args_are_options_the_exporter_accepts():
+    from click.testing import CliRunner
+
+    from exporter.cli import main
+    result = CliRunner().invoke(main, ["run", "--help"])
+    assert result.exit_code == 0, result.output
+    args = _container(_load("daemonset.yaml"))["args"]
+    assert args[0] == "run"
+    for arg in args[1:]:
+        option = arg.split("=", 1)[0]
+        assert re.search(rf"^\s+{re.escape(option)}\b", result.output, re.M), \
+            f"`run` has no option {option}"
 
 
 # --- Dockerfile ------------------------------------------------------------------------------

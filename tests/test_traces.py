@@ -144,11 +144,23 @@ def test_exported_once_across_a_restart_with_the_journal(tmp_path):
     assert len(spans) == 7
 
 
+def test_undeliverable_batches_are_counted(monkeypatch):
+    with HttpReceiver() as rx:
+        endpoint = rx.endpoint  # a port that was just ours and is closed now
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    sink = TraceSink.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    sink.on_update(ended(cpu_offline_episode()))
+    sink.close()  # must return, not raise, with the collector gone
+    assert sink.exported == 1
+    assert sink.errors >= 1
+
+
 @pytest.mark.parametrize("env, expected", [
     ({}, None),
     ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
     ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, ("http/protobuf", "http://c:4318/v1/traces")),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"},
+     ("http/protobuf", "http://c:4318/v1/traces")),
     ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c/custom"},
      ("http/protobuf", "https://c/custom")),
     ({"OTEL_TRACES_EXPORTER": "otlp"}, ("http/protobuf", "http://localhost:4318/v1/traces")),

@@ -9,12 +9,13 @@ the same events gives the same episodes. See ../shared/DESIGN.md, "Episodes".
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from exporter.clock import Clock
 from exporter.correlate.histogram import RESYNC_BUCKETS, Histogram
-from exporter.correlate.kube_view import BalloonResizes, NodeView, PodView, subtract
+from exporter.correlate.kube_view import (BalloonResizes, NodeView, PodView, reason_concerns,
+                                          rejection, subtract)
 from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
                                       PodVerdict, UpdateKind)
 from exporter.events import (Change, KernelSnapshot, NodeStatus, PodResourcesAllocatable,
@@ -22,6 +23,8 @@ from exporter.events import (Change, KernelSnapshot, NodeStatus, PodResourcesAll
 
 # Resources a kernel Transition can be about (per CPU, per memory block).
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
+
+_RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
 
 _ERROR_REASON = {
     Outcome.KERNEL_FAILED: "kernel_failed",
@@ -121,6 +124,9 @@ class EpisodeTracker:
         self._resizes = BalloonResizes()
         self._podresources: frozenset[int] | None = None
         self._drift_since: dict[Resource, float] = {}
+        # Ids handed out lately, ended ones included: a flap within one microsecond
+        # (online, offline, online) must not reuse the id of the episode it superseded.
+        self._recent_ids: deque[str] = deque(maxlen=_RECENT_IDS)
         self._handlers = {
             Transition: self._on_transition,
             KernelSnapshot: self._on_snapshot,
@@ -164,6 +170,7 @@ class EpisodeTracker:
                            rejected=rejected,
                            last_change=max((p.time for p in ep.pods), default=None))
             self._open[ep.id] = track
+            self._recent_ids.append(ep.id)
             self._count_request(ep)
 
     # ------------------------------------------------------------ gauges
@@ -243,11 +250,12 @@ class EpisodeTracker:
             track.ep.opened = min(track.ep.opened, began)
             self._note_kernel_after(track)
             return updates + [self._update(UpdateKind.TRANSITION, track, t.end)]
-        ep_id = f"{t.resource.value}-{change.value}-{int(began * 1e6)}"
+        ep_id = base_id = f"{t.resource.value}-{change.value}-{int(began * 1e6)}"
         n = 1
-        while ep_id in self._open:  # two episodes opened in the same microsecond
+        while ep_id in self._open or ep_id in self._recent_ids:
             n += 1
-            ep_id = f"{t.resource.value}-{change.value}-{int(began * 1e6)}-{n}"
+            ep_id = f"{base_id}-{n}"
+        self._recent_ids.append(ep_id)
         snap = self._snapshot
         ep = Episode(
             id=ep_id, resource=t.resource, change=change, opened=began, transitions=[t],
@@ -283,7 +291,7 @@ class EpisodeTracker:
 
     def _on_pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
         prev = self._pods.get(pod.uid)
-        reason = self._rejection(prev, pod)
+        reason = rejection(prev, pod, self._config.rejection_reasons)
         updates: list[EpisodeUpdate] = []
         if reason is not None:
             for track in list(self._open.values()):
@@ -404,7 +412,7 @@ class EpisodeTracker:
     def _note_rejection(self, track: _Track, pod: PodStatus, reason: str
                         ) -> list[EpisodeUpdate]:
         ep = track.ep
-        if ep.change is not Change.DECREASE or not self._reason_concerns(reason, ep.resource):
+        if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
             return []
         since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.last_success_end
         if since is None or pod.time < since:
@@ -510,29 +518,6 @@ class EpisodeTracker:
             return False
         return resource in (Resource.CPU, Resource.MEMORY, Resource.SWAP) \
             or resource in snap.hugepages_bytes
-
-    def _rejection(self, prev: PodStatus | None, pod: PodStatus) -> str | None:
-        """The rejection this pod event shows, if it is a new one (else None)."""
-        if pod.deleted:
-            return None
-        if pod.phase == "Failed" and (pod.reason in self._config.rejection_reasons
-                                      or pod.reason.startswith("OutOf")):
-            if prev is None or prev.phase != "Failed":
-                return pod.reason
-            return None
-        if prev is not None and prev.ready and not pod.ready and pod.phase not in (
-                "Succeeded", "Failed"):
-            return "NotReady"
-        return None
-
-    @staticmethod
-    def _reason_concerns(reason: str, resource: Resource) -> bool:
-        """OutOfcpu says which resource ran out; other reasons may concern any of them."""
-        if not reason.startswith("OutOf"):
-            return True
-        named = reason[len("OutOf"):].lower()
-        known = {r.value.lower() for r in Resource}
-        return named not in known or named == resource.value.lower()
 
 
 def _num(value: float | None) -> str:

@@ -18,6 +18,29 @@ def is_active(pod: PodStatus) -> bool:
     return not pod.deleted and pod.phase not in TERMINAL_PHASES
 
 
+def rejection(prev: PodStatus | None, pod: PodStatus, reasons: frozenset[str]) -> str | None:
+    """The admission rejection this pod event newly shows (its reason), or None.
+
+    Failed with a rejection reason (or any "OutOf..."), or an active pod losing readiness.
+    A pod already Failed before this event is old news: relists re-deliver it.
+    """
+    if pod.deleted:
+        return None
+    if pod.phase == "Failed" and (pod.reason in reasons or pod.reason.startswith("OutOf")):
+        return pod.reason if prev is None or prev.phase != "Failed" else None
+    if prev is not None and prev.ready and not pod.ready and is_active(pod):
+        return "NotReady"
+    return None
+
+
+def reason_concerns(reason: str, resource: Resource) -> bool:
+    """OutOfcpu says which resource ran out; other reasons may concern any of them."""
+    if not reason.startswith("OutOf"):
+        return True
+    named = reason[len("OutOf"):].lower()
+    return named not in {r.value.lower() for r in Resource} or named == resource.value.lower()
+
+
 class NodeView:
     """The latest Node status, and since when each capacity value has been what it is."""
 

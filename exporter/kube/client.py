@@ -22,6 +22,7 @@ import httpx2 as httpx
 import lightkube
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource, \
     create_api_info
@@ -55,13 +56,20 @@ def load_config(kubeconfig: str | None = None, *,
     if kubeconfig:
         return _from_file(kubeconfig, "--kubeconfig")
     token = Path(service_account_dir, "token")
-    if env.get("KUBERNETES_SERVICE_HOST") and token.is_file():
-        try:
-            return KubeConfig.from_service_account(service_account_dir).get()
-        except (ConfigError, OSError, KeyError) as e:
-            raise SourceUnavailable(
-                f"in-cluster config in {service_account_dir} is unusable: {e}",
-                "mount the service-account token (automountServiceAccountToken: true)") from e
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    if host and token.is_file():
+        # lightkube's from_service_account does the same, but reads os.environ itself.
+        port = env.get("KUBERNETES_SERVICE_PORT", "443")
+        if ":" in host:
+            host = f"[{host}]"  # IPv6
+        namespace_file = Path(service_account_dir, "namespace")
+        namespace = namespace_file.read_text().strip() if namespace_file.is_file() else None
+        return KubeConfig.from_one(
+            cluster=Cluster(server=f"https://{host}:{port}",
+                            certificate_auth=str(Path(service_account_dir, "ca.crt"))),
+            # token_file: re-read on 401, the kubelet rotates projected tokens.
+            user=User(token=token.read_text().strip(), token_file=str(token)),
+            namespace=namespace).get()
     if env.get("KUBECONFIG"):
         return _from_file(env["KUBECONFIG"], "$KUBECONFIG")
     raise SourceUnavailable(
@@ -158,7 +166,6 @@ def make_client(config: SingleConfig, *, request_timeout: float = 10.0,
     """A lightkube client for `config` plus the transport that can abort its watches."""
     if config.user is None:
         # lightkube asserts a user exists; an anonymous kubeconfig is legal, give it one.
-        from lightkube.config.models import User
         config = SingleConfig(context_name=config.context_name, context=config.context,
                               cluster=config.cluster, user=User(), fname=config.fname)
     verify = verify_cluster(config.cluster, config.user, config.abs_file)

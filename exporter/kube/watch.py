@@ -217,5 +217,14 @@ def _http_error(e: Exception) -> tuple[int | None, str]:
         code = status.code or (e.response.status_code if e.response is not None else None)
         return code, status.message or status.reason or ""
     if isinstance(e, httpx.HTTPStatusError) and e.response is not None:
-        return e.response.status_code, e.response.text[:200]
+        # A watch's HTTP error arrives unread (lightkube streams it): read the Status body.
+        try:
+            e.response.read()
+            body = e.response.json()
+            message = body.get("message", "") if isinstance(body, dict) else ""
+        except Exception:  # noqa: BLE001 - the code alone is enough to act on
+            message = ""
+        finally:
+            e.response.close()
+        return e.response.status_code, message or e.response.reason_phrase
     return None, ""

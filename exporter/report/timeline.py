@@ -131,7 +131,8 @@ LABEL_W, ROW_H, PLOT_W, TOP, MIN_BAR = 190, 34, 640, 40, 2.0
 
 def to_svg(tl: Timeline) -> str:
     width = LABEL_W + PLOT_W + 30
-    height = TOP + ROW_H * max(1, len(tl.rows)) + 50
+    extra = 11 * len(tl.markers)  # room for pod labels stacked under their markers
+    height = TOP + ROW_H * max(1, len(tl.rows)) + 50 + extra
     scale = PLOT_W / tl.length
 
     def x(t: float) -> float:
@@ -155,12 +156,13 @@ def to_svg(tl: Timeline) -> str:
                    f'height="{ROW_H - 20}" fill="{COLOURS[b.kind]}"><title>{esc(b.label)}'
                    f'</title></rect>')
         out.append(f'<text x="{x(b.start) + w + 4:.2f}" y="{y + 11}">{esc(b.label)}</text>')
-    for m in tl.markers:
+    for k, m in enumerate(tl.markers):
         cx, cy = x(m.at), TOP + m.row * ROW_H + ROW_H - 8
         out.append(f'<circle class="marker {m.kind}" cx="{cx:.2f}" cy="{cy}" r="4" '
                    f'fill="{COLOURS[m.kind]}"><title>{esc(m.label)}</title></circle>')
-        out.append(f'<text x="{cx + 6:.2f}" y="{cy + 4}" font-size="9">{esc(m.label)}</text>')
-    axis_y = TOP + ROW_H * max(1, len(tl.rows)) + 10
+        out.append(f'<text x="{cx + 6:.2f}" y="{cy + 4 + 11 * k}" font-size="9" '
+                   f'fill="{COLOURS[m.kind]}">{esc(m.label)}</text>')
+    axis_y = TOP + ROW_H * max(1, len(tl.rows)) + 10 + extra
     out.append(f'<line x1="{LABEL_W}" y1="{axis_y}" x2="{LABEL_W + PLOT_W}" y2="{axis_y}" '
                'stroke="black"/>')
     for i in range(6):
@@ -187,7 +189,7 @@ def figure(tl: Timeline):
                           "'node-resize-exporter[report]' (or write .svg, which needs nothing)"
                           ) from None
     rows = max(1, len(tl.rows))
-    fig = Figure(figsize=(10, 1.2 + 0.5 * rows), dpi=100)
+    fig = Figure(figsize=(10, 1.4 + 0.5 * rows + 0.12 * len(tl.markers)), dpi=100)
     ax = fig.add_subplot()
     min_w = tl.length / 300  # the SVG's minimum width, in data units
     for b in tl.bars:
@@ -195,16 +197,16 @@ def figure(tl: Timeline):
                        facecolors=COLOURS[b.kind], label=b.kind)
         ax.annotate(b.label, (b.start + max(min_w, b.end - b.start), b.row), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8)
-    for kind in ("rejected", "kept"):
+    for kind in ("kept", "rejected"):  # rejected drawn last: on top where they coincide
         ms = [m for m in tl.markers if m.kind == kind]
         if ms:
             ax.scatter([m.at for m in ms], [m.row + 0.35 for m in ms], c=COLOURS[kind],
                        marker="v" if kind == "rejected" else "o", label=f"pod {kind}", zorder=3)
-            for m in ms:
-                ax.annotate(m.label, (m.at, m.row + 0.35), xytext=(4, 2),
-                            textcoords="offset points", fontsize=7)
+    for k, m in enumerate(tl.markers):  # stacked, so pods judged at one instant stay legible
+        ax.annotate(m.label, (m.at, m.row + 0.35), xytext=(6, -3 - 9 * k),
+                    textcoords="offset points", fontsize=7, color=COLOURS[m.kind])
     ax.set_yticks(range(rows), tl.rows or [""])
-    ax.set_ylim(rows - 0.5, -0.7)
+    ax.set_ylim(rows - 0.5 + 0.3 * len(tl.markers) / max(1, rows), -0.7)
     ax.set_xlim(-tl.length * 0.02, tl.length * 1.25)
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.origin))
     ax.set_xlabel(f"seconds since {start}")

@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource as OtelResource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter,
-                                            SpanExporter)
+                                            SpanExporter, SpanExportResult)
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.re import parse_env_headers
 
@@ -131,6 +131,27 @@ def _span_exporters(config: TraceConfig) -> list[SpanExporter]:
     return out
 
 
+class _CountingExporter(SpanExporter):
+    """Counts batches an exporter could not deliver (collector down, refused) in the sink's
+    `errors`, which the metrics show; the SDK itself only logs them."""
+
+    def __init__(self, inner: SpanExporter, sink: "TraceSink") -> None:
+        self.inner = inner
+        self.sink = sink
+
+    def export(self, spans) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self.sink.errors += 1
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 def _ns(t: float) -> int:
     return int(round(t * 1e9))
 
@@ -143,7 +164,7 @@ class TraceSink:
         self.config = config
         self.journal = journal
         self.exported = 0  # traces handed to the exporters
-        self.errors = 0
+        self.errors = 0  # traces not built, or batches not delivered
         self._seen: set[str] = set()  # exported in this process (no journal, or it failed)
         host = host_name or socket.gethostname()
         attrs = {"service.name": SERVICE_NAME, "service.version": exporter.__version__,
@@ -153,7 +174,8 @@ class TraceSink:
             attrs["k8s.node.name"] = node
         self.provider = TracerProvider(resource=OtelResource.create(attrs))
         for span_exporter in _span_exporters(config):
-            self.provider.add_span_processor(BatchSpanProcessor(span_exporter))
+            self.provider.add_span_processor(
+                BatchSpanProcessor(_CountingExporter(span_exporter, self)))
         self.tracer = self.provider.get_tracer("exporter.sinks.traces", exporter.__version__)
 
     @classmethod

@@ -1,0 +1,128 @@
+"""The real kernel end to end: hotplug cpu1 and memory blocks under a running exporter and read
+what its /metrics says over HTTP. Runs as root; under CI=true a skip here is a failure."""
+import errno
+import time
+
+import pytest
+
+from tests.exporter_proc import RunningExporter
+
+pytestmark = pytest.mark.kernel
+
+TX = "node_hotplug_transitions_total"
+DUR = "node_hotplug_transition_duration_seconds_count"
+N = 3
+
+
+def tx(scrape, resource, direction, result="success"):
+    return scrape.value(TX, resource=resource, direction=direction, result=result)
+
+
+def cycle_cpu(exp, cpu, n, wait_each=False):
+    """Offline and online cpu1 n times; with wait_each, wait until the exporter saw each step
+    (a sysfs-only exporter sees only what its timer catches)."""
+    for i in range(n):
+        for on, direction in ((False, "offline"), (True, "online")):
+            cpu.set_online(on)
+            if wait_each:
+                exp.wait_for(lambda s: tx(s, "cpu", direction) == i + 1)
+            else:
+                time.sleep(0.05)
+
+
+@pytest.mark.parametrize("source,args,durations,wait_each", [
+    ("bpf", ["--source", "bpf"], True, False),
+    ("uevent", ["--source", "uevent"], False, False),
+    ("sysfs", ["--source", "sysfs", "--sysfs-interval", "0.1"], False, True),
+    ("auto", [], True, False),
+])
+def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, durations, wait_each):
+    with RunningExporter(*args) as exp:
+        before = exp.scrape()
+        assert tx(before, "cpu", "offline") == 0 and tx(before, "cpu", "online") == 0
+        assert before.value("node_resize_exporter_source_up", source="sysfs") == 1
+        cycle_cpu(exp, cpu1, N, wait_each)
+        after = exp.wait_for(lambda s: tx(s, "cpu", "online") >= N
+                             and s.value("node_hotplug_cpus", state="online") == 2)
+        time.sleep(0.5)  # late duplicates (uevent after BPF, sysfs re-read) must not count
+        after = exp.scrape()
+        assert tx(after, "cpu", "offline") == N
+        assert tx(after, "cpu", "online") == N
+        assert after.value("node_hotplug_cpus", state="offline") == 0
+        assert after.value("node_capacity_kernel", resource="cpu", unit="core") == 2
+        if durations:
+            assert after.value(DUR, resource="cpu", direction="offline") == N
+            assert after.value(DUR, resource="cpu", direction="online") == N
+            total = after.value("node_hotplug_transition_duration_seconds_sum",
+                                resource="cpu", direction="offline")
+            assert 0 < total / N < 1.0  # ~6-33 ms each here; a second would be absurd
+        else:
+            assert after.value(DUR, resource="cpu", direction="offline") is None
+        if source != "auto":
+            expected = {"bpf", "uevent", "sysfs"} & {source, "sysfs"}
+            assert {dict(k)["source"] for k in after.series("node_resize_exporter_source_up")} \
+                == expected
+
+
+def test_cpu1_goes_offline_in_the_gauges(cpu1):
+    with RunningExporter() as exp:
+        cpu1.set_online(False)
+        s = exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 1)
+        assert s.value("node_hotplug_cpus", state="offline") == 1
+        assert s.value("node_capacity_kernel", resource="cpu", unit="core") == 1
+        cpu1.set_online(True)
+        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 2)
+
+
+def test_refused_cpu_offline_is_a_failed_transition(cpu1):
+    """The kernel's own fault injection (hotplug/fail) makes a cpuhp step fail: a real refusal
+    and rollback. BPF records it with the state; nothing else changes."""
+    with RunningExporter() as exp:
+        cpu1.fail_next(235)  # sched:active here; any state with a teardown callback works
+        assert cpu1.try_set_online(False) == errno.EAGAIN
+        s = exp.wait_for(lambda s: tx(s, "cpu", "offline", "failed") == 1)
+        assert tx(s, "cpu", "offline") == 0
+        assert s.value("node_hotplug_cpus", state="online") == 2
+        # After the refusal, ordinary transitions are still seen (the rollback was swallowed).
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        s = exp.wait_for(lambda s: tx(s, "cpu", "online") == 1)
+        assert tx(s, "cpu", "offline") == 1 and tx(s, "cpu", "offline", "failed") == 1
+        assert s.value(DUR, resource="cpu", direction="offline") == 2
+
+
+def test_memory_block_offline_online(memory_block):
+    with RunningExporter() as exp:
+        s0 = exp.scrape()
+        mem0 = s0.value("node_capacity_kernel", resource="memory", unit="byte")
+        blocks0 = s0.value("node_hotplug_memory_blocks", state="online")
+        block_bytes = int(open("/sys/devices/system/memory/block_size_bytes").read(), 16)
+        memory_block.set_online(False)
+        s = exp.wait_for(lambda s: tx(s, "memory", "offline") == 1
+                         and s.value("node_hotplug_memory_blocks", state="offline") == 1)
+        assert s.value("node_capacity_kernel", resource="memory", unit="byte") == \
+            mem0 - block_bytes
+        assert s.value("node_hotplug_memory_blocks", state="online") == blocks0 - 1
+        assert s.value("node_capacity_memory_blocks_bytes") == (blocks0 - 1) * block_bytes
+        memory_block.set_online(True)
+        s = exp.wait_for(lambda s: tx(s, "memory", "online") == 1
+                         and s.value("node_hotplug_memory_blocks", state="offline") == 0)
+        assert s.value("node_capacity_kernel", resource="memory", unit="byte") == mem0
+        time.sleep(0.5)
+        s = exp.scrape()
+        assert tx(s, "memory", "offline") == 1 and tx(s, "memory", "online") == 1
+
+
+def test_refused_memory_offline_leaves_every_gauge_right(refused_memory_block):
+    with RunningExporter("--sysfs-interval", "0.2") as exp:
+        s0 = exp.scrape()
+        assert refused_memory_block.try_offline() != 0
+        time.sleep(1.0)  # several reconciles
+        s = exp.scrape()
+        for name, labels in [("node_capacity_kernel", {"resource": "memory", "unit": "byte"}),
+                             ("node_hotplug_memory_blocks", {"state": "online"}),
+                             ("node_hotplug_memory_blocks", {"state": "offline"}),
+                             ("node_capacity_memory_blocks_bytes", {})]:
+            assert s.value(name, **labels) == s0.value(name, **labels), name
+        assert tx(s, "memory", "offline") == 0
+        assert refused_memory_block.state() == "online"

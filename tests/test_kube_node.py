@@ -1,0 +1,239 @@
+"""The Node watch against a real HTTP API server speaking list/watch (tests/fake_apiserver.py)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from exporter.clock import MonotonicWallClock
+from exporter.events import MalformedInput, NodeStatus, Resource, SourceStatus
+from exporter.kube.client import load_config
+from exporter.kube.watch import Backoff
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.kube_node import KubeNodeSource
+from tests.event_log import EventLog, wait_until
+from tests.fake_apiserver import FakeApiServer
+
+GiB = 2**30
+
+
+@pytest.fixture
+def api():
+    with FakeApiServer() as server:
+        yield server
+
+
+def start(kubeconfig: str, node: str = "n1", **kwargs) -> tuple[KubeNodeSource, EventLog]:
+    log = EventLog()
+    source = KubeNodeSource(MonotonicWallClock(), node_name=node, kubeconfig=kubeconfig,
+                            backoff_initial=0.05, backoff_max=0.5, **kwargs)
+    source.open()
+    source.start(log.emit)
+    return source, log
+
+
+@pytest.fixture
+def running(api):
+    started = []
+
+    def _start(node: str = "n1", **kwargs):
+        source, log = start(api.kubeconfig_path, node, **kwargs)
+        started.append(source)
+        return source, log
+
+    yield _start
+    for source in started:
+        source.stop()
+        assert not source._thread.is_alive()
+
+
+def cpus(log: EventLog) -> list[float]:
+    return [e.capacity.get(Resource.CPU) for e in log.of(NodeStatus)]
+
+
+def test_list_then_changes_only_on_capacity_change(api, running):
+    api.set_node("n1", cpu="2", memory="8Gi", allocatable_memory="7Gi")
+    api.set_node("n2", cpu="64")  # another node: must never show up
+    source, log = running()
+    first = log.wait_for(NodeStatus)
+    assert first.node == "n1"
+    assert first.capacity[Resource.CPU] == 2.0
+    assert first.capacity[Resource.MEMORY] == 8 * GiB
+    assert first.allocatable[Resource.MEMORY] == 7 * GiB
+    assert log.wait_for(SourceStatus).up is True
+    api.wait_for_watches(1, "nodes")
+    assert api.requests_for("nodes")[0]["fieldSelector"] == "metadata.name=n1"
+
+    api.update_node("n1")  # heartbeat only: nothing to report
+    api.update_node("n1", cpu="1", allocatable_cpu="1")
+    second = log.wait_for(NodeStatus, count=2)
+    assert second.capacity[Resource.CPU] == 1.0
+    assert second.resource_version == api.get("nodes", "n1")["metadata"]["resourceVersion"]
+    assert cpus(log) == [2.0, 1.0]
+
+
+@pytest.mark.parametrize("gone_as_http", [False, True], ids=["error-event", "http-410"])
+def test_relist_on_410_without_duplicates(api, running, gone_as_http):
+    api.gone_as_http = gone_as_http
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    if gone_as_http:
+        # The watch is cut and history compacted while away: the re-watch gets HTTP 410.
+        api.hold_watches()
+        api.drop_watches()
+        api.set_node("other", cpu="8")  # history moves on (not our node), then is compacted
+        api.compact(expire_watches=False)
+        api.release_watches()
+    else:
+        api.compact()  # open watches get an ERROR event with a 410 Status
+    wait_until(lambda: source.lists == 2, "a relist after 410")
+    api.wait_for_watches(1, "nodes")
+    api.update_node("n1", cpu="4")
+    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 4.0)
+    assert source.relists_gone == 1
+    assert cpus(log) == [2.0, 4.0]  # the unchanged node was not reported again
+    assert [e.up for e in log.of(SourceStatus)] == [True]  # a 410 is not an outage
+
+
+def test_reconnect_after_dropped_connection_resumes_from_last_rv(api, running):
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    seen_rv = api.resource_version
+    api.hold_watches()
+    assert api.drop_watches() == 1
+    api.update_node("n1", cpu="3")  # happens while the client is cut off
+    api.release_watches()
+    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 3.0)
+    assert source.reconnects == 1
+    assert source.lists == 1  # no relist: the history still had the change
+    watches = api.requests_for("nodes", watch=True)
+    assert watches[-1]["resourceVersion"] == str(seen_rv)
+    assert all(w["allowWatchBookmarks"] == "true" for w in watches)
+    assert cpus(log) == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("with_bookmark", [True, False])
+def test_bookmark_advances_rv_so_compaction_needs_no_relist(api, running, with_bookmark):
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    for i in range(5):  # traffic the field selector hides from us
+        api.set_node(f"other{i}")
+    if with_bookmark:
+        rv = api.bookmark()
+        wait_until(lambda: source.bookmarks == 1, "the bookmark to arrive")
+        assert source.resource_version == str(rv)
+    api.hold_watches()
+    api.drop_watches()
+    api.compact(expire_watches=False)
+    api.release_watches()
+    api.wait_for_watches(1, "nodes")
+    api.update_node("n1", cpu="5")
+    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 5.0)
+    if with_bookmark:
+        assert source.lists == 1 and source.relists_gone == 0
+    else:  # without the bookmark our RV predates the compaction: 410, relist
+        assert source.lists == 2 and source.relists_gone == 1
+    assert cpus(log) == [2.0, 5.0]
+
+
+def test_forbidden_is_down_naming_rbac_then_recovers(api, running):
+    api.set_node("n1", cpu="2")
+    api.set_forbidden(True)
+    source, log = running()
+    down = log.wait_for(SourceStatus)
+    assert down.up is False
+    assert "RBAC" in down.reason and "nodes" in down.reason
+    assert "cannot list resource" in down.reason  # the server's own message is kept
+    api.set_forbidden(False)
+    up = log.wait_for(SourceStatus, lambda e: e.up)
+    assert up.up
+    assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_at_start_then_recovers_without_restart(tmp_path):
+    port = free_port()
+    server = FakeApiServer(port=port)
+    kubeconfig = str(tmp_path / "kubeconfig")
+    server.write_kubeconfig(kubeconfig)  # points at a port nobody listens on yet
+    source, log = start(kubeconfig)
+    try:
+        down = log.wait_for(SourceStatus)
+        assert down.up is False and "unreachable" in down.reason
+        server.set_node("n1", cpu="2", memory="4Gi")
+        server.start()
+        try:
+            assert log.wait_for(SourceStatus, lambda e: e.up).up
+            assert log.wait_for(NodeStatus).capacity[Resource.MEMORY] == 4 * GiB
+        finally:
+            server.stop()
+    finally:
+        source.stop()
+
+
+def test_malformed_quantity_is_counted_and_the_rest_flows(api, running):
+    api.set_node("n1", cpu="two", memory="8Gi")
+    source, log = running()
+    status = log.wait_for(NodeStatus)
+    assert Resource.CPU not in status.capacity
+    assert status.capacity[Resource.MEMORY] == 8 * GiB
+    bad = log.of(MalformedInput)
+    assert len(bad) == 2  # capacity.cpu and allocatable.cpu
+    assert all("cpu" in b.detail and "two" in b.detail for b in bad)
+    api.update_node("n1")  # heartbeat: the same bad value is not counted again
+    api.update_node("n1", cpu="2", allocatable_cpu="2")
+    fixed = log.wait_for(NodeStatus, count=2)
+    assert fixed.capacity[Resource.CPU] == 2.0
+    assert len(log.of(MalformedInput)) == 2
+
+
+def test_missing_node_is_down_until_it_appears(api, running):
+    source, log = running("n1")
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert "not found" in down.reason and "n1" in down.reason
+    api.wait_for_watches(1, "nodes")
+    api.set_node("n1", cpu="8")
+    assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 8.0
+    assert log.of(SourceStatus)[-1].up is True
+
+
+def test_no_configuration_is_a_clear_source_unavailable(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    source = KubeNodeSource(MonotonicWallClock(), node_name="n1")
+    with pytest.raises(SourceUnavailable) as err:
+        source.open()
+    assert "--kubeconfig" in err.value.fix
+    with pytest.raises(SourceUnavailable) as err:
+        load_config(str(tmp_path / "nope"))
+    assert "nope" in err.value.reason
+
+
+def test_in_cluster_service_account(tmp_path):
+    (tmp_path / "token").write_text("abc")
+    (tmp_path / "namespace").write_text("kube-system")
+    (tmp_path / "ca.crt").write_text("")
+    config = load_config(None, service_account_dir=str(tmp_path),
+                         env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    assert config.cluster.server.startswith("https://10.96.0.1:")
+    assert config.user.token == "abc"
+
+
+def test_backoff_grows_caps_and_resets():
+    b = Backoff(initial=1.0, maximum=4.0)
+    delays = [b.next() for _ in range(5)]
+    for got, base in zip(delays, [1, 2, 4, 4, 4]):
+        assert 0.8 * base <= got <= 1.2 * base
+    b.reset()
+    assert 0.8 <= b.next() <= 1.2

@@ -1,0 +1,135 @@
+"""The podresources client against a real gRPC server on a unix socket (the kubelet's shape)."""
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import pytest
+
+from exporter.clock import MonotonicWallClock
+from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
+from exporter.proto import podresources_pb2 as pb
+from exporter.proto import podresources_pb2_grpc as pb_grpc
+from exporter.sources.podresources import PodResourcesSource
+from tests.event_log import EventLog
+
+SERVICE = "v1.PodResourcesLister"
+
+
+class Kubelet(pb_grpc.PodResourcesListerServicer):
+    """Answers like a kubelet; tests change `answer` between polls."""
+
+    def __init__(self) -> None:
+        self.answer = pb.AllocatableResourcesResponse()
+        self.calls = 0
+
+    def GetAllocatableResources(self, request, context):  # noqa: N802 - gRPC naming
+        self.calls += 1
+        return self.answer
+
+
+class Server:
+    def __init__(self, path: str, servicer=None, handler=None) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        if servicer is not None:
+            pb_grpc.add_PodResourcesListerServicer_to_server(servicer, self.server)
+        if handler is not None:
+            self.server.add_generic_rpc_handlers((handler,))
+        assert self.server.add_insecure_port(f"unix://{path}") == 1
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None).wait()
+
+
+@pytest.fixture
+def sock(tmp_path):
+    return str(tmp_path / "kubelet.sock")
+
+
+@pytest.fixture
+def servers():
+    started = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def test_socket_missing_then_appearing(sock, servers):
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock, timeout=5)
+    source.poll(log.emit)
+    down = log.of(SourceStatus)[-1]
+    assert not down.up and "missing" in down.reason and sock in down.reason
+    source.poll(log.emit)  # still missing: no second status event
+    assert len(log.of(SourceStatus)) == 1
+
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(
+        cpu_ids=[0, 1],
+        memory=[pb.ContainerMemory(memory_type="memory", size=8 << 30),
+                pb.ContainerMemory(memory_type="hugepages-2Mi", size=1 << 30)])
+    servers.append(Server(sock, servicer=kubelet))
+    source.poll(log.emit)
+    assert log.of(SourceStatus)[-1].up
+    event = log.of(PodResourcesAllocatable)[-1]
+    assert event.cpu_ids == {0, 1}
+    assert event.memory_bytes == {"memory": 8 << 30, "hugepages-2Mi": 1 << 30}
+    source.poll(log.emit)  # unchanged: not emitted again
+    assert len(log.of(PodResourcesAllocatable)) == 1
+    assert kubelet.calls == 2
+
+    kubelet.answer = pb.AllocatableResourcesResponse()  # policy "none": nothing reported
+    source.poll(log.emit)
+    empty = log.of(PodResourcesAllocatable)[-1]
+    assert empty.cpu_ids is None and empty.memory_bytes == {}
+    source.close()
+
+
+def test_an_answer_that_is_not_the_proto(sock, servers):
+    def garbage(request, context):
+        return b"\x0f\xff\xff not a protobuf"
+
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
+        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(garbage)})
+    servers.append(Server(sock, handler=handler))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock)
+    source.poll(log.emit)
+    bad = log.of(MalformedInput)
+    assert len(bad) == 1 and "not the podresources v1 proto" in bad[0].detail
+    assert log.of(PodResourcesAllocatable) == []
+    source.close()
+
+
+def test_kubelet_without_the_method_is_down(sock, servers):
+    handler = grpc.method_handlers_generic_handler(SERVICE, {})
+    servers.append(Server(sock, handler=handler))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock)
+    source.poll(log.emit)
+    down = log.of(SourceStatus)[-1]
+    assert not down.up and "GetAllocatableResources" in down.reason
+    source.close()
+
+
+def test_not_a_socket(tmp_path):
+    path = tmp_path / "kubelet.sock"
+    path.write_text("")
+    log = EventLog()
+    PodResourcesSource(MonotonicWallClock(), socket_path=str(path)).poll(log.emit)
+    assert "not a unix socket" in log.of(SourceStatus)[-1].reason
+
+
+def test_runs_as_a_thread_and_stops(sock, servers):
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[1])
+    servers.append(Server(sock, servicer=kubelet))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock, interval=0.05)
+    source.start(log.emit)
+    try:
+        assert log.wait_for(PodResourcesAllocatable).cpu_ids == {1}
+    finally:
+        source.stop()
+    assert not source._thread.is_alive()
