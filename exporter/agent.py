@@ -14,7 +14,7 @@ import threading
 from exporter.clock import MonotonicWallClock
 from exporter.config import ConfigError, Options
 from exporter.correlate import Correlator, CorrelatorConfig
-from exporter.events import DeviceChange, SourceStatus, Transition
+from exporter.events import DeviceChange, MalformedInput, SourceStatus, Transition
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.sysfs import SysfsSource
 
@@ -103,6 +103,7 @@ class Agent:
         self.sources: list[Source] = []
         self.sysfs: SysfsSource | None = None
         self.alive = threading.Event()
+        self._malformed_logged: set[str] = set()
 
     def open(self) -> None:
         """Open every source (fails fast with StartupError), before serving anything."""
@@ -157,6 +158,10 @@ class Agent:
         return lambda event: put((name, event))
 
     def _process(self, name: str, event) -> None:
+        if isinstance(event, MalformedInput):
+            self._log_malformed(event)
+        elif isinstance(event, SourceStatus) and not event.up and event.reason:
+            log.warning("source %s down: %s", event.source, event.reason)
         for sink in self.sinks:  # the journal writes the raw event before it is acted on
             self._call(sink.on_event, event)
         with self.lock:
@@ -166,6 +171,14 @@ class Agent:
                 self._call(sink.on_update, update)
         if name != "sysfs" and isinstance(event, (Transition, DeviceChange)) and self.sysfs:
             self.sysfs.poke()  # re-read the truth after every kernel event
+
+    def _log_malformed(self, event: MalformedInput) -> None:
+        # The first from each source at warning (someone must look), the rest at debug: a
+        # stream of garbage must not flood the log; the counter has the totals.
+        level = logging.DEBUG if event.source in self._malformed_logged else logging.WARNING
+        self._malformed_logged.add(event.source)
+        log.log(level, "malformed input from %s (counted, skipped): %s", event.source,
+                event.detail)
 
     def _tick(self) -> None:
         with self.lock:

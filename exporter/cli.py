@@ -160,6 +160,9 @@ def check() -> None:
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The HTTP client logs every request and chunk at debug/info: only its problems matter.
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "grpc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _register_postmortem() -> None:

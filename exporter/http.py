@@ -1,12 +1,25 @@
-"""The HTTP endpoint: /metrics (the Collector's rendering) and /healthz."""
+"""The HTTP endpoint: /metrics (the Collector's rendering) and /healthz.
+
+Plain HTTP by default; `--web.config.file` (exporter/webconfig.py) adds TLS, client
+certificates and basic auth. The TLS handshake runs in the connection's own thread, with a
+timeout, so a client that connects and stalls cannot hold up the accept loop. /healthz answers
+without basic auth (a kubelet probe carries no password and learns only "ok"); it is still behind
+TLS and client certificates when those are configured.
+"""
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from exporter.webconfig import BasicAuth, WebConfig, load_web_config, peer_san_allowed
 
 log = logging.getLogger("exporter.http")
 
@@ -14,21 +27,59 @@ INDEX = b"""<html><head><title>node-resize-exporter</title></head><body>
 <h1>node-resize-exporter</h1><p><a href="/metrics">Metrics</a> <a href="/healthz">Health</a></p>
 </body></html>"""
 
+HANDSHAKE_TIMEOUT = 10.0  # seconds a client gets to finish the TLS handshake
+IDLE_TIMEOUT = 120.0  # a kept-alive connection idle this long is closed (frees its thread)
+REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    web: WebConfig
+
+    def finish_request(self, request, client_address):
+        ctx = self.web.ssl_context
+        if ctx is None:
+            return super().finish_request(request, client_address)
+        try:
+            request.settimeout(HANDSHAKE_TIMEOUT)
+            tls = ctx.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            # Wrong version, no or bad client certificate, a port scanner: the client's problem.
+            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
+            return
+        try:
+            if not peer_san_allowed(tls.getpeercert(), self.web.client_allowed_sans):
+                log.debug("client certificate of %s: no SAN in client_allowed_sans",
+                          client_address[0])
+                return
+            super().finish_request(tls, client_address)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
+
 
 class MetricsServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, healthy=lambda: True,
                  web_config: str | None = None):
-        if web_config is not None:
-            raise OSError(0, "--web.config.file is not supported yet (TLS and basic auth "
-                             "arrive with the hardening work); serve behind a proxy meanwhile")
+        # ValueError (naming the key) on a bad file: the runner exits 2 with it.
+        self.web = load_web_config(web_config) if web_config else WebConfig(path="")
+        auth = BasicAuth(self.web.users)
+        self.auth = auth
+        extra_headers = dict(self.web.headers)
         registry_ = registry
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = IDLE_TIMEOUT
 
             def do_GET(self):  # noqa: N802 (http.server's naming)
                 path = self.path.split("?", 1)[0]
-                if path == "/metrics":
+                if path != "/healthz" and auth.enabled and not self._authorized():
+                    self._send(401, "text/plain", b"Unauthorized\n",
+                               {"WWW-Authenticate": REALM})
+                elif path == "/metrics":
                     self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry_))
                 elif path == "/healthz":
                     ok = healthy()
@@ -38,23 +89,49 @@ class MetricsServer:
                 else:
                     self._send(404, "text/plain", b"not found\n")
 
-            def _send(self, code: int, ctype: str, body: bytes) -> None:
+            def _authorized(self) -> bool:
+                scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
+                if scheme.lower() != "basic":
+                    return False
+                try:
+                    decoded = base64.b64decode(encoded.strip(), validate=True)
+                except (binascii.Error, ValueError):
+                    return False
+                user, sep, password = decoded.decode("utf-8", "surrogateescape").partition(":")
+                return bool(sep) and auth.check(user, password)
+
+            def _send(self, code: int, ctype: str, body: bytes,
+                      headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in {**extra_headers, **(headers or {})}.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 
             def log_message(self, fmt, *args):  # scrapes every few seconds: debug, not info
                 log.debug("%s %s", self.address_string(), fmt % args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        server_class = _Server
+        if ":" in host:  # an IPv6 literal such as "::"
+            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        self.httpd = server_class((host, port), Handler)
+        self.httpd.web = self.web  # read per connection, after serve_forever starts
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
                                         daemon=True)
 
+    @property
+    def scheme(self) -> str:
+        return self.web.scheme
+
     def start(self) -> None:
         self._thread.start()
+        host, port = self.httpd.server_address[:2]
+        log.info("serving %s://%s:%d/metrics%s%s", self.scheme, host, port,
+                 " (client certificates required)" if self.web.ssl_context is not None
+                 and self.web.ssl_context.verify_mode == ssl.CERT_REQUIRED else "",
+                 " (basic auth)" if self.auth.enabled else "")
 
     def stop(self) -> None:
         self.httpd.shutdown()

@@ -65,6 +65,10 @@ def serve(options: Options) -> int:
     try:
         server = MetricsServer(options.listen_host, options.listen_port, registry,
                                healthy=agent.alive.is_set, web_config=options.web_config_file)
+    except ValueError as e:  # --web.config.file: the message names the key and the fix
+        for source in agent.sources:
+            source.close()
+        return _fail(str(e))
     except OSError as e:
         for source in agent.sources:
             source.close()
@@ -78,7 +82,6 @@ def serve(options: Options) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    log.info("serving http://%s:%d/metrics", options.listen_host, options.listen_port)
     try:
         agent.run(stop)
     finally:

@@ -27,6 +27,7 @@ EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run", "--listen", f"0.0.0.0:{G
                  "--source", "auto", "--journal", GUEST_JOURNAL, "--log-level", "debug"]
 EPISODES_ARGV = [GUEST_PYTHON, "-m", "exporter", "episodes", "list", "--json",
                  "--journal", GUEST_JOURNAL]
+EVENTS_ARGV = [GUEST_PYTHON, "-m", "exporter", "episodes", "export", "--journal", GUEST_JOURNAL]
 # The guest sees the checkout read-only: no bytecode writes, HOME on the guest's tmpfs.
 GUEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
 
@@ -200,6 +201,16 @@ class LabGuest:
             if time.monotonic() > deadline:
                 raise AssertionError(f"exporter never showed: {what} (in {timeout}s)")
             time.sleep(0.5)
+
+    def collect(self) -> None:
+        """Leave the journal's raw events and episodes in the scratch share, for diagnosis."""
+        if self.exporter_pid is None or not self.guest.alive():
+            return
+        for argv, name in ((EVENTS_ARGV, "events.jsonl"), (EPISODES_ARGV, "episodes.json")):
+            try:
+                self.run_program(argv, name, timeout=60)
+            except (AgentError, TimeoutError, OSError):
+                pass
 
     def shutdown(self) -> None:
         """Stop guest programs and QEMU; safe in every state."""

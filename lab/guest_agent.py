@@ -50,10 +50,15 @@ class Agent:
 
     def op_write(self, path: str, value: str) -> dict:
         """Write a sysfs attribute; the kernel's errno is the answer (EBUSY for a refusal)."""
+        # One write(2), unbuffered: a buffered file whose flush fails retries the write when
+        # it is closed, so the kernel would see (and refuse) the request twice.
         t0 = time.monotonic()
         try:
-            with open(path, "w") as f:
-                f.write(value)
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, value.encode())
+            finally:
+                os.close(fd)
             err = 0
         except OSError as e:
             err = e.errno or errno.EIO

@@ -88,6 +88,10 @@ class Kernel:
         modules = Path("/lib/modules") / release
         if not (modules / "modules.dep").exists():
             raise FileNotFoundError(f"{modules}/modules.dep missing for guest kernel {release}")
+        if not (modules / "build").exists():
+            # bcc inside the guest compiles against the guest kernel's own headers.
+            raise FileNotFoundError(f"{modules}/build missing: install linux-headers-{release} "
+                                    "(scripts/setup.sh lab installs linux-headers-amd64)")
         return cls(release, image, modules)
 
 

@@ -47,19 +47,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_LIVE: set[subprocess.Popen] = set()
+_LIVE: dict[int, "Guest"] = {}  # id(guest) -> guest, while its QEMU may be running
 
 
-def _kill_all_live() -> None:
-    """atexit: any QEMU still running when the interpreter exits is killed."""
-    for proc in list(_LIVE):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        _LIVE.discard(proc)
+def _stop_all_live() -> None:
+    """atexit: any guest still running when the interpreter exits is stopped (QEMU killed)."""
+    for guest in list(_LIVE.values()):
+        guest.stop()
 
 
-atexit.register(_kill_all_live)
+atexit.register(_stop_all_live)
 
 
 @dataclass
@@ -123,7 +120,7 @@ class Guest:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qemu_log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         qemu_log.close()
-        _LIVE.add(self.proc)
+        _LIVE[id(self)] = self
         try:
             self.qmp = QMP(self.qmp_socket).connect()
         except BaseException:
@@ -156,10 +153,14 @@ class Guest:
     def stop(self) -> int | None:
         """Quit QEMU (QMP quit, then SIGKILL); safe to call any number of times."""
         if self.qmp is not None:
-            if self.alive():
-                self.qmp.quit()
-            self.qmp.close()
-            self.qmp = None
+            try:
+                if self.alive():
+                    self.qmp.quit()
+            except Exception:  # a wedged QMP must not stop us from killing QEMU below
+                pass
+            finally:
+                self.qmp.close()
+                self.qmp = None
         rc = None
         if self.proc is not None:
             try:
@@ -167,7 +168,7 @@ class Guest:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 rc = self.proc.wait()
-            _LIVE.discard(self.proc)
+        _LIVE.pop(id(self), None)
         self.qmp_socket.unlink(missing_ok=True)
         return rc
 

@@ -202,10 +202,18 @@ def hostfwd_http(run: LabRun, out: Outcome) -> None:
 def exporter_up(run: LabRun, out: Outcome) -> None:
     """The exporter from the checkout runs in the guest with every kernel source up."""
     waited = run.lab.start_exporter(run.budget(300))
-    c = run.wait_counts(lambda c: c.capacity("memory") is not None, "a first sysfs snapshot")
+    sources = ("bpf", "uevent", "sysfs")
+
+    def source_up(c: Counts) -> dict[str, float | None]:
+        return {src: c.scrape.value("node_resize_exporter_source_up", None, source=src)
+                for src in sources}
+
+    # Sources report their status as they come up: wait until each one has said something.
+    c = run.wait_counts(lambda c: c.capacity("memory") is not None
+                        and None not in source_up(c).values(),
+                        "a first sysfs snapshot and the status of every source")
     s = c.scrape
-    up = {src: s.value("node_resize_exporter_source_up", None, source=src)
-          for src in ("bpf", "uevent", "sysfs")}
+    up = source_up(c)
     attached = {dict(lab)["program"]: v for lab, v in
                 ((k[1], v) for k, v in s.samples.items()
                  if k[0] == "node_resize_exporter_bpf_program_attached")}
@@ -346,6 +354,9 @@ def _cpu_step(run: LabRun, out: Outcome, direction: str, want_online: int, befor
     check(d_dur == 1, f"cpu {direction} duration samples +{d_dur}, want 1")
     check(after.tx("cpu", direction, "failed") == before.tx("cpu", direction, "failed"),
           f"a cpu {direction} counted as failed")
+    mem = run.lab.mem_total_bytes()
+    check(after.capacity("memory") == mem,
+          f"node_capacity_kernel memory {after.capacity('memory')} != MemTotal {mem}")
     return after
 
 
@@ -387,7 +398,8 @@ def cpu_hot_remove(run: LabRun, out: Outcome) -> None:
     before = run.counts()
     lab.guest.qmp.remove_device(CPU_ID, timeout=run.budget(120))
     st = run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == 1, "remove cpu1")
-    out.kernel = f"DEVICE_DELETED; online {st['cpus_online']}, present {st['cpus_present']}"
+    out.kernel = (f"DEVICE_DELETED; {cpu_count(st['cpus_online'])} online "
+                  f"({st['cpus_online']}), {cpu_count(st['cpus_present'])} present")
     _cpu_step(run, out, "offline", 1, before, want_present=1)
 
 
@@ -395,7 +407,13 @@ def cpu_hot_remove(run: LabRun, out: Outcome) -> None:
 @scenario("cpu: transitions joined into episodes with durations")
 def cpu_episodes(run: LabRun, out: Outcome) -> None:
     """The correlator turned the CPU transitions into episodes with kernel durations."""
-    eps = [e for e in run.episodes() if e.get("resource") == "cpu"]
+    # An episode's kernel phase ends when its coalescing window (2 s) closes with nothing new.
+    deadline = time.monotonic() + run.budget(30)
+    while True:
+        eps = [e for e in run.episodes() if e.get("resource") == "cpu"]
+        if all(e.get("phase") != "kernel" for e in eps) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     by_change = {ch: [e for e in eps if e.get("change") == ch] for ch in ("increase", "decrease")}
     out.kernel = "vCPU hot-add, offline/online in the guest, hot-remove"
     out.exporter = ", ".join(
@@ -439,7 +457,8 @@ def run_all(out_dir: Path, config: GuestConfig | None = None,
     try:
         st = lab.state()
         record(Outcome("boot: 9p root, chroot python, agent", True,
-                       kernel=f"MemTotal {st['mem_total_kb']} kB, cpus {st['cpus_online']}, "
+                       kernel=f"MemTotal {st['mem_total_kb']} kB, {cpu_count(st['cpus_online'])} "
+                              f"cpu online, "
                               f"{len(st['memory_blocks'])} memory blocks",
                        exporter="guest agent answering over the 9p scratch share",
                        seconds=time.monotonic() - t0))
@@ -451,6 +470,8 @@ def run_all(out_dir: Path, config: GuestConfig | None = None,
                 return outcomes  # nothing below can work without the plumbing
         for step in SCENARIOS:
             record(step.run(run))
+        if run.remaining() > 60:
+            lab.collect()
     finally:
         lab.shutdown()
     return outcomes

@@ -3,6 +3,7 @@
 # run checks and says nothing. Usage: scripts/setup.sh run|test|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
 #   test  run + pytest deps, Debian's prometheus/promtool and alertmanager, the QEMU lab's packages
+#   bench test + Debian's prometheus-node-exporter, the peer bench/ measures against
 set -euo pipefail
 mode=${1:-run}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -82,8 +83,12 @@ base() {
 case "$mode" in
   run)  base; venv run ;;
   test) base
-        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 busybox-static
+        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static
         venv "test,report" ;;
-  lab)  base; apt_install qemu-system-x86 linux-image-amd64 busybox-static; venv "test" ;;
-  *) say "unknown mode '$mode' (use run, test or lab)"; exit 2 ;;
+  bench) base
+        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 busybox-static \
+          prometheus-node-exporter
+        venv "test,report" ;;
+  lab)  base; apt_install qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static; venv "test" ;;
+  *) say "unknown mode '$mode' (use run, test, bench or lab)"; exit 2 ;;
 esac

@@ -76,6 +76,11 @@ class RunningExporter:
     def logs(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
+    def logs_tail(self, chars: int = 6000) -> str:
+        """The log without the per-scrape access lines, which drown everything else."""
+        lines = [l for l in self.logs().splitlines() if "exporter.http" not in l]
+        return "\n".join(lines)[-chars:]
+
     def scrape(self) -> Scrape:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             return Scrape(r.read().decode())
@@ -89,7 +94,7 @@ class RunningExporter:
                 return scrape
             if time.monotonic() > deadline:
                 raise AssertionError(f"condition not met in {timeout}s; last scrape:\n"
-                                     f"{scrape.text}\nlogs:\n{self.logs()[-4000:]}")
+                                     f"{scrape.text}\nlogs:\n{self.logs_tail()}")
             time.sleep(interval)
 
     def stop(self) -> int | None:

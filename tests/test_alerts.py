@@ -352,3 +352,49 @@ def test_every_metric_in_dashboards_and_alerts_is_in_the_catalogue():
     unknown = {name: sorted(where) for name, where in used_metric_names().items()
                if name not in known}
     assert not unknown, f"metrics not in the catalogue: {json.dumps(unknown, indent=1)}"
+
+
+def _exposed_names(exposition: str) -> set[str]:
+    """Sample names each declared family can have (families are declared even when empty)."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)", exposition, re.M):
+        if kind == "counter":
+            names.add(name if name.endswith("_total") else f"{name}_total")
+        elif kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        else:
+            names.add(name)
+    return names
+
+
+def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
+    """A real `node-resize-exporter run` joined to a fake API server and a podresources
+    socket (so every source has a reason to declare its families) exposes every name used."""
+    from exporter.proto import podresources_pb2 as pb
+    from tests.exporter_proc import RunningExporter
+    from tests.fake_apiserver import FakeApiServer
+    from tests.test_podresources import Kubelet, Server
+
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0])
+    sock = str(tmp_path / "kubelet.sock")
+    server = Server(sock, kubelet)
+    try:
+        with FakeApiServer() as api:
+            api.set_node("live-node", cpu="2", memory="8Gi")
+            kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+            with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
+                                 "--node-name", "live-node",
+                                 "--podresources-socket", sock) as exporter:
+                # podresources declares its families once it has had an answer.
+                scrape = exporter.wait_for(
+                    lambda s: s.value("node_resize_exporter_source_up", source="podresources")
+                    == 1.0, timeout=30)
+                exposed = _exposed_names(exporter.scrape().text)
+    finally:
+        server.stop()
+    assert scrape is not None
+    known = exposed | _recorded() | PROMETHEUS_SERIES
+    missing = {name: sorted(where) for name, where in used_metric_names().items()
+               if name not in known}
+    assert not missing, f"used but not exposed: {json.dumps(missing, indent=1)}"

@@ -67,7 +67,8 @@ def build(step: tuple, t: float):
         online, possible = frozenset(range(cpus)), frozenset(range(4))
         return KernelSnapshot(time=t, cpus_online=online, cpus_offline=possible - online,
                               cpus_present=possible, cpus_possible=possible,
-                              memory_block_size=BLOCK, memory_blocks_online=frozenset(range(blocks)),
+                              memory_block_size=BLOCK,
+                              memory_blocks_online=frozenset(range(blocks)),
                               memory_blocks_offline=frozenset(), mem_total_bytes=blocks * BLOCK,
                               swap_total_bytes=0)
     if kind == "node":

@@ -337,6 +337,9 @@ def test_dockerfile_parses_and_installs_bcc_and_the_project():
         if c.cmd == "COPY":
             for src in c.value[:-1]:
                 assert (REPO / src).exists(), f"COPY {src}: not in the repository"
+    copied = {Path(src).name for c in commands if c.cmd == "COPY" for src in c.value[:-1]}
+    # setuptools needs the readme pyproject names; the BPF C is read from bpf/ at run time.
+    assert {"pyproject.toml", "README.md", "exporter", "bpf"} <= copied
     (entrypoint,) = [c for c in commands if c.cmd == "ENTRYPOINT"]
     assert entrypoint.value[0].endswith("/bin/node-resize-exporter")
     exposed = {c.value[0] for c in commands if c.cmd == "EXPOSE"}

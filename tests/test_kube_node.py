@@ -237,3 +237,23 @@ def test_backoff_grows_caps_and_resets():
         assert 0.8 * base <= got <= 1.2 * base
     b.reset()
     assert 0.8 <= b.next() <= 1.2
+
+
+def test_started_without_open_opens_itself(api, monkeypatch):
+    api.set_node("n1", cpu="2")
+    log = EventLog()
+    source = KubeNodeSource(MonotonicWallClock(), node_name="n1",
+                            kubeconfig=api.kubeconfig_path)
+    source.start(log.emit)  # no open(): an agent may only start() its sources
+    try:
+        assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0
+    finally:
+        source.stop()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    log = EventLog()
+    unconfigured = KubeNodeSource(MonotonicWallClock(), node_name="n1")
+    unconfigured.start(log.emit)
+    down = log.wait_for(SourceStatus)
+    unconfigured.stop()
+    assert not down.up and "no Kubernetes API configuration" in down.reason

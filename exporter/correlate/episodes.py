@@ -56,18 +56,24 @@ def _readmission_histograms() -> dict[Resource, Histogram]:
 
 @dataclass
 class EpisodeStats:
-    """Counters and histograms the metrics Collector renders (names in the comments)."""
+    """Counters and histograms the metrics Collector renders.
 
-    resync_requests: Counter[Resource] = field(default_factory=Counter)  # node_resize_resync_request_total
+    resync_*: node_resize_resync_{request_total,errors_total,duration_seconds};
+    unplug_*, readmission_*: node_hot_unplug_{request_total,errors_total,
+    readmission_duration_seconds,readmission_pods_total}; balloon_*: node_balloon_resize_*.
+    Errors are counted per episode at its end, requests when it opens: errors <= requests.
+    """
+
+    resync_requests: Counter[Resource] = field(default_factory=Counter)
     resync_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
     resync_duration: dict[tuple[Resource, Change], Histogram] = field(
         default_factory=_resync_histograms)
-    unplug_requests: Counter[Resource] = field(default_factory=Counter)  # node_hot_unplug_request_total
+    unplug_requests: Counter[Resource] = field(default_factory=Counter)
     unplug_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
     readmission_duration: dict[Resource, Histogram] = field(
         default_factory=_readmission_histograms)
-    readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)
-    balloon_resizes: Counter[str] = field(default_factory=Counter)
+    readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
+    balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
     balloon_resize_duration: Histogram = field(default_factory=lambda: Histogram(RESYNC_BUCKETS))
     # Not in the metric catalogue; for logs and tests.
     episodes_ended: Counter[Outcome] = field(default_factory=Counter)

@@ -40,7 +40,7 @@ def parse_quantity(text: object) -> float:
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
         value = number * _BINARY[suffix]
-    elif suffix[:1] in ("e", "E"):
+    elif len(suffix) > 1 and suffix[0] in ("e", "E"):  # a bare "E" is exa, below
         exponent = int(suffix[1:])
         if abs(exponent) > 60:  # beyond anything a node holds; also guards huge Decimal work
             raise ValueError(f"quantity exponent out of range: {text!r}")

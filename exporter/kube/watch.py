@@ -27,7 +27,7 @@ from lightkube.core.exceptions import ApiError
 from exporter.clock import Clock
 from exporter.events import MalformedInput, SourceStatus
 from exporter.kube.client import KubeTransport, load_config, make_client
-from exporter.sources.base import Emit, Source
+from exporter.sources.base import Emit, Source, SourceUnavailable
 
 
 class Backoff:
@@ -107,6 +107,13 @@ class ListWatchSource(Source):
 
     def loop(self, emit: Emit) -> None:
         self._emit = emit
+        if self._client is None:
+            # The caller started us without open(): do it here, and say so if it cannot work.
+            try:
+                self.open()
+            except SourceUnavailable as e:
+                self._set_up(emit, False, str(e))
+                return
         rv: str | None = None
         while not self.stopping.is_set():
             try:
@@ -168,9 +175,9 @@ class ListWatchSource(Source):
         if code in (401, 403):
             what = "RBAC: forbidden" if code == 403 else "unauthorized (401): token rejected"
             self._set_up(emit, False,
-                         f"{what} to list/watch {self.plural}: {message}; grant get, list, "
+                         f"{what} to list/watch {self.plural}: {message}; grant list, "
                          f"watch on {self.plural} to the exporter's service account "
-                         f"(deploy/rbac.yaml)")
+                         f"(deploy/clusterrole.yaml)")
             self._sleep()
             return None
         if code is not None:

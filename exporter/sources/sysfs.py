@@ -22,8 +22,15 @@ from exporter.sources.base import Emit, Source, SourceUnavailable
 # ------------------------------------------------------------------ parsers (pure)
 
 
+MAX_CPUS = 1 << 16  # the kernel's NR_CPUS tops out at 8192; a bigger id is not a CPU list
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
-    """Kernel CPU list syntax: "0-3,8,10-11" (also used by cpusets). Empty means none."""
+    """Kernel CPU list syntax: "0-3,8,10-11" (also used by cpusets). Empty means none.
+
+    ValueError on anything else, including ids of MAX_CPUS or more: "0-4294967295" would
+    otherwise be a set of four billion ints.
+    """
     cpus: set[int] = set()
     text = text.strip()
     if not text:
@@ -33,12 +40,12 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         if "-" in part:
             lo, hi = part.split("-", 1)
             a, b = int(lo), int(hi)
-            if a < 0 or b < a:
+            if a < 0 or b < a or b >= MAX_CPUS:
                 raise ValueError(f"bad CPU range {part!r}")
             cpus.update(range(a, b + 1))
         else:
             n = int(part)
-            if n < 0:
+            if n < 0 or n >= MAX_CPUS:
                 raise ValueError(f"bad CPU number {part!r}")
             cpus.add(n)
     return frozenset(cpus)

@@ -1,0 +1,113 @@
+"""Capabilities dropped after the BPF programs are attached: the real BPF source keeps working
+(records from a real cpu1 flap, the lost-records map still readable), loading a new program no
+longer works, and /proc says no thread holds more than what was kept."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from exporter.privileges import CAPS, kernel_version, needed_after_start
+from tests.exporter_proc import REPO
+
+CHILD = r"""
+import json, sys, threading
+from exporter.clock import MonotonicWallClock
+from exporter.events import Transition
+from exporter.privileges import capabilities, drop_capabilities, needed_after_start
+from exporter.sources.bpf import BpfSource
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+source = BpfSource(MonotonicWallClock())
+source.open()                       # compile, load, attach: needs CAP_BPF + CAP_PERFMON
+keep = needed_after_start(bpf_running=True)
+result = drop_capabilities(keep)
+try:                                # proves the drop is real: no new program may load now
+    from bcc import BPF
+    BPF(text='TRACEPOINT_PROBE(cpuhp, cpuhp_exit) { return 0; }')
+    load_after_drop = "loaded"
+except Exception as e:
+    load_after_drop = str(e)[:200]
+errors = []
+
+def emit(event):
+    if isinstance(event, Transition):
+        say(kind="transition", unit=event.unit, direction=event.direction.value,
+            steps=event.steps)
+
+def run():
+    try:
+        source.loop(emit)           # also reads the "lost" map every 200 ms
+    except Exception as e:
+        errors.append(repr(e))
+        say(kind="loop_failed", error=repr(e))
+
+t = threading.Thread(target=run, daemon=True)
+t.start()
+tasks = {tid: capabilities(tid) for tid in __import__("os").listdir("/proc/self/task")}
+say(kind="ready", keep=sorted(keep), before=result.effective_before, after=result.effective_after,
+    prm=capabilities("self", "CapPrm"), bnd=capabilities("self", "CapBnd"),
+    nnp=open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0],
+    tasks=tasks, load_after_drop=load_after_drop)
+sys.stdin.readline()                # the test says when it is done
+source.stopping.set()
+t.join(5)
+source.close()
+say(kind="done", errors=errors)
+"""
+
+
+def _lines(proc, kind: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"child exited: {proc.stderr.read()}")
+        msg = json.loads(line)
+        if msg["kind"] == "loop_failed":
+            raise AssertionError(f"BPF loop failed after the drop: {msg['error']}")
+        if msg["kind"] == kind:
+            return msg
+    raise AssertionError(f"no {kind} from the child in {timeout}s")
+
+
+@pytest.mark.kernel
+def test_bpf_source_works_after_capabilities_dropped(cpu1):
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = _lines(proc, "ready")
+        keep_mask = sum(1 << CAPS[n] for n in ready["keep"])
+        assert ready["before"] & (1 << CAPS["CAP_BPF"]), "test needs to start privileged"
+        assert ready["after"] == keep_mask
+        assert ready["prm"] == keep_mask
+        assert ready["bnd"] & ~keep_mask == 0  # bounding set shrunk too (we had CAP_SETPCAP)
+        assert ready["nnp"] == "1"
+        assert all(eff & ~keep_mask == 0 for eff in ready["tasks"].values()), ready["tasks"]
+        assert ready["load_after_drop"] != "loaded"
+        # The attached programs still deliver: a real offline/online of cpu1.
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        seen = {_lines(proc, "transition")["direction"], _lines(proc, "transition")["direction"]}
+        assert seen == {"offline", "online"}
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert _lines(proc, "done")["errors"] == []
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_what_is_kept_depends_on_the_kernel():
+    assert needed_after_start(False, "6.18.0") == set()
+    assert needed_after_start(True, "6.18.0") == set()
+    assert needed_after_start(True, "6.1.0-28-amd64") == {"CAP_BPF"}
+    assert needed_after_start(True, "5.4.0") == {"CAP_SYS_ADMIN"}
+    assert kernel_version("garbage") == (0, 0)

@@ -1,0 +1,276 @@
+"""End to end: kernel -> exporter -> Prometheus -> Alertmanager -> a webhook, all real.
+
+A real Prometheus on 127.0.0.1 (temp storage, 1 s scrape and evaluation) scrapes a real
+`node-resize-exporter run` joined to a fake API server whose Node keeps saying 2 CPUs (the
+kubelet of today, which never resyncs). The test offlines cpu1: NodeResizeCapacityDriftPersists
+(loaded from alerts/ with a short `for:`) goes pending, then firing in Prometheus'
+/api/v1/alerts, and a real Alertmanager on 127.0.0.1 delivers it to a webhook receiver here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.proto import podresources_pb2 as pb
+from tests.exporter_proc import RunningExporter, free_port
+from tests.fake_apiserver import FakeApiServer
+from tests.test_podresources import Kubelet, Server
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = REPO / "alerts" / "node-resize-exporter.rules.yml"
+ALERT = "NodeResizeCapacityDriftPersists"
+NODE = "e2e-node"
+FOR_OVERRIDE = "3s"  # the shipped rule waits 10m; the test only needs pending to be visible
+
+pytestmark = [pytest.mark.kernel, pytest.mark.promtool]
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: run scripts/setup.sh test")
+    return path
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _wait(what: str, predicate, timeout: float = 60.0, interval: float = 0.2, logs=None):
+    """Poll predicate() until it returns something truthy; fail with `what` and logs if not."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError as e:  # not listening yet
+            last_error = e
+        time.sleep(interval)
+    detail = f" (last error: {last_error})" if last_error else ""
+    pytest.fail(f"waited {timeout}s for {what}{detail}\n{logs() if logs else ''}")
+
+
+class Daemon:
+    """A Prometheus-family server run from its Debian binary, logs kept for failures."""
+
+    def __init__(self, name: str, args: list[str], port: int, workdir: Path) -> None:
+        self.name, self.port = name, port
+        self.log_path = workdir / f"{Path(name).name}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([_binary(name), *args], cwd=workdir, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        return f"--- {self.name} log ---\n{self.log_path.read_text()[-4000:]}"
+
+    def wait_ready(self) -> None:
+        def ready():
+            if self.proc.poll() is not None:
+                pytest.fail(f"{self.name} exited {self.proc.returncode}\n{self.logs()}")
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                return r.status == 200
+        _wait(f"{self.name} to be ready", ready, timeout=30, logs=self.logs)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: every POSTed notification lands in `received`."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[dict] = queue.Queue()
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.put(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _rules_with_short_for(path: Path) -> None:
+    rules = yaml.safe_load(RULES.read_text())
+    found = 0
+    for group in rules["groups"]:
+        group["interval"] = "1s"
+        for rule in group["rules"]:
+            if rule.get("alert") == ALERT:
+                rule["for"] = FOR_OVERRIDE
+                found += 1
+    assert found == 1, f"{ALERT} not in {RULES}"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+
+
+def _mem_total_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
+def _quiet(log: str, chars: int = 6000) -> str:
+    """The exporter's log without its per-scrape access lines, which drown everything else."""
+    return "\n".join(line for line in log.splitlines() if "exporter.http" not in line)[-chars:]
+
+
+def _our_alerts(prometheus: Daemon) -> list[dict]:
+    data = _get_json(prometheus.url + "/api/v1/alerts")["data"]["alerts"]
+    return [a for a in data if a["labels"].get("alertname") == ALERT
+            and a["labels"].get("resource") == "cpu" and a["labels"].get("node") == NODE]
+
+
+def _query(prometheus: Daemon, expr: str) -> list[dict]:
+    url = prometheus.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    return _get_json(url)["data"]["result"]
+
+
+def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_path):
+    stops: list = []  # how to stop each thing started, in order; undone in reverse
+    try:
+        # The cluster side: a Node that keeps saying 2 CPUs, and a kubelet podresources socket.
+        api = FakeApiServer().start()
+        stops.append(api.stop)
+        api.set_node(NODE, cpu="2", memory=f"{_mem_total_kib()}Ki")
+        kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        kubelet = Kubelet()
+        kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0, 1])
+        sock = str(tmp_path / "kubelet.sock")
+        stops.append(Server(sock, kubelet).stop)
+
+        exporter = RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
+                                   "--podresources-socket", sock)
+        stops.append(lambda: exporter.__exit__(None, None, None))
+        exporter.start()
+
+        webhook = Webhook()
+        stops.append(webhook.stop)
+        am_port = free_port()
+        (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump({
+            "route": {"receiver": "test", "group_by": ["alertname", "node", "resource"],
+                      "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "test", "webhook_configs": [
+                {"url": webhook.url, "send_resolved": False}]}],
+        }))
+        (tmp_path / "am-data").mkdir()
+        alertmanager = Daemon("prometheus-alertmanager", [
+            f"--config.file={tmp_path / 'alertmanager.yml'}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{am_port}",
+            "--cluster.listen-address=",  # no HA gossip: nothing listens beyond loopback
+        ], am_port, tmp_path)
+        stops.append(alertmanager.stop)
+
+        _rules_with_short_for(tmp_path / "rules.yml")
+        prom_port = free_port()
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                       "scrape_timeout": "1s"},
+            "rule_files": [str(tmp_path / "rules.yml")],
+            "alerting": {"alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            # `node` is what the ServiceMonitor's relabelling adds in a cluster.
+            "scrape_configs": [{"job_name": "node-resize-exporter", "static_configs": [
+                {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"node": NODE}}]}],
+        }))
+        (tmp_path / "prom-data").mkdir()
+        prometheus = Daemon("prometheus", [
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ], prom_port, tmp_path)
+        stops.append(prometheus.stop)
+        alertmanager.wait_ready()
+        prometheus.wait_ready()
+
+        def logs() -> str:
+            return "\n".join([prometheus.logs(), alertmanager.logs(),
+                              "--- exporter log ---\n" + _quiet(exporter.logs())])
+
+        # In sync first: the recording rule sees cpu drift 0 and nothing is pending.
+        _wait("Prometheus to record cpu drift 0 for the node",
+              lambda: [r for r in _query(prometheus,
+                                         f'node_resource:node_capacity_drift:abs{{node="{NODE}",'
+                                         f'resource="cpu"}} == 0')], logs=logs)
+        assert _our_alerts(prometheus) == []
+
+        cpu1.set_online(False)
+
+        pending = _wait("the drift alert to go pending",
+                        lambda: [a for a in _our_alerts(prometheus) if a["state"] == "pending"],
+                        logs=logs)
+        assert pending[0]["labels"]["severity"] == "warning"
+        firing = _wait("the drift alert to fire",
+                       lambda: [a for a in _our_alerts(prometheus) if a["state"] == "firing"],
+                       logs=logs)
+        alert = firing[0]
+        assert alert["labels"]["job"] == "node-resize-exporter"
+        assert alert["labels"]["unit"] == "core"
+        assert float(alert["value"]) == 1.0
+        assert alert["annotations"]["runbook_url"].endswith(
+            "docs/runbooks.md#noderesizecapacitydriftpersists")
+        assert f"Node {NODE}: kubelet still advertises the old cpu capacity" == \
+            alert["annotations"]["summary"]
+
+        def delivered():
+            try:
+                note = webhook.received.get(timeout=0.5)
+            except queue.Empty:
+                return None
+            ours = [a for a in note["alerts"] if a["labels"].get("alertname") == ALERT
+                    and a["labels"].get("resource") == "cpu"]
+            return (note, ours) if ours else None
+
+        note, ours = _wait("Alertmanager to deliver the alert to the webhook", delivered,
+                           logs=logs)
+        assert note["receiver"] == "test"
+        assert ours[0]["status"] == "firing"
+        assert ours[0]["labels"]["node"] == NODE
+        assert ours[0]["labels"]["severity"] == "warning"
+        assert "disagree on cpu by 1 core(s)" in ours[0]["annotations"]["description"]
+    finally:
+        for stop in reversed(stops):
+            stop()
+        cpu1.set_online(True)

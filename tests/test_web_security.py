@@ -1,0 +1,405 @@
+"""--web.config.file: TLS, client certificates and basic auth, against a real `run`.
+
+Certificates are made here with `cryptography` (a CA, a server certificate for 127.0.0.1, a good
+client certificate, an expired one, one from a CA the exporter does not trust); the clients are
+the standard library's ssl and http.client, as a Prometheus scraper would be.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import http.client
+import ipaddress
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from exporter.webconfig import BasicAuth, load_web_config
+from tests.exporter_proc import REPO, RunningExporter, Scrape
+
+QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are about HTTP
+PASSWORD = "correct horse battery staple"
+
+
+# ------------------------------------------------------------------ certificates
+
+
+def _key():
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject_cn: str, key, issuer_cn: str, issuer_key, *, ca: bool = False,
+          days: tuple[int, int] = (-1, 30), san_ip: str | None = None,
+          san_dns: str | None = None) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
+               .public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now + dt.timedelta(days=days[0]))
+               .not_valid_after(now + dt.timedelta(days=days[1]))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    sans: list[x509.GeneralName] = []
+    if san_ip:
+        sans.append(x509.IPAddress(ipaddress.ip_address(san_ip)))
+    if san_dns:
+        sans.append(x509.DNSName(san_dns))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+class Pki:
+    def __init__(self, folder: Path):
+        self.dir = folder
+        ca_key, other_ca_key = _key(), _key()
+        self.ca = self._write("ca", _cert("test CA", ca_key, "test CA", ca_key, ca=True), ca_key)
+        self._write("other-ca", _cert("other CA", other_ca_key, "other CA", other_ca_key,
+                                      ca=True), other_ca_key)
+        k = _key()
+        self._write("server", _cert("exporter", k, "test CA", ca_key, san_ip="127.0.0.1"), k)
+        k = _key()
+        self._write("client", _cert("prometheus", k, "test CA", ca_key,
+                                    san_dns="prometheus.test"), k)
+        k = _key()
+        self._write("client-other-san", _cert("intruder", k, "test CA", ca_key,
+                                              san_dns="intruder.test"), k)
+        k = _key()
+        self._write("expired", _cert("prometheus", k, "test CA", ca_key, days=(-30, -1),
+                                     san_dns="prometheus.test"), k)
+        k = _key()
+        self._write("stranger", _cert("prometheus", k, "other CA", other_ca_key,
+                                      san_dns="prometheus.test"), k)
+
+    def _write(self, name: str, cert: x509.Certificate, key) -> Path:
+        (self.dir / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        (self.dir / f"{name}.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        return self.dir / f"{name}.crt"
+
+    def client_context(self, cert: str | None = None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
+        if cert:
+            ctx.load_cert_chain(self.dir / f"{cert}.crt", self.dir / f"{cert}.key")
+        return ctx
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+# ------------------------------------------------------------------ clients
+
+
+def https_get(port: int, path: str, ctx: ssl.SSLContext, auth: tuple[str, str] | None = None):
+    """(status, headers, body) or the exception the TLS layer raised."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    headers = {}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(
+            f"{auth[0]}:{auth[1]}".encode()).decode()
+    try:
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    except (ssl.SSLError, ConnectionError, OSError) as e:
+        return e
+    finally:
+        conn.close()
+
+
+class WebExporter(RunningExporter):
+    """A RunningExporter that waits for readiness over TLS (and with the client's certificate)."""
+
+    def __init__(self, config: Path, ready_ctx: ssl.SSLContext | None, *args: str):
+        super().__init__(*QUICK, "--web.config.file", str(config), *args)
+        self.ready_ctx = ready_ctx
+
+    def start(self, timeout: float = 30.0) -> "WebExporter":
+        cmd = [sys.executable, "-m", "exporter", "run", "--listen", f"127.0.0.1:{self.port}",
+               "--log-level", "debug", *self.args]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exporter exited {self.proc.returncode}:\n{self.logs()}")
+            got = https_get(self.port, "/healthz", self.ready_ctx)
+            if isinstance(got, tuple) and got[0] == 200:
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"exporter not ready in {timeout}s:\n{self.logs()}")
+
+
+def write_config(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------ client certificates
+
+
+@pytest.fixture(scope="module")
+def mtls_exporter(pki):
+    # Relative paths: exporter-toolkit resolves them against the config file's folder.
+    config = write_config(pki.dir, "mtls.yml", """\
+tls_server_config:
+  cert_file: server.crt
+  key_file: server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: ca.crt
+  client_allowed_sans: [prometheus.test]
+""")
+    with WebExporter(config, pki.client_context("client")) as exp:
+        yield exp
+
+
+def test_good_client_certificate_gets_metrics(pki, mtls_exporter):
+    status, _, body = https_get(mtls_exporter.port, "/metrics", pki.client_context("client"))
+    assert status == 200
+    scrape = Scrape(body.decode())
+    assert scrape.value("node_resize_exporter_build_info", version=_version()) == 1.0
+    assert "serving https://127.0.0.1" in mtls_exporter.logs()
+
+
+@pytest.mark.parametrize("cert,reason", [
+    (None, "PEER_DID_NOT_RETURN_A_CERTIFICATE"),
+    ("expired", "certificate has expired"),
+    ("stranger", "unable to get local issuer certificate"),
+], ids=["no-certificate", "expired", "untrusted-ca"])
+def test_bad_client_certificate_is_refused(pki, mtls_exporter, cert, reason):
+    seen = len(mtls_exporter.logs())
+    got = https_get(mtls_exporter.port, "/metrics", pki.client_context(cert))
+    # TLS 1.3 clients learn of the refusal at their first read: an alert, or an EOF/reset when
+    # the server closed before the alert was read. Which one is a race, so the reason is taken
+    # from the server's log instead.
+    assert isinstance(got, (ssl.SSLError, ConnectionError)), got
+    wait_for_log(mtls_exporter, seen, f"TLS handshake with 127.0.0.1 failed")
+    assert reason in mtls_exporter.logs()[seen:], mtls_exporter.logs()[seen:]
+    # ... and the server is still fine for the next, good client.
+    assert https_get(mtls_exporter.port, "/healthz", pki.client_context("client"))[0] == 200
+
+
+def wait_for_log(exp: RunningExporter, offset: int, text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in exp.logs()[offset:]:
+        assert time.monotonic() < deadline, f"{text!r} not logged:\n{exp.logs()[offset:]}"
+        time.sleep(0.05)
+
+
+def test_client_certificate_outside_allowed_sans_gets_nothing(pki, mtls_exporter):
+    got = https_get(mtls_exporter.port, "/metrics", pki.client_context("client-other-san"))
+    assert not (isinstance(got, tuple) and got[0] == 200), got
+
+
+def test_client_must_verify_the_server(pki, mtls_exporter):
+    # The server's certificate is for 127.0.0.1, signed by the test CA: a client trusting only
+    # the system CAs must refuse it (proves the client tests above really verify).
+    ctx = ssl.create_default_context()
+    ctx.load_cert_chain(pki.dir / "client.crt", pki.dir / "client.key")
+    got = https_get(mtls_exporter.port, "/healthz", ctx)
+    assert isinstance(got, ssl.SSLCertVerificationError), got
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_tls_below_1_2_is_refused(pki, mtls_exporter, tmp_path):
+    def tls11_client() -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # OpenSSL 3 would not offer TLS 1.1 otherwise
+        return ctx
+
+    # Control: this client really speaks TLS 1.1 to a server that allows it ...
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(pki.dir / "server.crt", pki.dir / "server.key")
+    server_ctx.minimum_version = ssl.TLSVersion.TLSv1_1
+    server_ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        versions = []
+
+        def accept_one():
+            conn, _ = listener.accept()
+            try:
+                with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                    versions.append(tls.version())
+            except OSError:
+                pass
+
+        t = threading.Thread(target=accept_one)
+        t.start()
+        with tls11_client().wrap_socket(socket.create_connection(listener.getsockname())) as c:
+            assert c.version() == "TLSv1.1"
+        t.join(10)
+    # ... and the exporter answers it with a protocol_version alert.
+    with pytest.raises(ssl.SSLError) as refused:
+        with tls11_client().wrap_socket(socket.create_connection(("127.0.0.1",
+                                                                   mtls_exporter.port))):
+            pass
+    assert "PROTOCOL_VERSION" in str(refused.value).upper() \
+        or "UNSUPPORTED_PROTOCOL" in str(refused.value).upper(), refused.value
+
+
+# ------------------------------------------------------------------ basic auth
+
+
+@pytest.fixture(scope="module")
+def auth_exporter(pki):
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=6)).decode()
+    config = write_config(pki.dir, "auth.yml", f"""\
+tls_server_config:
+  cert_file: {pki.dir / 'server.crt'}
+  key_file: {pki.dir / 'server.key'}
+  min_version: TLS12
+http_server_config:
+  headers:
+    Strict-Transport-Security: max-age=31536000
+basic_auth_users:
+  prometheus: '{hashed}'
+""")
+    with WebExporter(config, pki.client_context()) as exp:
+        yield exp
+
+
+def test_right_password_gets_metrics(pki, auth_exporter):
+    status, headers, body = https_get(auth_exporter.port, "/metrics", pki.client_context(),
+                                      ("prometheus", PASSWORD))
+    assert status == 200
+    assert b"node_hotplug_cpus" in body
+    assert headers["Strict-Transport-Security"] == "max-age=31536000"
+
+
+@pytest.mark.parametrize("auth", [("prometheus", "wrong"), ("nobody", PASSWORD), None,
+                                  ("prometheus", PASSWORD + "x" * 80)],
+                         ids=["wrong-password", "unknown-user", "no-credentials", "too-long"])
+def test_wrong_credentials_get_401(pki, auth_exporter, auth):
+    status, headers, body = https_get(auth_exporter.port, "/metrics", pki.client_context(),
+                                      auth)
+    assert status == 401
+    assert headers["WWW-Authenticate"].startswith("Basic realm=")
+    assert b"node_" not in body
+
+
+def test_garbage_authorization_header_gets_401(pki, auth_exporter):
+    for value in ("Basic !!!not-base64", "Basic " + base64.b64encode(b"no-colon").decode(),
+                  "Bearer abc", "Basic " + base64.b64encode(b"\xff\xfe:\xff").decode()):
+        conn = http.client.HTTPSConnection("127.0.0.1", auth_exporter.port,
+                                           context=pki.client_context(), timeout=10)
+        try:
+            conn.request("GET", "/metrics", headers={"Authorization": value})
+            assert conn.getresponse().status == 401, value
+        finally:
+            conn.close()
+
+
+def test_healthz_needs_no_password(pki, auth_exporter):
+    assert https_get(auth_exporter.port, "/healthz", pki.client_context())[0] == 200
+
+
+def test_plain_http_on_a_tls_port_gets_nothing(auth_exporter):
+    conn = http.client.HTTPConnection("127.0.0.1", auth_exporter.port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            conn.getresponse()
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------ default and bad files
+
+
+def test_default_is_plain_http_without_auth():
+    with RunningExporter(*QUICK) as exp:
+        assert exp.scrape().value("node_resize_exporter_episodes_open") is not None
+        assert "serving http://127.0.0.1" in exp.logs()
+
+
+@pytest.mark.parametrize("body,words", [
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+     "  min_version: TLS11\n", ["tls_server_config.min_version", "TLS11 is refused"]),
+    ("tls_server_config:\n  cert_file: missing.crt\n  key_file: server.key\n",
+     ["tls_server_config.cert_file", "missing.crt"]),
+    ("basic_auth_users:\n  prometheus: hunter2\n", ["basic_auth_users.prometheus",
+                                                   "bcrypt hash"]),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+     "  client_auth_type: RequireAndVerifyClientCert\n", ["client_ca_file", "missing"]),
+    ("tls_server_confg: {}\n", ["unknown key tls_server_confg"]),
+    ("- a list\n", ["must be a mapping"]),
+    ("tls_server_config: [\n", ["not valid YAML"]),
+])
+def test_bad_web_config_exits_2_naming_the_key(pki, tmp_path, body, words):
+    # The server certificate sits next to the config so relative names resolve.
+    for name in ("server.crt", "server.key"):
+        (tmp_path / name).write_bytes((pki.dir / name).read_bytes())
+    config = write_config(tmp_path, "web.yml", body)
+    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen", "127.0.0.1:1",
+                        "--no-journal", *QUICK, "--web.config.file", str(config)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_empty_file_means_plain_http(tmp_path):
+    config = load_web_config(str(write_config(tmp_path, "web.yml", "")))
+    assert config.ssl_context is None and config.users == {} and config.scheme == "http"
+
+
+def test_min_version_is_tls12_by_default(pki):
+    config = load_web_config(str(write_config(
+        pki.dir, "default.yml", "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
+    assert config.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+# ------------------------------------------------------------------ the bcrypt cache
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_successful_checks_are_cached_briefly_failures_never():
+    clock = _Clock()
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))
+    auth = BasicAuth({"prometheus": hashed}, ttl=60.0, clock=clock)
+    assert auth.check("prometheus", "secret") and auth.bcrypt_checks == 1
+    assert auth.check("prometheus", "secret") and auth.bcrypt_checks == 1  # from the cache
+    assert not auth.check("prometheus", "wrong") and auth.bcrypt_checks == 2
+    assert not auth.check("prometheus", "wrong") and auth.bcrypt_checks == 3  # not cached
+    assert not auth.check("ghost", "secret") and auth.bcrypt_checks == 4  # dummy hash, same cost
+    clock.t += 61
+    assert auth.check("prometheus", "secret") and auth.bcrypt_checks == 5  # expired
+    # A changed hash (config reloaded with a new password) must not hit the old entry.
+    auth.users["prometheus"] = bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4))
+    assert not auth.check("prometheus", "secret")
+
+
+def _version() -> str:
+    from exporter import __version__
+    return __version__
