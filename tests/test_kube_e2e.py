@@ -111,6 +111,6 @@ def test_api_unreachable_at_start_then_recovers_without_restart(cpu1, tmp_path):
             s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                                source="kube_node") == 1
                              and s.value("node_capacity_kubelet", resource="cpu",
-                                         unit="core") == 2, timeout=30)
+                                         unit="core") == 2, timeout=60)  # backoff <= 30 s
         finally:
             server.stop()

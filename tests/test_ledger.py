@@ -65,3 +65,17 @@ def test_units_are_independent():
     assert led.handle(tx("uevent", OFF, 1, unit=1))
     assert led.handle(tx("uevent", OFF, 1, unit=2))
     assert led.transitions[(Resource.CPU, OFF, Result.SUCCESS)] == 2
+
+
+def test_correlator_keeps_the_bpf_record_when_the_uevent_won_the_race():
+    from exporter.clock import FakeClock
+    from exporter.correlate import Correlator, CorrelatorConfig
+
+    clock = FakeClock(100.0)
+    c = Correlator(CorrelatorConfig(), clock)
+    c.handle(tx("uevent", OFF, 100.030))
+    c.handle(tx("bpf", OFF, 100.025, start=100.005))
+    (ep,) = c.tracker.open_episodes()
+    assert [(t.source, t.start) for t in ep.transitions] == [("bpf", 100.005)]
+    assert ep.opened == 100.005
+    assert c.ledger.transitions[(Resource.CPU, OFF, Result.SUCCESS)] == 1

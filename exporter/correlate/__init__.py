@@ -23,7 +23,7 @@ class Correlator:
             if isinstance(event, Transition) and event.start is not None:
                 # A duplicate that knows more (BPF's kernel times after a uevent got there
                 # first): let the episode keep the better record.
-                getattr(self.tracker, "enrich", lambda _t: None)(event)
+                self.tracker.enrich(event)
             return []
         return self.tracker.handle(event)
 

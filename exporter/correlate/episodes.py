@@ -225,6 +225,23 @@ class EpisodeTracker:
             return None
         return len(self._podresources - self._snapshot.cpus_online)
 
+    def enrich(self, t: Transition) -> None:
+        """A duplicate carrying the kernel's own times (a BPF record after the uevent of the same
+        transition won the race): the open episode keeps the better record. Counting is the
+        ledger's business; this only replaces the record, so spans get the kernel's times."""
+        if t.start is None:
+            return
+        for track in self._open.values():
+            if track.ep.resource is not t.resource:
+                continue
+            for i, old in enumerate(track.ep.transitions):
+                if (old.start is None and (old.unit, old.direction, old.result)
+                        == (t.unit, t.direction, t.result)
+                        and abs(old.end - t.end) < self._config.coalesce_window):
+                    track.ep.transitions[i] = t
+                    track.ep.opened = min(track.ep.opened, t.start)
+                    return
+
     # ------------------------------------------------------------ kernel events
 
     def _on_transition(self, t: Transition) -> list[EpisodeUpdate]:

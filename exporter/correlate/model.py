@@ -40,7 +40,7 @@ class PodOutcome:
     name: str
     uid: str
     outcome: PodVerdict
-    reason: str  # status.reason of a rejected pod (OutOfcpu, ...), "NotReady", or "" when kept
+    reason: str  # status.reason of a rejected pod (OutOfcpu, ...), "NotReady", or "Running" kept
 
 
 @dataclass
