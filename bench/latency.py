@@ -6,7 +6,7 @@ For each transition, in one run:
   them (no kprobes here) it is the moment the sysfs write returned.
 - scrape: a separate `node-resize-exporter run` process, polled right after the sysfs write
   returned until its node_hotplug_transitions_total moved. An upper bound: it includes the
-  HTTP round trip, and its resolution is one scrape.
+  HTTP round trip (a fresh connection each poll), and its resolution is one scrape.
 - node_exporter: scraped every 1 s and every 15 s from a random phase; a transition counts as
   shown when a scrape before the next transition shows the new state.
 Transitions are held for a random time in `hold` (seconds) so the peer's scrapes do not alias.
@@ -115,7 +115,9 @@ def _drive(resource: str, n: int, hold: tuple[float, float], seed: int,
            write: Callable[[str], int], truth: Callable[[], object],
            first_direction: str, ours: ResizeExporter, agent: InProcessAgent) -> list[Mark]:
     rng = random.Random(seed)
-    scraper = Scraper(ours.port)
+    # A fresh connection per poll: on a kept-alive one, the exporter's two writes per response
+    # (headers, then body) meet Nagle and delayed ACK, and each scrape waits ~40 ms.
+    scraper = Scraper(ours.port, keepalive=False)
     marks: list[Mark] = []
     direction = first_direction
     try:

@@ -76,11 +76,13 @@ def proc_stats(pid: int) -> ProcStats:
 
 
 class Scraper:
-    """One keep-alive HTTP/1.1 connection to /metrics, reconnecting when the server drops it."""
+    """HTTP/1.1 GETs of /metrics: on one kept-alive connection (as Prometheus scrapes), or on a
+    fresh connection each time (keepalive=False)."""
 
-    def __init__(self, port: int, timeout: float = 5.0):
+    def __init__(self, port: int, timeout: float = 5.0, keepalive: bool = True):
         self.port = port
         self.timeout = timeout
+        self.keepalive = keepalive
         self.conn: http.client.HTTPConnection | None = None
 
     def get(self, path: str = "/metrics") -> str:
@@ -92,6 +94,8 @@ class Scraper:
                 self.conn.request("GET", path)
                 resp = self.conn.getresponse()
                 body = resp.read()
+                if not self.keepalive:
+                    self.close()
                 if resp.status != 200:
                     raise OSError(f"GET {path}: HTTP {resp.status}")
                 return body.decode()

@@ -1,6 +1,6 @@
 """`python -m lab` (`make lab`): boot the guest, run every scenario, print what happened.
 
-Artifacts land in lab/out/<timestamp>/ (or --out): serial.log (the guest kernel's console),
+Artifacts land in lab/out/<timestamp>-<pid>/ (or --out): serial.log (the guest kernel's console),
 qemu.log, qemu-command.txt, scratch/ (the guest's writable share: exporter.log, agent.log,
 episodes.json), summary.txt and outcomes.json. Exit status 0 only when every step passed.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
-                        help="artifact folder (default lab/out/<timestamp>)")
+                        help="artifact folder (default lab/out/<timestamp>-<pid>)")
     args = parser.parse_args(argv)
-    out = args.out or DEFAULT_OUT / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or DEFAULT_OUT / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"lab: QEMU TCG guest, artifacts in {out} (budget {BUDGET_SECONDS:.0f}s)", flush=True)
     t0 = time.monotonic()

@@ -99,16 +99,20 @@ class Guest:
             "-append", " ".join(append),
             "-nographic", "-monitor", "none", "-serial", f"file:{self.serial_log}",
             "-qmp", f"unix:{self.qmp_socket},server,nowait",
-            "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.host_port}-:{GUEST_PORT}",
+            "-netdev", f"user,id=n0,restrict=on,"
+                       f"hostfwd=tcp:127.0.0.1:{self.host_port}-:{GUEST_PORT}",
             "-device", "virtio-net-pci,netdev=n0",
-            "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
-            "-virtfs", f"local,path={self.scratch},mount_tag=scratch,security_model=none,multidevs=remap",
+            "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,"
+                       "multidevs=remap",
+            "-virtfs", f"local,path={self.scratch},mount_tag=scratch,security_model=none,"
+                       "multidevs=remap",
             "-no-reboot",
         ]
 
     def start(self) -> "Guest":
         if shutil.which(QEMU) is None:
-            raise FileNotFoundError(f"{QEMU} not found: run `scripts/setup.sh lab` (qemu-system-x86)")
+            raise FileNotFoundError(f"{QEMU} not found: run `scripts/setup.sh lab` "
+                                    "(installs qemu-system-x86)")
         self.scratch.mkdir(parents=True, exist_ok=True)
         initrd = initramfs.build(self.out / "initramfs.cpio", self.kernel)
         self.qmp_socket.unlink(missing_ok=True)
@@ -170,6 +174,8 @@ class Guest:
                 rc = self.proc.wait()
         _LIVE.pop(id(self), None)
         self.qmp_socket.unlink(missing_ok=True)
+        # 3 MB per run and rebuilt byte for byte by initramfs.build(): not worth keeping.
+        (self.out / "initramfs.cpio").unlink(missing_ok=True)
         return rc
 
     def __enter__(self) -> "Guest":

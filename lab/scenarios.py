@@ -258,7 +258,8 @@ def memory_hot_add(run: LabRun, out: Outcome) -> None:
     d_bpf = after.events("bpf") - before.events("bpf")
     out.exporter = (f"online success +{d_tx:.0f}, BPF durations +{d_dur:.0f} "
                     f"({mean_ms(before, after, 'memory', 'online')}), uevent events "
-                    f"+{d_uev:.0f}, bpf events +{d_bpf:.0f}, capacity {after.capacity('memory'):.0f}")
+                    f"+{d_uev:.0f}, bpf events +{d_bpf:.0f}, "
+                    f"capacity {after.capacity('memory'):.0f}")
     check(d_tx == 8, f"memory online transitions +{d_tx}, want exactly 8")
     check(d_dur == 8, f"memory online duration samples +{d_dur}, want 8 (one per online_pages)")
     check(d_uev >= 16, f"uevent events +{d_uev}, want >= 16 (8 add + 8 online)")
@@ -281,7 +282,8 @@ def memory_refused_offline(run: LabRun, out: Outcome) -> None:
     out.kernel = (f"offline memory{r['block']} -> {r['error']}"
                   + (f" (also offlined+onlined {r['restored']})" if extra else ""))
     after = run.wait_counts(
-        lambda c: c.tx("memory", "offline", "failed") - before.tx("memory", "offline", "failed") >= 1
+        lambda c: c.tx("memory", "offline", "failed")
+        - before.tx("memory", "offline", "failed") >= 1
         and c.tx("memory", "offline") - before.tx("memory", "offline") >= extra,
         "the refused memory offline counted as failed")
     d_failed = after.tx("memory", "offline", "failed") - before.tx("memory", "offline", "failed")
@@ -416,10 +418,14 @@ def cpu_episodes(run: LabRun, out: Outcome) -> None:
         time.sleep(1)
     by_change = {ch: [e for e in eps if e.get("change") == ch] for ch in ("increase", "decrease")}
     out.kernel = "vCPU hot-add, offline/online in the guest, hot-remove"
+
+    def kernel_ms(es: list[dict]) -> list[float]:
+        return [round(e["kernel_seconds"] * 1000, 1) for e in es
+                if e.get("kernel_seconds") is not None]
+
     out.exporter = ", ".join(
         f"{ch}: {len(es)} episode(s), {sum(len(e.get('transitions', [])) for e in es)} "
-        f"transitions, kernel {[round(e['kernel_seconds'] * 1000, 1) for e in es if e.get('kernel_seconds') is not None]} ms"
-        for ch, es in by_change.items())
+        f"transitions, kernel {kernel_ms(es)} ms" for ch, es in by_change.items())
     for ch, es in by_change.items():
         check(bool(es), f"no cpu {ch} episode in the journal: {eps}")
         check(sum(len(e.get("transitions", [])) for e in es) >= 2,

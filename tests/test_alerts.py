@@ -194,11 +194,11 @@ def _dashboard_exprs(dashboard: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _as_promql(expr: str) -> str:
+def _as_promql(expr: str, node: str = "node-a") -> str:
     """Grafana's variables replaced by values Prometheus would receive."""
     expr = re.sub(r"\$__(rate_interval|interval|range)\b", lambda m: {
         "rate_interval": "1m", "interval": "1m", "range": "1h"}[m.group(1)], expr)
-    return re.sub(r"\$\{?(\w+)\}?", "node-a", expr)
+    return re.sub(r"\$\{?(\w+)\}?", node, expr)
 
 
 @pytest.fixture(params=DASHBOARDS, ids=lambda p: p.name)

@@ -1,6 +1,7 @@
 """The real kernel end to end: hotplug cpu1 and memory blocks under a running exporter and read
 what its /metrics says over HTTP. Runs as root; under CI=true a skip here is a failure."""
 import errno
+import os
 import time
 
 import pytest
@@ -126,3 +127,20 @@ def test_refused_memory_offline_leaves_every_gauge_right(refused_memory_block):
             assert s.value(name, **labels) == s0.value(name, **labels), name
         assert tx(s, "memory", "offline") == 0
         assert refused_memory_block.state() == "online"
+
+
+def test_sigterm_stops_cleanly_and_detaches_bpf():
+    exp = RunningExporter().start()
+    try:
+        pid = exp.proc.pid
+        s = exp.scrape()
+        assert s.value("node_resize_exporter_bpf_program_attached", program="cpuhp_exit") == 1
+        # While running, the process holds BPF program fds (anon_inode:bpf-prog).
+        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        assert any("bpf-prog" in f for f in fds)
+    finally:
+        code = exp.stop()
+        logs = exp.logs()
+        exp.tmp.cleanup()
+    assert code == 0, logs
+    assert "stopped" in logs

@@ -3,7 +3,7 @@
 One guest for the module (boot ~8 s, bcc compile in the guest ~14 s under TCG); the scenario
 tests run in file order on it (the DIMM added first is removed later). QEMU is stopped by the
 fixture's finally, by lab.qemu's atexit hook, and the last tests prove both paths.
-Artifacts of each run: lab/out/pytest-<timestamp>/ (serial.log, scratch/exporter.log, ...).
+Artifacts of each run: lab/out/pytest-<timestamp>-<pid>/ (serial.log, scratch/exporter.log, ...).
 The plain unit tests at the top (initramfs, cpulists) need no guest.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def lab_run():
     missing = lab_missing()
     if missing:
         pytest.skip(missing)
-    out = OUT / time.strftime("pytest-%Y%m%d-%H%M%S")
+    out = OUT / f"{time.strftime('pytest-%Y%m%d-%H%M%S')}-{os.getpid()}"
     lab = LabGuest.boot(out)  # stops QEMU itself if the boot fails
     try:
         yield LabRun(lab)

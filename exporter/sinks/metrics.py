@@ -19,6 +19,15 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.events import Direction, Resource, Result
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
+# Error reasons are a closed set: every series exists from the start at 0, so increase() and
+# rate() see the first error instead of a series that appears already at 1.
+RESYNC_ERROR_REASONS = ("kernel_failed", "resync_timeout", "mismatch")
+UNPLUG_ERROR_REASONS = RESYNC_ERROR_REASONS + ("readmission_rejected",)
+READMISSION_OUTCOMES = (("kept", "Running"),)
+
+
+def _with_zeros(values: dict, keys) -> dict:
+    return {**{k: 0 for k in keys}, **values}
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
@@ -133,11 +142,14 @@ class ExporterCollector(Collector):
         yield GaugeMetricFamily("node_resize_exporter_episodes_open", "Episodes not yet ended.",
                                 value=len(tr.open_episodes()))
         yield _counter("node_resize_resync_request", "Hot-plug episodes that need a kubelet "
-                       "resync (KEP-3953).", ["resource"],
-                       {(r.value,): n for r, n in st.resync_requests.items()})
+                       "resync (KEP-3953).", ["resource"], _with_zeros(
+                           {(r.value,): n for r, n in st.resync_requests.items()},
+                           [(r.value,) for r in KERNEL_RESOURCES]))
         yield _counter("node_resize_resync_errors", "Hot-plug episodes that did not resync, by "
-                       "reason.", ["resource", "reason"],
-                       {(r.value, why): n for (r, why), n in st.resync_errors.items()})
+                       "reason.", ["resource", "reason"], _with_zeros(
+                           {(r.value, why): n for (r, why), n in st.resync_errors.items()},
+                           [(r.value, why) for r in KERNEL_RESOURCES
+                            for why in RESYNC_ERROR_REASONS]))
         fam = HistogramMetricFamily("node_resize_resync_duration_seconds",
                                     "Kernel done to Node capacity updated.",
                                     labels=["resource", "direction"])
@@ -145,10 +157,14 @@ class ExporterCollector(Collector):
             _histogram(fam, [r.value, change.value], h)
         yield fam
         yield _counter("node_hot_unplug_request", "Hot-unplug episodes (KEP-5578).",
-                       ["resource"], {(r.value,): n for r, n in st.unplug_requests.items()})
+                       ["resource"], _with_zeros(
+                           {(r.value,): n for r, n in st.unplug_requests.items()},
+                           [(r.value,) for r in KERNEL_RESOURCES]))
         yield _counter("node_hot_unplug_errors", "Hot-unplug episodes that failed, by reason.",
-                       ["resource", "reason"],
-                       {(r.value, why): n for (r, why), n in st.unplug_errors.items()})
+                       ["resource", "reason"], _with_zeros(
+                           {(r.value, why): n for (r, why), n in st.unplug_errors.items()},
+                           [(r.value, why) for r in KERNEL_RESOURCES
+                            for why in UNPLUG_ERROR_REASONS]))
         fam = HistogramMetricFamily("node_hot_unplug_readmission_duration_seconds",
                                     "Kernel done to pod readmission settled.",
                                     labels=["resource"])
@@ -156,8 +172,9 @@ class ExporterCollector(Collector):
             _histogram(fam, [r.value], h)
         yield fam
         yield _counter("node_hot_unplug_readmission_pods", "Pods judged at readmission.",
-                       ["outcome", "reason"],
-                       {(o, why): n for (o, why), n in st.readmission_pods.items()})
+                       ["outcome", "reason"], _with_zeros(
+                           {(o, why): n for (o, why), n in st.readmission_pods.items()},
+                           READMISSION_OUTCOMES))
         yield _gauge("node_capacity_kubelet", "Node status.capacity.", tr.kubelet_capacity())
         yield _gauge("node_allocatable_kubelet", "Node status.allocatable.",
                      tr.kubelet_allocatable())

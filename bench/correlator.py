@@ -1,0 +1,157 @@
+"""Correlator throughput and episode-state memory (issue 7, item 5). No kernel, no I/O.
+
+The synthetic stream repeats what one node sends in a busy hour, in these shares: kernel
+transitions 50% (BPF records, and the same transitions again from uevents, which the ledger
+drops as duplicates), sysfs snapshots 30% (re-read after every event), Node status updates 10%,
+pod status updates 10% (a few of them admission rejections). Events are built ahead in chunks;
+only Correlator.handle is timed.
+"""
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+
+from exporter.clock import FakeClock
+from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.correlate.model import Episode, Phase
+from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource, Result,
+                             Transition)
+
+from bench.stats import Summary
+
+T0 = 1_700_000_000.0
+STEP = 0.05  # seconds between events: a flap every ~0.5 s
+GiB = 2**30
+BLOCK = 128 * 2**20
+
+
+def _snapshot(t: float, cpus: int, blocks: int) -> KernelSnapshot:
+    possible = frozenset(range(2))
+    online = frozenset(range(cpus))
+    return KernelSnapshot(
+        time=t, cpus_online=online, cpus_offline=possible - online, cpus_present=possible,
+        cpus_possible=possible, memory_block_size=BLOCK,
+        memory_blocks_online=frozenset(range(blocks)), memory_blocks_offline=frozenset(),
+        mem_total_bytes=blocks * BLOCK, swap_total_bytes=0)
+
+
+def _round(i: int, t: float) -> list[tuple[object, str | None]]:
+    """Twenty events (one round: cpu1 and a memory block out and back, as sources see it)."""
+    ev: list[tuple[object, str | None]] = []
+
+    def tr(resource: Resource, unit: int, direction: Direction, source: str) -> None:
+        nonlocal t
+        t += STEP
+        start = t - 0.02 if source == "bpf" else None
+        ev.append((Transition(source, resource, unit, direction, Result.SUCCESS, end=t,
+                              start=start, steps=100 if source == "bpf" else None), None))
+
+    def snap(cpus: int, blocks: int) -> None:
+        nonlocal t
+        t += STEP
+        ev.append((_snapshot(t, cpus, blocks), "sysfs"))
+
+    def node(cpu: float) -> None:
+        nonlocal t
+        t += STEP
+        ev.append((NodeStatus(t, "n1", {Resource.CPU: cpu, Resource.MEMORY: 24.0 * GiB},
+                              {Resource.CPU: cpu, Resource.MEMORY: 23.0 * GiB}), "kube_node"))
+
+    def pod(k: int, reason: str = "") -> None:
+        nonlocal t
+        t += STEP
+        failed = bool(reason)
+        ev.append((PodStatus(t, f"uid-{k}", "default", f"pod-{k}",
+                             "Failed" if failed else "Running", reason, not failed,
+                             requests={Resource.CPU: 0.1}), "kube_pods"))
+
+    for direction, cpus in ((Direction.OFFLINE, 1), (Direction.ONLINE, 2)):
+        tr(Resource.CPU, 1, direction, "bpf")
+        tr(Resource.CPU, 1, direction, "uevent")
+        snap(cpus, 192)
+        node(2.0)
+        pod(i % 50, "OutOfcpu" if i % 20 == 0 and direction is Direction.OFFLINE else "")
+    for direction, blocks in ((Direction.OFFLINE, 191), (Direction.ONLINE, 192)):
+        tr(Resource.MEMORY, 7, direction, "uevent")
+        tr(Resource.MEMORY, 7, direction, "bpf")
+        tr(Resource.MEMORY, 7, direction, "sysfs")
+        snap(2, blocks)
+        snap(2, blocks)
+        tr(Resource.CPU, 1, Direction.OFFLINE if blocks == 191 else Direction.ONLINE, "uevent")
+        snap(2, blocks)
+        pod((i + 25) % 50)
+    return ev
+
+
+def stream(n: int, first_round: int = 0, t: float = T0) -> list[tuple[object, str | None]]:
+    out: list[tuple[object, str | None]] = []
+    i = first_round
+    while len(out) < n:
+        out += _round(i, t + i * 20 * STEP)
+        i += 1
+    return out[:n]
+
+
+def throughput(events: int = 1_000_000, chunk: int = 100_000, repeats: int = 3) -> dict:
+    rates = []
+    for _ in range(repeats):
+        clock = FakeClock(T0)
+        correlator = Correlator(CorrelatorConfig(kubernetes=True), clock)
+        handled, busy, rounds = 0, 0.0, 0
+        while handled < events:
+            batch = stream(min(chunk, events - handled), rounds)
+            rounds += len(batch) // 20 + 1
+            gc.collect()
+            t0 = time.perf_counter()
+            for event, source in batch:
+                clock.t = getattr(event, "end", None) or event.time
+                correlator.handle(event, source)
+            busy += time.perf_counter() - t0
+            handled += len(batch)
+        rates.append(handled / busy)
+    return {"events": events, "repeats": repeats,
+            "events_per_s": Summary.of(rates).as_dict(),
+            "episodes_ended": sum(correlator.tracker.stats.episodes_ended.values())}
+
+
+def episode_memory(open_episodes: int = 10_000, probe_events: int = 20) -> dict:
+    """Bytes the correlator holds for `open_episodes` episodes waiting for a resync, and what
+    one event costs while they are open.
+
+    Each is a CPU hot-plug on a node whose kubelet never resyncs (today's kubelets): one BPF
+    transition, resync deadline far away. They are put in through resume(), the journal's path
+    after a restart: feeding them one by one costs O(open episodes) per event (every event
+    first advances every open episode), so filling 10k that way takes minutes.
+    """
+    clock = FakeClock(T0 + open_episodes * 3.0 + 10)
+    config = CorrelatorConfig(kubernetes=True, resync_deadline=1e9, coalesce_window=2.0)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    correlator = Correlator(config, clock)
+    correlator.handle(NodeStatus(T0, "n1", {Resource.CPU: 1.0}, {Resource.CPU: 1.0}), "kube_node")
+    episodes = []
+    for k in range(open_episodes):
+        end = T0 + 1 + k * 3.0
+        t = Transition("bpf", Resource.CPU, 1, Direction.ONLINE, Result.SUCCESS, end=end,
+                       start=end - 0.01, steps=100)
+        episodes.append(Episode(id=f"cpu-increase-{int(t.start * 1e6)}", resource=Resource.CPU,
+                                change=Change.INCREASE, opened=t.start, transitions=[t],
+                                kernel_done=end, kernel_before=1.0, kernel_after=2.0,
+                                kubelet_before=1.0, phase=Phase.RESYNC))
+    correlator.resume(episodes)
+    del episodes  # resume() keeps its own copies
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    n_open = correlator.tracker.episodes_open
+    t0 = time.perf_counter()
+    for k in range(probe_events):
+        clock.t += 1.0
+        correlator.handle(_snapshot(clock.t, 2, 192), "sysfs")
+    per_event = (time.perf_counter() - t0) / probe_events
+    return {"open_episodes": n_open, "bytes": held,
+            "bytes_per_episode": held / n_open if n_open else 0.0,
+            "ms_per_event_while_open": per_event * 1e3,
+            "still_open": correlator.tracker.episodes_open}

@@ -1,0 +1,114 @@
+"""Fidelity under flapping (issue 7, item 2) and the CPU both exporters spend in the storm.
+
+cpu1 goes offline and online `cycles` times as fast as the kernel allows, `repeats` times. The
+true count is the number of sysfs writes the kernel accepted. The exporter runs with its
+defaults (`--source auto`: BPF, uevent and sysfs, each transition counted once); node_exporter
+is scraped every 1 s and every 15 s, and what it shows is the number of state changes between
+its consecutive scrapes.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from bench.observe import PeriodicScraper
+from bench.procs import NodeExporter, ResizeExporter, Scraper, cpu_visible, parse_samples
+from bench.stats import Summary
+from tests import kernel
+
+SETTLE_TIMEOUT = 10.0
+
+
+def _counts(text: str) -> dict[str, float]:
+    out = {"offline": 0.0, "online": 0.0}
+    for labels, v in parse_samples(text, "node_hotplug_transitions_total").items():
+        d = dict(labels)
+        if d.get("resource") == "cpu" and d.get("result") == "success":
+            out[d["direction"]] += v
+    return out
+
+
+def _events(text: str) -> dict[str, float]:
+    return {dict(k).get("source", ""): v
+            for k, v in parse_samples(text, "node_resize_exporter_events_total").items()}
+
+
+def _changes_seen(samples, initial: bool) -> int:
+    seen, state = 0, initial
+    for s in samples:
+        if s.state != state:
+            seen += 1
+            state = s.state
+    return seen
+
+
+def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict:
+    scraper = Scraper(ours.port, keepalive=False)
+    text = scraper.get()
+    before, events_before = _counts(text), _events(text)
+    scrapers = [PeriodicScraper(peer.port, iv, cpu_visible, seed=k)
+                for k, iv in enumerate((1.0, 15.0))] if peer else []
+    for s in scrapers:
+        s.start()
+    cpu_before = {"ours": ours.stats().cpu_seconds,
+                  **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
+    true = {"offline": 0, "online": 0}
+    refused = 0
+    t0 = time.monotonic()
+    try:
+        for _ in range(cycles):
+            for direction in ("offline", "online"):
+                if cpu.try_set_online(direction == "online"):
+                    refused += 1
+                else:
+                    true[direction] += 1
+    finally:
+        cpu.set_online(True)
+    storm_s = time.monotonic() - t0
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:  # the exporter may still be working through the burst
+        text = scraper.get()
+        counted = {d: _counts(text)[d] - before[d] for d in true}
+        if all(counted[d] >= true[d] for d in true) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    window = time.monotonic() - t0
+    cpu_after = {"ours": ours.stats().cpu_seconds,
+                 **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
+    events = {src: v - events_before.get(src, 0.0) for src, v in _events(text).items()}
+    scraper.close()
+    peer_seen = {f"{s.interval:g}s": _changes_seen(s.finish(), True) for s in scrapers}
+    return {
+        "true": sum(true.values()), "refused": refused, "storm_s": storm_s,
+        "counted": sum(counted.values()),
+        "events_by_source": {k: v for k, v in events.items() if k in ("bpf", "uevent", "sysfs")},
+        "node_exporter_seen": peer_seen,
+        "cpu_s_per_min": {k: (cpu_after[k] - cpu_before[k]) / window * 60 for k in cpu_before},
+    }
+
+
+def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
+               hold_lock=kernel.hotplug_lock) -> dict:
+    cpu = kernel.Cpu(1)
+    if not cpu.hotpluggable():
+        raise RuntimeError("cpu1 is not hot-pluggable here (needs root and a second CPU)")
+    with contextlib.ExitStack() as stack:
+        ours = stack.enter_context(ResizeExporter("auto"))
+        node_exporter = stack.enter_context(NodeExporter()) if peer else None
+        with hold_lock():
+            cpu.set_online(True)
+            runs = [_one_storm(cpu, cycles, ours, node_exporter) for _ in range(repeats)]
+    fidelity = [r["counted"] / r["true"] for r in runs if r["true"]]
+    summary = {
+        "cycles": cycles, "repeats": repeats, "runs": runs,
+        "fidelity": Summary.of(fidelity).as_dict(),
+        "storm_s": Summary.of([r["storm_s"] for r in runs]).as_dict(),
+        "cpu_s_per_min": {k: Summary.of([r["cpu_s_per_min"][k] for r in runs]).as_dict()
+                          for k in runs[0]["cpu_s_per_min"]} if runs else {},
+    }
+    if peer and runs:
+        summary["node_exporter_fraction"] = {
+            iv: Summary.of([r["node_exporter_seen"][iv] / r["true"] for r in runs
+                            if r["true"]]).as_dict()
+            for iv in runs[0]["node_exporter_seen"]}
+    return summary

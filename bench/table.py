@@ -1,0 +1,176 @@
+"""Render a results file as the Markdown tables of bench/README.md.
+
+    .venv/bin/python bench/table.py bench/results/latest.json
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+NRE, NE = "node-resize-exporter", "node_exporter"
+TARGETS = {"detect_ms": 5.0, "fidelity": 1.0, "idle_cpu_pct": 0.2, "anon_mib": 50.0,
+           "scrape_ms": 5.0, "events_per_s": 200_000.0, "startup_s": 2.0}
+
+
+def f(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def spread(s: dict, digits: int = 1, unit: str = "") -> str:
+    """median [min-max] (n) of a stats.Summary dict."""
+    if not s or not s.get("n"):
+        return "-"
+    if s["n"] == 1:
+        return f"{f(s['median'], digits)}{unit}"
+    return (f"{f(s['median'], digits)}{unit} [{f(s['min'], digits)}-{f(s['max'], digits)}] "
+            f"(n={s['n']})")
+
+
+def p50_p99(s: dict, digits: int = 1) -> str:
+    if not s or not s.get("n"):
+        return "-"
+    return f"{f(s['median'], digits)} / {f(s['p99'], digits)} / {f(s['max'], digits)} (n={s['n']})"
+
+
+def met(ok: bool | None, how: str = "") -> str:
+    if ok is None:
+        return "-"
+    return ("met" if ok else "**missed**") + (f" ({how})" if how else "")
+
+
+def _latency(r: dict) -> list[str]:
+    rows = ["### Detection latency (ms: p50 / p99 / max)", "",
+            "| transitions | observer | latency | shown | target |", "|---|---|---|---|---|"]
+    for key in ("cpu", "memory"):
+        x = r.get(key)
+        if not x:
+            continue
+        what = (f"cpu1 x{x['transitions']} (BPF)" if key == "cpu"
+                else f"memory{x.get('block', '?')} x{x['transitions']} (uevent)")
+        end = "BPF record end" if key == "cpu" else "sysfs write returned"
+        p99 = x["hook_ms"]["p99"]
+        rows.append(f"| {what} | {NRE}: {end} -> correlator state | {p50_p99(x['hook_ms'])} | "
+                    f"{x['hook_ms']['n']}/{x['transitions']} | p99 <= 5 ms: "
+                    f"{met(p99 <= TARGETS['detect_ms'], f'{p99 / 5:.1f}x' if p99 > 5 else '')} |")
+        rows.append(f"| {what} | {NRE}: sysfs write returned -> /metrics shows it (poll, "
+                    f"resolution {f(x['scrape_resolution_ms']['median'])} ms) | "
+                    f"{p50_p99(x['scrape_ms'])} | {x['scrape_ms']['n']}/{x['transitions']} | |")
+        for iv, peer in x.get("node_exporter", {}).items():
+            rows.append(f"| {what} | {NE} scraped every {iv} | {p50_p99(peer['latency_ms'], 0)} "
+                        f"| {peer['shown']}/{peer['transitions']} "
+                        f"({peer['shown_fraction']:.0%}) | |")
+    rows.append("| any | kubelet (KEP-3953 text) | machine info cached at start-up: never, "
+                "until the kubelet restarts; cAdvisor's own copy refreshes every 5 min | - | |")
+    return rows
+
+
+def _storm(r: dict) -> list[str]:
+    rows = ["### Fidelity under a flap storm", "",
+            "| | counted / true | target |", "|---|---|---|"]
+    fid = r["fidelity"]
+    runs = r["runs"]
+    counted = ", ".join(f"{x['counted']:.0f}/{x['true']}" for x in runs)
+    ok = fid["n"] and fid["min"] >= TARGETS["fidelity"]
+    how = "" if ok else f"min {fid['min']:.1%}"
+    rows.append(f"| {NRE} (`--source auto`), {r['cycles']} cycles x{r['repeats']}, "
+                f"storm {spread(r['storm_s'], 2, ' s')} | {counted} | 100%: "
+                f"{met(bool(ok), how)} |")
+    by_source = "; ".join(", ".join(f"{k} {v:.0f}" for k, v in x["events_by_source"].items())
+                          for x in runs)
+    rows.append(f"| ... events per source (each transition counted once) | {by_source} | |")
+    for iv, s in r.get("node_exporter_fraction", {}).items():
+        seen = ", ".join(f"{x['node_exporter_seen'][iv]}/{x['true']}" for x in runs)
+        rows.append(f"| {NE} scraped every {iv}: state changes its scrapes show | {seen} | |")
+    return rows
+
+
+def _overhead(o: dict, storm: dict | None) -> list[str]:
+    rows = ["### Overhead", "", f"| | {NRE} | {NE} | target |", "|---|---|---|---|"]
+    idle, start = o["idle"], o["startup_s"]
+
+    def both(fn) -> tuple[str, str]:
+        return fn(idle.get(NRE)), fn(idle.get(NE)) if NE in idle else "-"
+
+    cpu = idle[NRE]["cpu_percent_of_core"]
+    a, b = both(lambda x: f"{f(x['cpu_s_per_min'], 3)} s/min ({f(x['cpu_percent_of_core'], 2)}%)")
+    rows.append(f"| idle CPU, scraped every 15 s ({f(idle[NRE]['window_s'], 0)} s window) | {a} "
+                f"| {b} | <= 0.2% of a core: {met(cpu <= TARGETS['idle_cpu_pct'])} |")
+    if storm:
+        cs = storm["cpu_s_per_min"]
+        rows.append(f"| CPU in the flap storm (s/min) | {spread(cs.get('ours'), 2)} | "
+                    f"{spread(cs.get('node_exporter'), 2)} | |")
+    a, b = both(lambda x: f"{f(x['rss_mib'])} MiB")
+    rows.append(f"| RSS | {a} | {b} | |")
+    anon = idle[NRE]["anon_mib"]
+    a, b = both(lambda x: f"{f(x['anon_mib'])} MiB")
+    rows.append(f"| anonymous | {a} | {b} | <= 50 MB: {met(anon * 2**20 <= 50e6)} |")
+    a, b = both(lambda x: f"{f(x['file_backed_mib'])} MiB")
+    rows.append(f"| file-backed (RSS - anonymous; bcc's LLVM) | {a} | {b} | |")
+    s = start[NRE]
+    rows.append(f"| start-up to first valid scrape (ours: BPF attached) | {spread(s, 2, ' s')} | "
+                f"{spread(start.get(NE), 3, ' s')} | <= 2 s: "
+                f"{met(s['max'] <= TARGETS['startup_s'])} |")
+    return rows
+
+
+def _scrape(r: dict) -> list[str]:
+    rows = ["### Scrape cost (/metrics latency, ms: p50 / p99 / max; kept-alive connections)", "",
+            f"| load | {NRE} | {NE} | target |", "|---|---|---|---|"]
+    shapes = [k for k in r[NRE] if isinstance(r[NRE][k], dict)]
+    for shape in shapes:
+        cells = []
+        for name in (NRE, NE):
+            x = r.get(name, {}).get(shape)
+            cells.append("-" if not x else
+                         f"{p50_p99(x['latency_ms'])}, {f(x['requests_per_s'], 0)} req/s"
+                         + (f", {x['errors']} errors" if x["errors"] else ""))
+        target = ""
+        if shape.startswith("50"):
+            p99 = r[NRE][shape]["latency_ms"]["p99"]
+            target = f"p99 <= 5 ms: {met(p99 <= TARGETS['scrape_ms'], f'{p99 / 5:.0f}x')}"
+        rows.append(f"| {shape} ({r[NRE][shape]['seconds']:g} s) | {cells[0]} | {cells[1]} | "
+                    f"{target} |")
+    return rows
+
+
+def _correlator(r: dict) -> list[str]:
+    t, m = r["throughput"], r["memory"]
+    rate = t["events_per_s"]["median"]
+    short = f"{TARGETS['events_per_s'] / rate:.1f}x short"
+    return ["### Correlator (replay, no I/O)", "", "| | result | target |", "|---|---|---|",
+            f"| throughput, {t['events']:,} synthetic events x{t['repeats']} | "
+            f"{spread(t['events_per_s'], 0, ' ev/s')} | >= 200k ev/s: "
+            f"{met(rate >= TARGETS['events_per_s'], short)} |",
+            f"| episode state, {m['open_episodes']:,} open episodes | "
+            f"{m['bytes'] / 2**20:.1f} MiB ({m['bytes_per_episode']:.0f} B each) | |",
+            f"| cost of one event while {m['open_episodes']:,} are open | "
+            f"{m['ms_per_event_while_open']:.1f} ms | |"]
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    out = [f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, kernel "
+           f"{m['kernel']}, Python {m['python']}; peer: {m['node_exporter']}. "
+           f"Command: `{results['command']}` ({results.get('wall_s', {}).get('total', '?')} s"
+           f"{', quick sizes' if results.get('quick') else ''}).", ""]
+    if "latency" in results:
+        out += _latency(results["latency"]) + [""]
+    if "storm" in results:
+        out += _storm(results["storm"]) + [""]
+    if "overhead" in results:
+        out += _overhead(results["overhead"], results.get("storm")) + [""]
+    if "scrape" in results:
+        out += _scrape(results["scrape"]) + [""]
+    if "correlator" in results:
+        out += _correlator(results["correlator"]) + [""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render(json.loads(Path(sys.argv[1]).read_text())))
