@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: run test lab check
+.PHONY: run test lab check bench
 run:
 	@scripts/setup.sh run
 	@exec .venv/bin/node-resize-exporter run $(ARGS)
@@ -18,3 +18,7 @@ check:
 lab:
 	@scripts/setup.sh lab
 	@$(PY) -m lab $(ARGS)
+
+bench:
+	@scripts/setup.sh bench
+	@$(PY) bench/run.py all --out bench/results/latest.json $(ARGS)

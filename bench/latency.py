@@ -72,10 +72,13 @@ def _poll_until_counted(scraper: Scraper, mark: Mark, before: float) -> float:
         time.sleep(0.0005)  # leave the GIL to the in-process agent between scrapes
 
 
-def hook_latencies(marks: list[Mark], arrivals: list[Arrival]) -> tuple[list[float], int]:
-    """(kernel end -> state, in ms, per matched transition; transitions never seen)."""
+def hook_latencies(marks: list[Mark], arrivals: list[Arrival]
+                   ) -> tuple[list[float], list[float], int]:
+    """Per matched transition, in ms: kernel end -> state, and write returned -> state
+    (negative when the state had it before the syscall returned); transitions never seen."""
     used: set[int] = set()
     out: list[float] = []
+    after_write: list[float] = []
     missed = 0
     for mark in marks:
         if mark.errno:
@@ -92,7 +95,8 @@ def hook_latencies(marks: list[Mark], arrivals: list[Arrival]) -> tuple[list[flo
         # BPF records carry the kernel's end stamp; uevents only when they were received.
         kernel_end = a.transition.end if a.transition.start is not None else mark.w1_wall
         out.append((a.wall - kernel_end) * 1e3)
-    return out, missed
+        after_write.append((a.wall - mark.w1_wall) * 1e3)
+    return out, after_write, missed
 
 
 def peer_view(marks: list[Mark], samples: list[Sample], run_end: float) -> dict:
@@ -154,7 +158,7 @@ def _run(resource: str, source: str, n: int, hold: tuple[float, float], seed: in
         run_end = time.monotonic()
         peer_samples = [s.finish() for s in scrapers]
         arrivals = agent.sink.snapshot()
-    hook, hook_missed = hook_latencies(marks, arrivals)
+    hook, after_write, hook_missed = hook_latencies(marks, arrivals)
     ok = [m for m in marks if not m.errno]
     scrape = [m.scrape_ms for m in ok if m.scrape_ms is not None]
     result = {
@@ -162,6 +166,7 @@ def _run(resource: str, source: str, n: int, hold: tuple[float, float], seed: in
         "writes": len(marks), "transitions": len(ok),
         "refused": sum(1 for m in marks if m.errno),
         "hook_ms": Summary.of(hook).as_dict(), "hook_missed": hook_missed,
+        "hook_after_write_ms": Summary.of(after_write).as_dict(),
         "scrape_ms": Summary.of(scrape).as_dict(),
         "scrape_missed": len(ok) - len(scrape),
         "scrape_resolution_ms": Summary.of(

@@ -58,6 +58,10 @@ def _latency(r: dict) -> list[str]:
         rows.append(f"| {what} | {NRE}: {end} -> correlator state | {p50_p99(x['hook_ms'])} | "
                     f"{x['hook_ms']['n']}/{x['transitions']} | p99 <= 5 ms: "
                     f"{met(p99 <= TARGETS['detect_ms'], f'{p99 / 5:.1f}x' if p99 > 5 else '')} |")
+        if key == "cpu" and "hook_after_write_ms" in x:
+            rows.append(f"| {what} | {NRE}: sysfs write returned -> correlator state "
+                        f"(negative: before it returned) | {p50_p99(x['hook_after_write_ms'])} "
+                        f"| | |")
         rows.append(f"| {what} | {NRE}: sysfs write returned -> /metrics shows it (poll, "
                     f"resolution {f(x['scrape_resolution_ms']['median'])} ms) | "
                     f"{p50_p99(x['scrape_ms'])} | {x['scrape_ms']['n']}/{x['transitions']} | |")

@@ -12,10 +12,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
 
 from lab.initramfs import CHECKOUT, GUEST_PORT, SCRATCH_IN_GUEST
 from lab.qemu import Guest, GuestConfig
+from tests.exporter_proc import Scrape  # one exposition parser for tests, lab and bench
 
 # The checkout's venv: its python links to /usr/bin/python3 (which bcc is built for) and its
 # pyvenv.cfg adds the project's dependencies; the guest sees both at the same paths.
@@ -39,25 +39,6 @@ exec {GUEST_PYTHON} -m lab.guest_agent {SCRATCH_IN_GUEST} >>{SCRATCH_IN_GUEST}/a
 
 class AgentError(RuntimeError):
     pass
-
-
-class Scrape:
-    """One /metrics exposition, parsed: value(name, **labels) and sum over a label subset."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.samples: dict[tuple[str, frozenset], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                self.samples[(s.name, frozenset(s.labels.items()))] = s.value
-
-    def value(self, name: str, default: float | None = None, **labels: str) -> float | None:
-        return self.samples.get((name, frozenset(labels.items())), default)
-
-    def total(self, name: str, **labels: str) -> float:
-        """Sum of every series of `name` whose labels include `labels` (0 when none)."""
-        want = set(labels.items())
-        return sum(v for (n, lab), v in self.samples.items() if n == name and want <= lab)
 
 
 @dataclass

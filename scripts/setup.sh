@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what node-resize-exporter needs on a Debian 12 machine, as root. Idempotent: a second
-# run checks and says nothing. Usage: scripts/setup.sh run|test|lab
+# run checks and says nothing. Usage: scripts/setup.sh run|test|bench|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
 #   test  run + pytest deps, Debian's prometheus/promtool and alertmanager, the QEMU lab's packages
 #   bench test + Debian's prometheus-node-exporter, the peer bench/ measures against

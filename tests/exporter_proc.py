@@ -35,6 +35,11 @@ class Scrape:
     def value(self, name: str, default: float | None = None, **labels) -> float | None:
         return self.samples.get((name, frozenset(labels.items())), default)
 
+    def total(self, name: str, **labels) -> float:
+        """Sum of every series of `name` whose labels include `labels` (0 when none)."""
+        want = set(labels.items())
+        return sum(v for (n, lab), v in self.samples.items() if n == name and want <= lab)
+
     def series(self, name: str) -> dict[frozenset, float]:
         return {lab: v for (n, lab), v in self.samples.items() if n == name}
 

@@ -135,3 +135,144 @@ def test_a_clock_made_after_a_jump_is_on_the_new_axis_but_monotonic_within(monke
     assert 3599 < normal.now() - shifted.now() < 3601
     a, b = shifted.now(), shifted.now()
     assert a <= b
+
+
+# ------------------------------------------------------------------ the API server misbehaving
+
+NODE = "fault-test-node"
+
+
+def _memtotal_ki() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    raise AssertionError("no MemTotal")
+
+
+def _restart(api) -> None:
+    """Stop and start the fake API server on the same port with its state kept, as a real
+    kube-apiserver restart keeps etcd. (fake_apiserver has no restart(); its stop() leaves
+    _stopping set, so it is cleared here.)"""
+    api.stop()
+    time.sleep(0.2)
+    api._stopping.clear()
+    api.start()
+
+
+@pytest.fixture
+def api():
+    from tests.exporter_proc import free_port
+    from tests.fake_apiserver import FakeApiServer
+    server = FakeApiServer(port=free_port())  # fixed: a restart must come back on it
+    server.set_node(NODE, cpu="2", memory=f"{_memtotal_ki()}Ki")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _kube_exporter(api, tmp_path):
+    kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    return RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE, "--source", "bpf",
+                           "--podresources-socket", "/nonexistent/kubelet.sock",
+                           "--readmission-settle", "1")
+
+
+def _unplug_and_wait_open(exp, cpu1):
+    exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu", unit="core") == 2,
+                 timeout=30)
+    cpu1.set_online(False)
+    exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 1
+                 and s.value("node_capacity_drift", resource="cpu", unit="core") == -1)
+
+
+def _resync_and_check_counted_once(exp, api):
+    api.update_node(NODE, cpu="1", allocatable_cpu="1")
+    s = exp.wait_for(lambda s: s.value("node_resize_resync_duration_seconds_count",
+                                       resource="cpu", direction="decrease") == 1
+                     and s.value("node_resize_exporter_episodes_open") == 0, timeout=60)
+    assert s.value("node_hot_unplug_request_total", resource="cpu") == 1
+    assert s.value("node_capacity_drift", resource="cpu", unit="core") == 0
+    for reason in ("kernel_failed", "resync_timeout", "mismatch", "readmission_rejected"):
+        assert s.value("node_hot_unplug_errors_total", 0.0, resource="cpu", reason=reason) == 0
+    return s
+
+
+@pytest.mark.kernel
+def test_api_server_restarted_10_times_during_an_open_episode(cpu1, api, tmp_path):
+    with _kube_exporter(api, tmp_path) as exp:
+        _unplug_and_wait_open(exp, cpu1)
+        for _ in range(10):
+            watches = len(api.requests_for("nodes", watch=True))
+            _restart(api)
+            # The exporter came back by itself: a new Node watch reached the new server.
+            exp.wait_for(lambda s: len(api.requests_for("nodes", watch=True)) > watches,
+                         timeout=60, interval=0.2)
+        s = exp.scrape()
+        assert s.value("node_resize_exporter_episodes_open") == 1  # still waiting, not lost
+        _resync_and_check_counted_once(exp, api)
+        cpu1.set_online(True)
+
+
+@pytest.mark.kernel
+def test_watch_expired_410_in_the_middle_of_an_episode(cpu1, api, tmp_path):
+    with _kube_exporter(api, tmp_path) as exp:
+        _unplug_and_wait_open(exp, cpu1)
+        lists_before = len(api.requests_for("nodes", watch=False))
+        api.compact()  # open watches get 410 Gone: the exporter must relist
+        exp.wait_for(lambda s: len(api.requests_for("nodes", watch=False)) > lists_before,
+                     timeout=30)
+        assert exp.scrape().value("node_resize_exporter_episodes_open") == 1
+        _resync_and_check_counted_once(exp, api)
+        cpu1.set_online(True)
+
+
+@pytest.mark.kernel
+def test_slow_api_still_resyncs_once(cpu1, api, tmp_path):
+    with _kube_exporter(api, tmp_path) as exp:
+        _unplug_and_wait_open(exp, cpu1)
+        api.set_delay(2.0)  # every response from now on is 2 s late
+        api.drop_watches()  # so the reconnect (list + watch) meets the delay
+        s = _resync_and_check_counted_once(exp, api)
+        assert s.value("node_resize_resync_duration_seconds_sum", resource="cpu",
+                       direction="decrease") >= 0
+        api.set_delay(0.0)
+        cpu1.set_online(True)
+
+
+# ------------------------------------------------------------------ ring buffer overflow
+
+
+@pytest.mark.kernel
+def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
+    import signal
+    # One page holds ~60 records. The consumer is frozen (SIGSTOP) while cpu1 flaps 60 times
+    # (120 records), so the kernel must fail reservations; the BPF side counts them.
+    with RunningExporter("--source", "bpf", "--ringbuf-pages", "1", "--kubernetes", "off",
+                         "--sysfs-interval", "1") as exp:
+        before = exp.scrape()
+        assert before.value("node_resize_exporter_source_up", source="bpf") == 1
+        exp.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(60):
+                cpu1.set_online(False)
+                cpu1.set_online(True)
+        finally:
+            exp.proc.send_signal(signal.SIGCONT)
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_events_lost_total", 0.0,
+                                           source="bpf") > 0, timeout=30)
+        lost = s.value("node_resize_exporter_events_lost_total", source="bpf")
+        seen = s.value("node_hotplug_transitions_total", 0.0, resource="cpu",
+                       direction="offline", result="success") - before.value(
+            "node_hotplug_transitions_total", 0.0, resource="cpu", direction="offline",
+            result="success")
+        assert 0 < seen < 60 and lost > 0, (seen, lost)
+        # The reconciler puts every gauge right whatever was lost.
+        s = exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 2
+                         and s.value("node_hotplug_cpus", state="offline") == 0)
+        assert s.value("node_capacity_kernel", resource="cpu", unit="core") == 2
+        # And it still follows new transitions.
+        cpu1.set_online(False)
+        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="offline") == 1)
+        cpu1.set_online(True)
