@@ -401,3 +401,17 @@ def test_a_flap_within_one_microsecond_gets_distinct_ids():
     ids = [u.episode.id for u in s.updates if u.kind is UpdateKind.OPENED]
     assert len(ids) == 3 and len(set(ids)) == 3
     assert ids[2] == ids[0] + "-2"
+
+
+
+def test_a_refused_opposite_transition_does_not_supersede():
+    st = Stream(kubernetes=True)
+    st.snapshot(0, cpus=2)
+    st.node(0.25, cpu=2)
+    st.transition(1, Resource.CPU, 1, Direction.OFFLINE)
+    st.snapshot(1.125, cpus=1)
+    st.transition(4, Resource.CPU, 1, Direction.ONLINE, Result.FAILED, error="EAGAIN")
+    st.tick(8)
+    assert {ep.change.value: ep.outcome for ep in st.ended()} == {
+        "increase": Outcome.KERNEL_FAILED}  # the unplug is not superseded: still waiting
+    assert [ep.change.value for ep in st.tracker.open_episodes()] == ["decrease"]

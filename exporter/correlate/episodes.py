@@ -254,7 +254,10 @@ class EpisodeTracker:
         began = t.end if t.start is None else min(t.start, t.end)
         updates: list[EpisodeUpdate] = []
         for track in list(self._open.values()):
-            if track.ep.resource is t.resource and track.ep.change is not change:
+            # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
+            # leaves the capacity, and so the open episode, as they were.
+            if (track.ep.resource is t.resource and track.ep.change is not change
+                    and t.result is Result.SUCCESS):
                 if track.ep.kernel_done is None:
                     success_end = track.last_success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
