@@ -199,19 +199,32 @@ def cpu_latency(n: int = 200, hold: tuple[float, float] = (0.1, 1.0), seed: int 
 def memory_latency(n: int = 60, hold: tuple[float, float] = (0.1, 1.0), seed: int = 11,
                    peer: bool = True, hold_lock=kernel.hotplug_lock,
                    block: kernel.MemoryBlock | None = None) -> dict:
-    """One offlinable memory block offline/online n times, seen by the uevent source."""
+    """An offlinable memory block offline/online n times, seen by the uevent source.
+
+    A block that offlined fine can be refused (EBUSY) a few cycles later, once the kernel put
+    unmovable pages in it: the refusal is recorded and the next offlinable block takes over.
+    """
     with hold_lock():
-        block = block or kernel.find_offlinable_memory_block()
-        if block is None:
+        current = block or kernel.find_offlinable_memory_block()
+        if current is None:
             raise RuntimeError("no memory block here can be offlined")
+        used = [current]
 
         def write(direction: str) -> int:
-            return kernel.write_sysfs(block.path, direction)
+            nonlocal current
+            err = kernel.write_sysfs(current.path, direction)
+            if err and direction == "offline" and block is None:
+                fresh = kernel.find_offlinable_memory_block()
+                if fresh is not None:
+                    current = fresh
+                    used.append(fresh)
+            return err
 
         try:
             result = _run("memory", "uevent", n, hold, seed, write, meminfo_total, "offline",
                           mem_total, peer)
         finally:
-            block.set_online(True)
-        result["block"] = block.n
+            for b in used:
+                b.set_online(True)
+        result["block"] = ",".join(str(n) for n in sorted({b.n for b in used}))
         return result

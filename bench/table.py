@@ -137,7 +137,7 @@ def _scrape(r: dict) -> list[str]:
         target = ""
         if shape.startswith("50"):
             p99 = r[NRE][shape]["latency_ms"]["p99"]
-            target = f"p99 <= 5 ms: {met(p99 <= TARGETS['scrape_ms'], f'{p99 / 5:.0f}x')}"
+            target = f"p99 <= 5 ms: {met(p99 <= TARGETS['scrape_ms'], f'{p99 / 5:.1f}x')}"
         rows.append(f"| {shape} ({r[NRE][shape]['seconds']:g} s) | {cells[0]} | {cells[1]} | "
                     f"{target} |")
     return rows
@@ -163,6 +163,8 @@ def render(results: dict) -> str:
            f"{m['kernel']}, Python {m['python']}; peer: {m['node_exporter']}. "
            f"Command: `{results['command']}` ({results.get('wall_s', {}).get('total', '?')} s"
            f"{', quick sizes' if results.get('quick') else ''}).", ""]
+    out += [f"Note: {note}." for note in results.get("notes", [])] + [""] * bool(
+        results.get("notes"))
     if "latency" in results:
         out += _latency(results["latency"]) + [""]
     if "storm" in results:

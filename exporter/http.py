@@ -34,6 +34,10 @@ REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog is 5: with dozens of scrapers connecting at once the
+    # kernel drops SYNs and a client waits out retransmits (1, 3, 7, 15 s...). Seen in
+    # tests/test_load.py as a scrape timing out after 30 s.
+    request_queue_size = 128
     web: WebConfig
 
     def finish_request(self, request, client_address):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import sys
 import threading
@@ -78,6 +79,7 @@ def serve(options: Options) -> int:
                          "running?); choose another port with --listen")
         return _fail(f"--listen {where}: cannot listen: {e.strerror or e}")
 
+    _drop_privileges(agent)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -88,3 +90,17 @@ def serve(options: Options) -> int:
         server.stop()
     log.info("stopped")
     return 0
+
+
+def _drop_privileges(agent: Agent) -> None:
+    """Everything privileged is done (programs attached, port bound): keep only what the
+    running agent still needs (exporter/privileges.py). Before agent.run() starts the source
+    threads, which inherit the reduced set. A refusal is logged, never fatal."""
+    from exporter import privileges
+    if os.geteuid() != 0 and privileges.capabilities() == 0:
+        return
+    keep = privileges.needed_after_start(any(s.name == "bpf" for s in agent.sources))
+    try:
+        privileges.drop_capabilities(keep)
+    except OSError as e:
+        log.warning("could not drop capabilities after start-up: %s", e)

@@ -73,7 +73,7 @@ def test_cpu_latency_and_storm(cpu1):
 def test_memory_latency(memory_block):
     lat = latency.memory_latency(n=2, hold=(0.02, 0.05), peer=PEER, hold_lock=HELD,
                                  block=memory_block)
-    assert lat["block"] == memory_block.n
+    assert lat["block"] == str(memory_block.n)
     assert lat["transitions"] >= 1 and lat["hook_missed"] == 0
     well_formed(lat["hook_ms"], lat["transitions"])
     well_formed(lat["scrape_ms"], lat["transitions"])
