@@ -104,17 +104,16 @@ class Agent:
         self.sysfs: SysfsSource | None = None
         self.alive = threading.Event()
         self._malformed_logged: set[str] = set()
+        self._version = 0  # bumped whenever the correlator's state may have changed
 
     def open(self) -> None:
         """Open every source (fails fast with StartupError), before serving anything."""
         self.sources, self.sysfs, down = open_kernel_sources(self.options, self.clock)
         if self.kubernetes:
             self.sources += open_kube_sources(self.options, self.clock)
-        for status in down:
-            self._process(status.source, status)
-        names = ", ".join(s.name for s in self.sources)
-        log.info("sources running: %s%s", names,
-                 "".join(f"; {d.source} down: {d.reason}" for d in down))
+        for status in down:  # already logged with its fix by open_kernel_sources
+            self._process(status.source, status, quiet=True)
+        log.info("sources running: %s", ", ".join(s.name for s in self.sources))
         programs = getattr(next((s for s in self.sources if s.name == "bpf"), None),
                            "attached", {})
         for prog, (ok, reason) in programs.items():
@@ -153,19 +152,24 @@ class Agent:
             except Exception:
                 log.exception("closing sink %s", type(sink).__name__)
 
+    def state_version(self) -> int:
+        """Changes whenever what /metrics shows may have changed (lets scrapes share a render)."""
+        return self._version
+
     def _emitter(self, name: str):
         put = self.queue.put
         return lambda event: put((name, event))
 
-    def _process(self, name: str, event) -> None:
+    def _process(self, name: str, event, quiet: bool = False) -> None:
         if isinstance(event, MalformedInput):
             self._log_malformed(event)
-        elif isinstance(event, SourceStatus) and not event.up and event.reason:
+        elif isinstance(event, SourceStatus) and not event.up and event.reason and not quiet:
             log.warning("source %s down: %s", event.source, event.reason)
         for sink in self.sinks:  # the journal writes the raw event before it is acted on
             self._call(sink.on_event, event)
         with self.lock:
             updates = self.correlator.handle(event, name)
+            self._version += 1
         for update in updates:
             for sink in self.sinks:
                 self._call(sink.on_update, update)
@@ -183,6 +187,8 @@ class Agent:
     def _tick(self) -> None:
         with self.lock:
             updates = self.correlator.tick()
+            if updates:
+                self._version += 1
         for update in updates:
             for sink in self.sinks:
                 self._call(sink.on_update, update)

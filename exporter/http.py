@@ -14,6 +14,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
@@ -64,19 +65,49 @@ class _Server(ThreadingHTTPServer):
                 pass
 
 
+class Exposition:
+    """The rendered /metrics, shared by concurrent scrapes.
+
+    Rendered again only when the agent's state changed (`version`) or the last rendering is
+    older than `max_age` (gauges such as drift_seconds move with time alone). Fifty scrapers
+    arriving together cost one rendering, not fifty: the lock makes the rest wait for it.
+    """
+
+    def __init__(self, registry: CollectorRegistry, version=lambda: None, max_age: float = 1.0):
+        self.registry = registry
+        self.version = version
+        self.max_age = max_age
+        self._lock = threading.Lock()
+        self._body: bytes | None = None
+        self._rendered_version = None
+        self._rendered_at = 0.0
+
+    def get(self) -> bytes:
+        with self._lock:
+            version, now = self.version(), time.monotonic()
+            if (self._body is None or version != self._rendered_version
+                    or now - self._rendered_at >= self.max_age):
+                self._body = generate_latest(self.registry)
+                self._rendered_version, self._rendered_at = version, now
+            return self._body
+
+
 class MetricsServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, healthy=lambda: True,
-                 web_config: str | None = None):
+                 web_config: str | None = None, version=lambda: None):
         # ValueError (naming the key) on a bad file: the runner exits 2 with it.
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         auth = BasicAuth(self.web.users)
         self.auth = auth
         extra_headers = dict(self.web.headers)
-        registry_ = registry
+        exposition = Exposition(registry, version)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             timeout = IDLE_TIMEOUT
+            # Headers and body go out in two writes; with Nagle on, a kept-alive connection
+            # (Prometheus keeps them) waits ~40 ms for the client's delayed ACK every scrape.
+            disable_nagle_algorithm = True
 
             def do_GET(self):  # noqa: N802 (http.server's naming)
                 path = self.path.split("?", 1)[0]
@@ -84,7 +115,7 @@ class MetricsServer:
                     self._send(401, "text/plain", b"Unauthorized\n",
                                {"WWW-Authenticate": REALM})
                 elif path == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry_))
+                    self._send(200, CONTENT_TYPE_LATEST, exposition.get())
                 elif path == "/healthz":
                     ok = healthy()
                     self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"down\n")

@@ -23,37 +23,32 @@ def _fail(message: str) -> int:
     return 2
 
 
-def build_sinks(options: Options, node_name: str | None, clock) -> list:
-    """The journal first: it must hold an event before anything acts on it."""
-    sinks: list = []
-    journal = None
-    if options.journal_enabled:
-        from exporter.sinks.journal import Journal, default_journal_path
-        journal = Journal(options.journal or default_journal_path(), clock=clock)
-        sinks.append(journal)
-    from exporter.sinks.traces import TraceSink, trace_config_from_env
-    config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
-    if config is not None:
-        sinks.append(TraceSink(config, journal=journal, node_name=node_name))
-    return sinks
+def open_journal(options: Options, clock):
+    if not options.journal_enabled:
+        return None
+    from exporter.sinks.journal import Journal, default_journal_path
+    return Journal(options.journal or default_journal_path(), clock=clock)
 
 
 def serve(options: Options) -> int:
+    from exporter.sinks.traces import TraceSink, trace_config_from_env
+
     agent = Agent(options)
     try:
+        trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
         node = None
         if agent.kubernetes:
             from exporter import kube
             node = kube.resolve_node_name(options.node_name)
-        sinks = build_sinks(options, node, agent.clock)
+        journal = open_journal(options, agent.clock)
     except (ValueError, OSError) as e:
         return _fail(str(e))
-    agent.sinks = sinks
+    # The journal first: it must hold an event before anything acts on it.
+    agent.sinks = [journal] if journal is not None else []
     try:
         agent.open()
     except StartupError as e:
         return _fail(str(e))
-    journal = next((s for s in sinks if hasattr(s, "open_episodes")), None)
     if journal is not None:
         resumed = journal.open_episodes()
         if resumed:
@@ -61,11 +56,10 @@ def serve(options: Options) -> int:
             log.info("resumed %d open episode(s) from the journal", len(resumed))
 
     registry = CollectorRegistry()
-    registry.register(ExporterCollector(agent.lock, agent.correlator.ledger,
-                                        agent.correlator.tracker, sinks))
     try:
         server = MetricsServer(options.listen_host, options.listen_port, registry,
-                               healthy=agent.alive.is_set, web_config=options.web_config_file)
+                               healthy=agent.alive.is_set, web_config=options.web_config_file,
+                               version=agent.state_version)
     except ValueError as e:  # --web.config.file: the message names the key and the fix
         for source in agent.sources:
             source.close()
@@ -80,6 +74,11 @@ def serve(options: Options) -> int:
         return _fail(f"--listen {where}: cannot listen: {e.strerror or e}")
 
     _drop_privileges(agent)
+    # After the drop: the span processor starts a thread, which would keep what it inherited.
+    if trace_config is not None:
+        agent.sinks.append(TraceSink(trace_config, journal=journal, node_name=node))
+    registry.register(ExporterCollector(agent.lock, agent.correlator.ledger,
+                                        agent.correlator.tracker, agent.sinks))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

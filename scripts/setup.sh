@@ -2,8 +2,8 @@
 # Installs what node-resize-exporter needs on a Debian 12 machine, as root. Idempotent: a second
 # run checks and says nothing. Usage: scripts/setup.sh run|test|bench|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
-#   test  run + pytest deps, Debian's prometheus/promtool and alertmanager, the QEMU lab's packages
-#   bench test + Debian's prometheus-node-exporter, the peer bench/ measures against
+#   test  run + pytest deps, Debian's prometheus/promtool, alertmanager and node_exporter (the
+#         peer bench/ measures against), the QEMU lab's packages (bench: the same)
 set -euo pipefail
 mode=${1:-run}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -82,12 +82,10 @@ base() {
 
 case "$mode" in
   run)  base; venv run ;;
-  test) base
-        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static
-        venv "test,report" ;;
-  bench) base
-        apt_install prometheus prometheus-alertmanager qemu-system-x86 linux-image-amd64 busybox-static \
-          prometheus-node-exporter
+  # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
+  test|bench) base
+        apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
+          qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static; venv "test" ;;
   *) say "unknown mode '$mode' (use run, test, bench or lab)"; exit 2 ;;

@@ -110,7 +110,10 @@ class FakeApiServer:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> "FakeApiServer":
+        """Start serving; after stop() this is a restart on the same port with the same objects,
+        as a kube-apiserver restart keeps etcd."""
         server = self
+        self._stopping.clear()
 
         class Handler(_Handler):
             api = server

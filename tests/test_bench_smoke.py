@@ -123,3 +123,9 @@ def test_table_renders_a_results_file(tmp_path):
     text = render(json.loads(path.read_text()))
     assert "| throughput, 2,000 synthetic events x1 |" in text
     assert "20 open episodes" in text
+
+
+def test_the_peer_is_installed():
+    """`make test` installs Debian's prometheus-node-exporter, so the side-by-side numbers are
+    always measured; without it the benchmarks above would quietly measure one exporter."""
+    assert PEER, "prometheus-node-exporter missing: run scripts/setup.sh test"

@@ -89,10 +89,10 @@ def test_bpf_unavailable_at_start_falls_back_and_says_why_once(cpu1, fault):
         exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="offline") == 0)
         logs = exp.logs()
     # Said with the fix once, and only at start-up: never again per event or per scrape.
-    # (agent.py also repeats the reason in two start-up lines; see docs/reliability.md.)
     unavailable = [line for line in logs.splitlines() if "source bpf unavailable" in line]
     assert len(unavailable) == 1 and reason in unavailable[0] and "(fix: " in unavailable[0], \
         logs
+    assert sum(reason in line for line in logs.splitlines()) == 1, logs
     started = logs.index("serving http://")
     assert reason not in logs[started:], logs[started:]
     # The machine's own tracefs and headers were never touched.
@@ -150,12 +150,9 @@ def _memtotal_ki() -> int:
 
 
 def _restart(api) -> None:
-    """Stop and start the fake API server on the same port with its state kept, as a real
-    kube-apiserver restart keeps etcd. (fake_apiserver has no restart(); its stop() leaves
-    _stopping set, so it is cleared here.)"""
+    """Stop and start the fake API server on the same port with its state kept."""
     api.stop()
     time.sleep(0.2)
-    api._stopping.clear()
     api.start()
 
 

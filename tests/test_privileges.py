@@ -126,12 +126,7 @@ def _task_caps(pid: int) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("traces", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "runner.build_sinks starts the OTLP BatchSpanProcessor thread before agent.open(), so "
-        "that thread keeps its capabilities; fixed by building the sinks after the drop"))),
-], ids=["journal-kube-bpf", "with-otlp-traces"])
+@pytest.mark.parametrize("traces", [False, True], ids=["journal-kube-bpf", "with-otlp-traces"])
 def test_running_exporter_keeps_no_capability_after_start(tmp_path, traces):
     """A real `run` with the pieces that start threads (BPF, Kubernetes, journal, optionally
     OTLP traces): once serving, no thread holds more than needed_after_start() says."""

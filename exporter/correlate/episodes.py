@@ -101,7 +101,13 @@ def _event_time(event: object) -> float:
 
 
 def _copy(ep: Episode) -> Episode:
-    return replace(ep, transitions=list(ep.transitions), pods=list(ep.pods))
+    """A copy sinks may keep: the two lists are the only mutable parts. (dataclasses.replace
+    re-runs __init__ field by field and was a fifth of the correlator's time.)"""
+    new = object.__new__(Episode)
+    new.__dict__.update(ep.__dict__)
+    new.transitions = list(ep.transitions)
+    new.pods = list(ep.pods)
+    return new
 
 
 def _describe_failures(transitions: list[Transition]) -> str:
@@ -132,7 +138,8 @@ class EpisodeTracker:
         self._drift_since: dict[Resource, float] = {}
         # Ids handed out lately, ended ones included: a flap within one microsecond
         # (online, offline, online) must not reuse the id of the episode it superseded.
-        self._recent_ids: deque[str] = deque(maxlen=_RECENT_IDS)
+        self._recent_order: deque[str] = deque(maxlen=_RECENT_IDS)
+        self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
         self._handlers = {
             Transition: self._on_transition,
             KernelSnapshot: self._on_snapshot,
@@ -176,7 +183,7 @@ class EpisodeTracker:
                            rejected=rejected,
                            last_change=max((p.time for p in ep.pods), default=None))
             self._open[ep.id] = track
-            self._recent_ids.append(ep.id)
+            self._remember_id(ep.id)
             self._count_request(ep)
 
     # ------------------------------------------------------------ gauges
@@ -242,6 +249,12 @@ class EpisodeTracker:
                     track.ep.opened = min(track.ep.opened, t.start)
                     return
 
+    def _remember_id(self, ep_id: str) -> None:
+        if len(self._recent_order) == self._recent_order.maxlen:
+            self._recent_ids.discard(self._recent_order[0])
+        self._recent_order.append(ep_id)
+        self._recent_ids.add(ep_id)
+
     # ------------------------------------------------------------ kernel events
 
     def _on_transition(self, t: Transition) -> list[EpisodeUpdate]:
@@ -281,7 +294,7 @@ class EpisodeTracker:
         while ep_id in self._open or ep_id in self._recent_ids:
             n += 1
             ep_id = f"{base_id}-{n}"
-        self._recent_ids.append(ep_id)
+        self._remember_id(ep_id)
         snap = self._snapshot
         ep = Episode(
             id=ep_id, resource=t.resource, change=change, opened=began, transitions=[t],
@@ -352,12 +365,13 @@ class EpisodeTracker:
         updates: list[EpisodeUpdate] = []
         if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
             updates += self._close_kernel(track)
+            # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
+            # snapshot can change that, and their handlers check: not every event re-checks.)
+            updates += self._check_resync(track) if cfg.kubernetes else []
         if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
             # A resumed episode from a run that had a Node source.
             return updates + self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
                                        "no Kubernetes source configured")
-        if ep.phase is Phase.RESYNC:
-            updates += self._check_resync(track)
         if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline

@@ -42,7 +42,7 @@ class ExporterCollector(Collector):
         self.lock = lock
         self.ledger = ledger
         self.tracker = tracker
-        self.sinks = list(sinks)  # their error counters are shown too
+        self.sinks = sinks  # their error counters are shown too (the agent's live list)
 
     def collect(self) -> Iterable[Metric]:
         with self.lock:

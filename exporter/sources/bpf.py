@@ -175,6 +175,7 @@ class BpfSource(Source):
         for prog in CPUHP_PROGRAMS:  # TRACEPOINT_PROBE attaches at load
             self.attached[prog] = (True, "")
         self._attach_memory_probes()
+        _return_freed_heap()
 
     def _attach_memory_probes(self) -> None:
         kprobes = (TRACEFS / "kprobe_events").exists()
@@ -217,3 +218,12 @@ class BpfSource(Source):
         if self.bpf is not None:
             self.bpf.cleanup()  # detaches every probe and tracepoint
             self.bpf = None
+
+
+def _return_freed_heap() -> None:
+    """Compiling with clang/LLVM leaves ~45 MB of freed heap that glibc keeps for reuse; the
+    agent never compiles again, so hand it back (anonymous memory 52 -> 23 MiB measured)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

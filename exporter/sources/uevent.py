@@ -24,7 +24,7 @@ KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the trut
 RCVBUF = 4 * 1024 * 1024
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
 
-_DEVPATH = re.compile(r"^/devices/system/(cpu|memory)/(cpu|memory)(\d+)$")
+_DEVPATH = re.compile(r"^/devices/system/(cpu|memory)/(cpu|memory)(\d+)$", re.ASCII)
 
 
 @dataclass(frozen=True)
