@@ -1,11 +1,8 @@
 """Command line: click commands and nothing else. Bad flags and config exit 2 with the fix."""
 from __future__ import annotations
 
-import errno
 import logging
-import signal
 import sys
-import threading
 
 import click
 

@@ -45,7 +45,9 @@ class Scrape:
 
 
 class RunningExporter:
-    def __init__(self, *args: str, env: dict | None = None, journal: bool = False):
+    def __init__(self, *args: str, env: dict | None = None, journal: bool = False,
+                 wrapper: tuple[str, ...] = ()):
+        self.wrapper = tuple(wrapper)  # a command prefix: unshare -m ..., setpriv ...
         self.port = free_port()
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
@@ -60,8 +62,8 @@ class RunningExporter:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "RunningExporter":
-        cmd = [sys.executable, "-m", "exporter", "run", "--listen", f"127.0.0.1:{self.port}",
-               "--log-level", "debug", *self.args]
+        cmd = [*self.wrapper, sys.executable, "-m", "exporter", "run", "--listen",
+               f"127.0.0.1:{self.port}", "--log-level", "debug", *self.args]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
@@ -69,14 +71,19 @@ class RunningExporter:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"exporter exited {self.proc.returncode}:\n{self.logs()}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
+            if self.ready():
+                return self
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"exporter not ready in {timeout}s:\n{self.logs()}")
+
+    def ready(self) -> bool:
+        """/healthz answers 200 (subclasses that speak TLS override this)."""
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def logs(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

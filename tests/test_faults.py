@@ -42,40 +42,12 @@ NO_BPF = {
 }
 
 
-class WrappedExporter(RunningExporter):
-    """RunningExporter with a command in front (a mount namespace, fewer capabilities)."""
-
-    def __init__(self, wrapper: list[str], *args: str):
-        super().__init__(*args)
-        self.wrapper = wrapper
-
-    def start(self, timeout: float = 30.0) -> "WrappedExporter":
-        import urllib.request
-        cmd = [*self.wrapper, sys.executable, "-m", "exporter", "run", "--listen",
-               f"127.0.0.1:{self.port}", "--log-level", "debug", *self.args]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited {self.proc.returncode}:\n{self.logs()}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"exporter not ready in {timeout}s:\n{self.logs()}")
-
-
 @pytest.mark.kernel
 @pytest.mark.parametrize("fault", sorted(NO_BPF))
 def test_bpf_unavailable_at_start_falls_back_and_says_why_once(cpu1, fault):
     wrapper, reason, fix = NO_BPF[fault]
     assert (TRACEFS / "events").exists(), "the machine's tracefs must be mounted for this test"
-    with WrappedExporter(wrapper, "--kubernetes", "off") as exp:
+    with RunningExporter("--kubernetes", "off", wrapper=wrapper) as exp:
         first = exp.scrape()
         assert first.value("node_resize_exporter_source_up", source="bpf") == 0
         assert first.value("node_resize_exporter_source_up", source="uevent") == 1

@@ -100,15 +100,15 @@ def test_api_unreachable_at_start_then_recovers_without_restart(cpu1, tmp_path):
     kubeconfig = server.write_kubeconfig(str(tmp_path / "kubeconfig"))  # port reserved, closed
     with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
                          "--podresources-socket", "/nonexistent/kubelet.sock") as exp:
-        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
-                                           source="kube_node") == 0, timeout=15)
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                       source="kube_node") == 0, timeout=15)
         # The kernel side keeps working meanwhile.
         cpu1.set_online(False)
         exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 1)
         cpu1.set_online(True)
         server.start()
         try:
-            s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+            exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                                source="kube_node") == 1
                              and s.value("node_capacity_kubelet", resource="cpu",
                                          unit="core") == 2, timeout=60)  # backoff <= 30 s

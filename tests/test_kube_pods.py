@@ -9,7 +9,7 @@ from exporter.kube import DEFAULT_BALLOON_SELECTOR, build_sources, resolve_node_
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.kube_pods import KubePodsSource
-from tests.event_log import EventLog, wait_until
+from tests.event_log import EventLog
 from tests.fake_apiserver import FakeApiServer
 
 MiB = 2**20

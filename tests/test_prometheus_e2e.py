@@ -9,7 +9,6 @@ kubelet of today, which never resyncs). The test offlines cpu1: NodeResizeCapaci
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
 import subprocess

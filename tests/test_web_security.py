@@ -129,22 +129,9 @@ class WebExporter(RunningExporter):
         super().__init__(*QUICK, "--web.config.file", str(config), *args)
         self.ready_ctx = ready_ctx
 
-    def start(self, timeout: float = 30.0) -> "WebExporter":
-        cmd = [sys.executable, "-m", "exporter", "run", "--listen", f"127.0.0.1:{self.port}",
-               "--log-level", "debug", *self.args]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited {self.proc.returncode}:\n{self.logs()}")
-            got = https_get(self.port, "/healthz", self.ready_ctx)
-            if isinstance(got, tuple) and got[0] == 200:
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"exporter not ready in {timeout}s:\n{self.logs()}")
+    def ready(self) -> bool:
+        got = https_get(self.port, "/healthz", self.ready_ctx)
+        return isinstance(got, tuple) and got[0] == 200
 
 
 def write_config(folder: Path, name: str, text: str) -> Path:
