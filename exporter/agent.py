@@ -79,6 +79,7 @@ def open_kube_sources(options: Options, clock) -> list[Source]:
     sources = kube.build_sources(
         clock, node_name=node, kubeconfig=options.kubeconfig,
         podresources_socket=options.podresources_socket,
+        podresources_interval=options.podresources_interval,
         kubelet_metrics_url=options.kubelet_metrics_url,
         balloon_selector=options.balloon_selector)
     log.info("kubernetes: watching node %s", node)

@@ -88,6 +88,8 @@ def main() -> None:
               help="This node's name [env NODE_NAME; default: the hostname].")
 @click.option("--podresources-socket", default=DEFAULT_PODRESOURCES_SOCKET, show_default=True,
               help="The kubelet's podresources gRPC socket.")
+@click.option("--podresources-interval", type=Seconds(), default=30.0, show_default=True,
+              help="Seconds between podresources GetAllocatableResources polls.")
 @click.option("--kubelet-metrics-url", default=None,
               help="Scrape the kubelet's /metrics for resize feature gates (optional).")
 @click.option("--balloon-selector", default=DEFAULT_BALLOON_SELECTOR, show_default=True,
@@ -108,7 +110,8 @@ def main() -> None:
               default=None, help="TLS / basic auth config, in the Prometheus exporters' format.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and exit.")
 def run(listen, source, log_level, sysfs_interval, sysfs_root, procfs_root, ringbuf_pages,
-        kubernetes, kubeconfig, node_name, podresources_socket, kubelet_metrics_url,
+        kubernetes, kubeconfig, node_name, podresources_socket, podresources_interval,
+        kubelet_metrics_url,
         balloon_selector, coalesce_window, resync_deadline, readmission_settle,
         memory_tolerance, journal, no_journal, web_config_file, print_bpf):
     """Run the exporter: watch the kernel (and Kubernetes), serve /metrics."""
@@ -119,6 +122,7 @@ def run(listen, source, log_level, sysfs_interval, sysfs_root, procfs_root, ring
             sysfs_interval=sysfs_interval, sysfs_root=sysfs_root, procfs_root=procfs_root,
             ringbuf_pages=ringbuf_pages, kubernetes=kubernetes, kubeconfig=kubeconfig,
             node_name=node_name, podresources_socket=podresources_socket,
+            podresources_interval=podresources_interval,
             kubelet_metrics_url=kubelet_metrics_url, balloon_selector=balloon_selector,
             coalesce_window=coalesce_window, resync_deadline=resync_deadline,
             readmission_settle=readmission_settle, memory_tolerance_bytes=memory_tolerance,

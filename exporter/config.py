@@ -58,6 +58,7 @@ class Options:
     kubeconfig: str | None = None
     node_name: str | None = None
     podresources_socket: str = DEFAULT_PODRESOURCES_SOCKET
+    podresources_interval: float = 30.0
     kubelet_metrics_url: str | None = None
     balloon_selector: str = DEFAULT_BALLOON_SELECTOR
     # episodes
@@ -73,7 +74,7 @@ class Options:
 
     def validate(self) -> "Options":
         for name in ("sysfs_interval", "coalesce_window", "resync_deadline",
-                     "readmission_settle"):
+                     "readmission_settle", "podresources_interval"):
             if getattr(self, name) <= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds")

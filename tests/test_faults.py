@@ -316,3 +316,49 @@ def test_sigterm_mid_episode_flushes_journal_and_spans(cpu1, api, tmp_path):
             again.stop()
             again.tmp.cleanup()
         cpu1.set_online(True)
+
+
+@pytest.mark.kernel
+def test_podresources_missing_then_garbage_then_answering_through_a_running_run(cpu1, api,
+                                                                               tmp_path):
+    """The kubelet's podresources socket is missing at start, then answers garbage, then the
+    real proto: counted and skipped, never fatal; then the KEP-2403 case this metric exists
+    for: the kubelet keeps offering a CPU the kernel has taken offline."""
+    from concurrent import futures
+
+    import grpc
+
+    from exporter.proto import podresources_pb2 as pb
+
+    sock = str(tmp_path / "kubelet.sock")
+    answer = {"garbage": True}
+
+    def allocatable(request, context):
+        if answer["garbage"]:
+            return b"\x0f\xff\xff not a protobuf"
+        return pb.AllocatableResourcesResponse(cpu_ids=[0, 1]).SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+            allocatable, request_deserializer=None, response_serializer=None)})
+    with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", NODE,
+                         "--podresources-socket", sock, "--podresources-interval", "0.3") as exp:
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                       source="podresources") == 0)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        assert server.add_insecure_port(f"unix://{sock}") == 1
+        server.start()
+        try:
+            s = exp.wait_for(lambda s: s.value("node_resize_exporter_malformed_total",
+                                               source="podresources") >= 1)
+            assert s.value("node_podresources_allocatable_cpus") is None  # nothing made up
+            answer["garbage"] = False
+            s = exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus") == 2
+                             and s.value("node_resize_exporter_source_up",
+                                         source="podresources") == 1)
+            assert s.value("node_podresources_offline_cpus") == 0
+            cpu1.set_online(False)
+            exp.wait_for(lambda s: s.value("node_podresources_offline_cpus") == 1)
+        finally:
+            server.stop(None).wait()
