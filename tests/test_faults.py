@@ -141,11 +141,11 @@ def api():
         server.stop()
 
 
-def _kube_exporter(api, tmp_path):
+def _kube_exporter(api, tmp_path, *extra: str):
     kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
     return RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE, "--source", "bpf",
                            "--podresources-socket", "/nonexistent/kubelet.sock",
-                           "--readmission-settle", "1")
+                           "--readmission-settle", "1", *extra)  # a later flag wins
 
 
 def _unplug_and_wait_open(exp, cpu1):
@@ -208,6 +208,34 @@ def test_slow_api_still_resyncs_once(cpu1, api, tmp_path):
         assert s.value("node_resize_resync_duration_seconds_sum", resource="cpu",
                        direction="decrease") >= 0
         api.set_delay(0.0)
+        cpu1.set_online(True)
+
+
+@pytest.mark.kernel
+def test_api_restarts_while_readmission_settles_count_each_pod_once(cpu1, api, tmp_path):
+    """Pods rejected after the unplug are judged once, however often the API server restarts
+    (each restart is a relist of every pod) while readmission is settling."""
+    api.put_pod("web-0", node=NODE, requests={"cpu": "500m"})
+    api.put_pod("web-1", node=NODE, requests={"cpu": "500m"})
+    with _kube_exporter(api, tmp_path, "--readmission-settle", "4") as exp:
+        _unplug_and_wait_open(exp, cpu1)
+        api.update_node(NODE, cpu="1", allocatable_cpu="1")
+        exp.wait_for(lambda s: s.value("node_resize_resync_duration_seconds_count",
+                                       resource="cpu", direction="decrease") == 1)
+        api.put_pod("web-1", node=NODE, requests={"cpu": "500m"}, phase="Failed",
+                    reason="OutOfcpu", ready=False)
+        for _ in range(3):
+            _restart(api)
+            time.sleep(0.3)
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 0,
+                         timeout=30)
+        pods = s.series("node_hot_unplug_readmission_pods_total")
+        assert pods == {frozenset({("outcome", "rejected"), ("reason", "OutOfcpu")}): 1,
+                        frozenset({("outcome", "kept"), ("reason", "Running")}): 1}, pods
+        assert s.value("node_hot_unplug_errors_total", resource="cpu",
+                       reason="readmission_rejected") == 1
+        assert s.value("node_hot_unplug_readmission_duration_seconds_count",
+                       resource="cpu") == 1
         cpu1.set_online(True)
 
 
