@@ -168,7 +168,8 @@ class BpfSource(Source):
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
         self.decoder = RecordDecoder(self.clock, states, block_size)
         try:
-            self.bpf = BPF(text=program_text(), cflags=program_cflags(states, self.ringbuf_pages))
+            self.bpf = BPF(text=program_text().encode(),  # bcc wants bytes (str is deprecated)
+                           cflags=program_cflags(states, self.ringbuf_pages))
         except Exception as e:  # bcc raises bare Exceptions for compile and load failures
             raise SourceUnavailable(f"bcc could not compile or load bpf/: {e}",
                                     "run `node-resize-exporter check` for what is missing") from e
@@ -185,9 +186,9 @@ class BpfSource(Source):
                 continue
             try:
                 if is_return:
-                    self.bpf.attach_kretprobe(event=func, fn_name=prog)
+                    self.bpf.attach_kretprobe(event=func.encode(), fn_name=prog.encode())
                 else:
-                    self.bpf.attach_kprobe(event=func, fn_name=prog)
+                    self.bpf.attach_kprobe(event=func.encode(), fn_name=prog.encode())
                 self.attached[prog] = (True, "")
             except Exception as e:
                 self.attached[prog] = (False, f"attach to {func} failed: {e}")
@@ -203,13 +204,13 @@ class BpfSource(Source):
             rec = ctypes.cast(data, ctypes.POINTER(HotplugRecord)).contents
             emit(self.decoder.decode(rec))
 
-        self.bpf["records"].open_ring_buffer(on_record)
+        self.bpf[b"records"].open_ring_buffer(on_record)
         while not self.stopping.is_set():
             self.bpf.ring_buffer_poll(200)
             self._report_lost(emit)
 
     def _report_lost(self, emit: Emit) -> None:
-        total = int(self.bpf["lost"][ctypes.c_int(0)].value)
+        total = int(self.bpf[b"lost"][ctypes.c_int(0)].value)
         if total > self._lost_seen:
             emit(EventsLost(self.name, total - self._lost_seen, self.clock.now()))
             self._lost_seen = total
