@@ -186,6 +186,9 @@ def diff_transitions(before: KernelSnapshot, after: KernelSnapshot) -> list[Tran
 # ------------------------------------------------------------------ the source
 
 
+MIN_GAP = 0.05  # seconds between two reads, however many events poke
+
+
 class SysfsSource(Source):
     name = "sysfs"
 
@@ -222,6 +225,9 @@ class SysfsSource(Source):
             emit(self._last)
         while not self.stopping.is_set():
             self._poke.wait(self.interval)
+            # In a flap storm every transition pokes (BPF, then its uevent): one read per
+            # MIN_GAP covers them all, and the gauges trail the kernel by at most that.
+            self.stopping.wait(MIN_GAP)
             self._poke.clear()
             if self.stopping.is_set():
                 return
