@@ -9,7 +9,6 @@ import http.client
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.exporter_proc import terminate
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter
@@ -164,13 +165,8 @@ class Exporter:
         return proc_stats(self.pid)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
         self.proc = None
 
     def __enter__(self) -> "Exporter":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lab.initramfs import CHECKOUT, GUEST_PORT, SCRATCH_IN_GUEST
 from lab.qemu import Guest, GuestConfig
-from tests.exporter_proc import Scrape  # one exposition parser for tests, lab and bench
+from tests.exporter_proc import Scrape, poll_until  # shared with the tests and bench
 
 # The checkout's venv: its python links to /usr/bin/python3 (which bcc is built for) and its
 # pyvenv.cfg adds the project's dependencies; the guest sees both at the same paths.
@@ -108,14 +108,8 @@ class LabGuest:
 
     def wait_guest(self, predicate, timeout: float, what: str) -> dict:
         """Poll the guest's state until predicate(state) holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.state()
-            if predicate(state):
-                return state
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"guest never reached: {what}; last state {state}")
-            time.sleep(0.2)
+        return poll_until(self.state, predicate, timeout, 0.2, lambda state: TimeoutError(
+            f"guest never reached: {what}; last state {state}"))
 
     # ------------------------------------------------------------------ guest programs
 
@@ -173,15 +167,9 @@ class LabGuest:
         return Scrape(body.decode())
 
     def wait_scrape(self, predicate, timeout: float, what: str) -> Scrape:
-        """Scrape until predicate(scrape) holds; the last scrape goes into the error."""
-        deadline = time.monotonic() + timeout
-        while True:
-            scrape = self.scrape()
-            if predicate(scrape):
-                return scrape
-            if time.monotonic() > deadline:
-                raise AssertionError(f"exporter never showed: {what} (in {timeout}s)")
-            time.sleep(0.5)
+        """Scrape until predicate(scrape) holds."""
+        return poll_until(self.scrape, predicate, timeout, 0.5, lambda _: AssertionError(
+            f"exporter never showed: {what} (in {timeout}s)"))
 
     def collect(self) -> None:
         """Leave the journal's raw events and episodes in the scratch share, for diagnosis."""

@@ -22,6 +22,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def poll_until(read, predicate, timeout: float, interval: float, fail):
+    """read() until predicate(value) holds and return that value; past `timeout` raise
+    fail(last value). The one polling loop of the tests, the lab and the benchmarks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if predicate(value):
+            return value
+        if time.monotonic() > deadline:
+            raise fail(value)
+        time.sleep(interval)
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    """SIGTERM (the exporter's clean stop), then SIGKILL if it does not go in `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class Scrape:
     """One /metrics exposition, parsed: value(name, **labels)."""
 
@@ -99,28 +124,16 @@ class RunningExporter:
 
     def wait_for(self, predicate, timeout: float = 10.0, interval: float = 0.05) -> Scrape:
         """Scrape until predicate(scrape) is true; the last scrape is in the error otherwise."""
-        deadline = time.monotonic() + timeout
-        while True:
-            scrape = self.scrape()
-            if predicate(scrape):
-                return scrape
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not met in {timeout}s; last scrape:\n"
-                                     f"{scrape.text}\nlogs:\n{self.logs_tail()}")
-            time.sleep(interval)
+        return poll_until(self.scrape, predicate, timeout, interval, lambda scrape: AssertionError(
+            f"condition not met in {timeout}s; last scrape:\n{scrape.text}\n"
+            f"logs:\n{self.logs_tail()}"))
 
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc)
         self.log.close()
-        return self.proc.returncode
+        return code
 
     def __enter__(self) -> "RunningExporter":
         return self.start()
