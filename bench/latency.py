@@ -23,7 +23,7 @@ from typing import Callable
 from bench.observe import Arrival, InProcessAgent, PeriodicScraper, Sample
 from bench.procs import NodeExporter, ResizeExporter, Scraper, cpu_visible, mem_total, value
 from bench.stats import Summary
-from tests import kernel
+from testkit import kernel
 
 PEER_INTERVALS = (1.0, 15.0)
 POLL_TIMEOUT = 3.0

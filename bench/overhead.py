@@ -13,7 +13,7 @@ import time
 from bench.observe import PeriodicScraper
 from bench.procs import NodeExporter, ResizeExporter
 from bench.stats import Summary
-from tests import kernel
+from testkit import kernel
 
 MiB = 2**20
 IDLE_SCRAPE_INTERVAL = 15.0

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.exporter_proc import terminate
+from testkit.exporter_proc import terminate
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter

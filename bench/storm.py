@@ -14,7 +14,7 @@ import time
 from bench.observe import PeriodicScraper
 from bench.procs import NodeExporter, ResizeExporter, Scraper, cpu_visible, parse_samples
 from bench.stats import Summary
-from tests import kernel
+from testkit import kernel
 
 SETTLE_TIMEOUT = 10.0
 

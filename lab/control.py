@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lab.initramfs import CHECKOUT, GUEST_PORT, SCRATCH_IN_GUEST
 from lab.qemu import Guest, GuestConfig
-from tests.exporter_proc import Scrape, poll_until  # shared with the tests and bench
+from testkit.exporter_proc import Scrape, poll_until  # shared with the tests and bench
 
 # The checkout's venv: its python links to /usr/bin/python3 (which bcc is built for) and its
 # pyvenv.cfg adds the project's dependencies; the guest sees both at the same paths.

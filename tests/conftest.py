@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests import kernel
+from testkit import kernel
 
 
 def pytest_sessionstart(session):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.exporter_proc import REPO
+from testkit.exporter_proc import REPO
 
 
 def cli(*args, timeout=60):

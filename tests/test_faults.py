@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.clock import MonotonicWallClock
-from tests.exporter_proc import REPO, RunningExporter
+from testkit.exporter_proc import REPO, RunningExporter
 
 TRACEFS = Path("/sys/kernel/tracing")
 _PRIVATE_MOUNTS = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
@@ -130,7 +130,7 @@ def _restart(api) -> None:
 
 @pytest.fixture
 def api():
-    from tests.exporter_proc import free_port
+    from testkit.exporter_proc import free_port
     from tests.fake_apiserver import FakeApiServer
     server = FakeApiServer(port=free_port())  # fixed: a restart must come back on it
     server.set_node(NODE, cpu="2", memory=f"{_memtotal_ki()}Ki")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.exporter_proc import RunningExporter
+from testkit.exporter_proc import RunningExporter
 
 pytestmark = pytest.mark.kernel
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.exporter_proc import RunningExporter, free_port
+from testkit.exporter_proc import RunningExporter, free_port
 from tests.fake_apiserver import FakeApiServer
 
 pytestmark = pytest.mark.kernel

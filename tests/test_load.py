@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.exporter_proc import RunningExporter, free_port
+from testkit.exporter_proc import RunningExporter, free_port
 from tests.fake_apiserver import FakeApiServer
 
 pytestmark = pytest.mark.kernel

@@ -16,7 +16,7 @@ import pytest
 
 from exporter.events import Direction, Resource
 from exporter.sinks.journal import Journal
-from tests.exporter_proc import RunningExporter
+from testkit.exporter_proc import RunningExporter
 from tests.otlp_receiver import HttpReceiver
 
 pytestmark = pytest.mark.kernel

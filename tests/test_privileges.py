@@ -11,7 +11,7 @@ import time
 import pytest
 
 from exporter.privileges import CAPS, kernel_version, needed_after_start
-from tests.exporter_proc import REPO
+from testkit.exporter_proc import REPO
 
 CHILD = r"""
 import json, sys, threading
@@ -130,7 +130,7 @@ def _task_caps(pid: int) -> dict[str, tuple[int, int]]:
 def test_running_exporter_keeps_no_capability_after_start(tmp_path, traces):
     """A real `run` with the pieces that start threads (BPF, Kubernetes, journal, optionally
     OTLP traces): once serving, no thread holds more than needed_after_start() says."""
-    from tests.exporter_proc import RunningExporter
+    from testkit.exporter_proc import RunningExporter
     from tests.fake_apiserver import FakeApiServer
     from tests.otlp_receiver import HttpReceiver
     with FakeApiServer() as api, HttpReceiver() as rx:

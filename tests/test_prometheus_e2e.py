@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from exporter.proto import podresources_pb2 as pb
-from tests.exporter_proc import RunningExporter, free_port
+from testkit.exporter_proc import RunningExporter, free_port
 from tests.fake_apiserver import FakeApiServer
 from tests.test_alerts import _as_promql, _dashboard_exprs
 from tests.test_podresources import Kubelet, Server

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from exporter.webconfig import BasicAuth, load_web_config
-from tests.exporter_proc import REPO, RunningExporter, Scrape
+from testkit.exporter_proc import REPO, RunningExporter, Scrape
 
 QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are about HTTP
 PASSWORD = "correct horse battery staple"
