@@ -4,8 +4,8 @@
   non-firing promtool case that asserts its labels and annotations;
 - every alert carries severity, summary, description and a runbook_url whose anchor exists;
 - every PromQL expression in the dashboards parses (each is wrapped in a temporary rule file
-  and given to promtool), and every metric name in dashboards and alerts is in the catalogue
-  of ../shared/DESIGN.md (plus recording rules of our own), so a renamed metric breaks a test.
+  and given to promtool), and every metric name in dashboards and alerts is in the catalogue,
+  docs/metrics.md (plus recording rules of our own), so a renamed metric breaks a test.
   tests/test_prometheus_e2e.py checks the same names against a live scrape.
 """
 from __future__ import annotations
@@ -20,18 +20,16 @@ import promql_parser
 import pytest
 import yaml
 
+from tests import metrics_doc
+
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "alerts" / "node-resize-exporter.rules.yml"
 RULE_TESTS = sorted((REPO / "alerts" / "tests").glob("*.yml"))
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
-DESIGN = REPO.parent / "shared" / "DESIGN.md"
 RUNBOOK_BASE = ("https://github.com/node-resize-exporter/node-resize-exporter/blob/main/"
                 "docs/runbooks.md#")
 SEVERITIES = {"critical", "warning", "info"}
-# Self-metrics named in issue 5's brief that DESIGN.md's catalogue does not list (yet).
-EXTRA_SELF_METRICS = {"node_resize_exporter_bpf_program_attached",
-                      "node_resize_exporter_malformed_total"}
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up"}
 
@@ -294,18 +292,8 @@ def test_promtool_rejects_a_broken_expression(tmp_path):
 # --- metric names are the catalogue's --------------------------------------------------------
 
 def catalogue() -> set[str]:
-    """Metric names in DESIGN.md's "Metric catalogue" section, histograms expanded."""
-    if not DESIGN.exists():
-        pytest.fail(f"{DESIGN} not found: shared/ must sit beside the repository")
-    text = DESIGN.read_text()
-    section = re.search(r"^## Metric catalogue.*?(?=^## )", text, re.M | re.S)
-    assert section, "DESIGN.md has no '## Metric catalogue' section"
-    names = set(re.findall(r"`(node_[a-z0-9_]+)", section.group(0)))
-    names |= EXTRA_SELF_METRICS
-    for name in list(names):
-        if name.endswith("_seconds"):  # histograms (a gauge's _bucket is caught by the scrape)
-            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
-    return names
+    """Sample names of docs/metrics.md (tests/test_catalogue.py checks it against a scrape)."""
+    return {name for row in metrics_doc.rows().values() for name in metrics_doc.sample_names(row)}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -338,13 +326,6 @@ def test_metric_name_parser_finds_selectors():
     assert metric_names('sum by (node) (rate(a_total{x="y"}[$__rate_interval])) / on (node) '
                         'b or histogram_quantile(0.9, c_bucket) > bool 1') == \
         {"a_total", "b", "c_bucket"}
-
-
-def test_catalogue_is_read_from_design():
-    names = catalogue()
-    assert {"node_capacity_drift", "node_resize_resync_duration_seconds_bucket",
-            "node_resize_exporter_source_up"} <= names
-    assert len(names) > 30
 
 
 def test_every_metric_in_dashboards_and_alerts_is_in_the_catalogue():

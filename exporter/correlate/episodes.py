@@ -4,7 +4,8 @@ Pure: events in, EpisodeUpdates out, time from the injected clock. Every timed d
 (coalescing window, resync deadline, mismatch and readmission settle windows) is taken at the
 instant it falls due, not when tick() happens to run: before an event is applied the state is
 advanced to that event's time, so the outcome does not depend on the tick rate and a replay of
-the same events gives the same episodes. See ../shared/DESIGN.md, "Episodes".
+the same events gives the same episodes. The README's "Episodes and the Kubernetes join"
+describes them.
 """
 from __future__ import annotations
 

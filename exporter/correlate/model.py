@@ -1,7 +1,7 @@
 """Episodes: one capacity change of one resource, as the kernel saw it, followed to its end.
 
 Plain dataclasses, shared by the correlator (which builds them) and the sinks (traces, journal,
-metrics) that read them. See ../shared/DESIGN.md, "Episodes".
+metrics) that read them. The README's "Episodes and the Kubernetes join" describes them.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The Prometheus sink: a Collector that renders the correlator's state at scrape time.
 
 No metric object is updated as events flow; the ledger and the episode tracker hold plain state
-and this module only formats it, under the agent's lock. Names are the contract in DESIGN.md.
+and this module only formats it, under the agent's lock. Names are the contract in
+docs/metrics.md (tests/test_catalogue.py checks both ways).
 """
 from __future__ import annotations
 
