@@ -11,6 +11,7 @@ import errno
 import os
 from pathlib import Path
 
+from exporter.bpf_files import bpf_dir
 from exporter.clock import MonotonicWallClock
 from exporter.events import (
     Direction, EventsLost, ProgramStatus, Resource, Result, SourceStatus, Transition,
@@ -18,7 +19,7 @@ from exporter.events import (
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.sysfs import parse_hotplug_states
 
-BPF_DIR = Path(__file__).resolve().parent.parent.parent / "bpf"
+BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
 TRACEFS = Path("/sys/kernel/tracing")
 KIND_CPU, KIND_MEMORY = 1, 2
 CPUHP_PROGRAMS = ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
