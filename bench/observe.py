@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass
 
 from exporter.agent import Agent
-from exporter.config import Options
+from exporter.app import build_agent
+from exporter.clock import MonotonicWallClock
+from exporter.options import Options
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import Transition
 
@@ -55,20 +57,20 @@ class InProcessAgent:
     """exporter.agent.Agent running in a thread of this process, kernel sources only."""
 
     def __init__(self, sources: tuple[str, ...]):
-        self.agent = Agent(Options(sources=sources, kubernetes="off",
-                                   journal_enabled=False).validate())
-        self.sink = ArrivalSink(self.agent.clock)
-        self.agent.sinks = [self.sink]
+        self._options = Options(sources=sources, kubernetes="off", no_journal=True)
+        self._clock = MonotonicWallClock()
+        self.sink = ArrivalSink(self._clock)
+        self.agent: Agent | None = None
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,),
-                                       name="bench-agent", daemon=True)
 
     @property
     def clock(self):
-        return self.agent.clock
+        return self._clock
 
     def __enter__(self) -> "InProcessAgent":
-        self.agent.open()
+        self.agent = build_agent(self._options, self._clock, sinks=(self.sink,))
+        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,),
+                                       name="bench-agent", daemon=True)
         self.thread.start()
         if not self.agent.alive.wait(10):
             raise RuntimeError("in-process agent did not start")

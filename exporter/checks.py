@@ -6,7 +6,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+from exporter.options import Options
+from exporter.privileges import CAPS, capabilities
+from exporter.sources import registry
+from exporter.sources.base import SourceUnavailable
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = CAPS["CAP_SYS_ADMIN"], CAPS["CAP_PERFMON"], CAPS["CAP_BPF"]
 
 
 @dataclass(frozen=True)
@@ -21,15 +26,8 @@ class Check:
         return text + (f"\n     fix: {self.fix}" if self.fix and self.status != "ok" else "")
 
 
-def effective_caps() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
 def check_capabilities() -> Check:
-    caps = effective_caps()
+    caps = capabilities()
     has = lambda c: bool(caps >> c & 1)  # noqa: E731
     if has(CAP_BPF) and has(CAP_PERFMON):
         return Check("capabilities", "ok", "CAP_BPF and CAP_PERFMON")
@@ -115,35 +113,35 @@ def check_sysfs(sysfs: str = "/sys") -> Check:
     return Check("sysfs", "ok", f"{cpu} and memory blocks readable")
 
 
-def check_bpf_load() -> Check:
-    """The only real test: compile, load and attach, then detach."""
-    from exporter.clock import MonotonicWallClock
-    from exporter.sources.base import SourceUnavailable
-    from exporter.sources.bpf import BpfSource
-
-    source = BpfSource(MonotonicWallClock())
+def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Check:
+    """The only real test of a source: build it from the registry, open it (BPF: compile,
+    load and attach), close it again."""
+    source = spec.factory(ctx)
     try:
         source.open()
     except SourceUnavailable as e:
-        return Check("bpf source", "fail", e.reason, e.fix)
+        return Check(f"{spec.name} source", "fail", e.reason, e.fix)
     try:
-        attached = [p for p, (ok, _) in source.attached.items() if ok]
-        missing = [p for p, (ok, _) in source.attached.items() if not ok]
-        detail = f"compiled and attached: {', '.join(attached)}"
-        if missing:
-            detail += f"; not attached: {', '.join(missing)}"
-        return Check("bpf source", "ok", detail)
+        detail = f"opens ({spec.help})"
+        programs = getattr(source, "attached", None)
+        if programs:
+            attached = [p for p, (ok, _) in programs.items() if ok]
+            missing = [p for p, (ok, _) in programs.items() if not ok]
+            detail = f"compiled and attached: {', '.join(attached)}"
+            if missing:
+                detail += f"; not attached: {', '.join(missing)}"
+        return Check(f"{spec.name} source", "ok", detail)
     finally:
         source.close()
 
 
-def run_checks() -> list[Check]:
+def run_checks(options: Options | None = None) -> list[Check]:
+    """Host diagnostics (why a source may fail), then every kernel source the registry knows,
+    opened for real."""
+    from exporter.clock import MonotonicWallClock
+    options = options or Options()
     checks = [check_capabilities(), check_tracefs(), check_btf(), check_headers(), check_bcc(),
-              check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs()]
-    prerequisites = {"capabilities", "tracefs", "kernel headers", "bcc", "cpuhp tracepoints"}
-    if all(c.status != "fail" for c in checks if c.name in prerequisites):
-        checks.append(check_bpf_load())
-    else:
-        checks.append(Check("bpf source", "fail", "not tried: a prerequisite above failed",
-                            "fix the failures above"))
+              check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs(options.sysfs_root)]
+    ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
+    checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
     return checks

@@ -16,11 +16,12 @@ from typing import Any
 
 import click
 
-from exporter import codec
+from exporter import codec, options
 from exporter.clock import FakeClock
 from exporter.correlate import Correlator, CorrelatorConfig
 from exporter.correlate.model import Episode
 from exporter.events import NodeStatus, PodStatus, PodsRelisted
+from exporter.options import Options
 from exporter.report import text, timeline
 from exporter.sinks.journal import Journal, JournalError, default_journal_path, event_time
 
@@ -210,20 +211,11 @@ def read_jsonl(path: Path) -> tuple[list, int]:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table")
-@click.option("--coalesce-window", type=float, default=CorrelatorConfig.coalesce_window,
-              show_default=True, help="seconds; as the live run was configured")
-@click.option("--resync-deadline", type=float, default=CorrelatorConfig.resync_deadline,
-              show_default=True, help="seconds")
-@click.option("--readmission-settle", type=float, default=CorrelatorConfig.readmission_settle,
-              show_default=True, help="seconds")
-@click.option("--memory-tolerance", type=float,
-              default=CorrelatorConfig.memory_tolerance_bytes, show_default=True,
-              help="bytes")
+@options.apply(options.REPLAY)
 @click.option("--kubernetes/--no-kubernetes", default=None,
               help="judge resync and readmission [default: when the file has Kubernetes "
                    "events]")
-def replay(file: Path, as_json: bool, coalesce_window: float, resync_deadline: float,
-           readmission_settle: float, memory_tolerance: float, kubernetes: bool | None) -> None:
+def replay(file: Path, as_json: bool, kubernetes: bool | None, **values: Any) -> None:
     """Replay exported events (FILE.jsonl) through the correlator and print the episodes."""
     try:
         events, bad = read_jsonl(file)
@@ -231,9 +223,8 @@ def replay(file: Path, as_json: bool, coalesce_window: float, resync_deadline: f
         raise PostmortemError(f"cannot read {file}: {e}") from None
     if kubernetes is None:
         kubernetes = any(isinstance(e, (NodeStatus, PodStatus, PodsRelisted)) for e in events)
-    config = CorrelatorConfig(coalesce_window=coalesce_window, resync_deadline=resync_deadline,
-                              readmission_settle=readmission_settle,
-                              memory_tolerance_bytes=memory_tolerance, kubernetes=kubernetes)
+    from exporter.app import correlator_config
+    config = correlator_config(Options.from_cli(values), kubernetes)
     found = replay_events(events, config)
     print_episodes(found, as_json)
     click.echo(f"replayed {len(events)} events{f', skipped {bad} lines' if bad else ''}: "

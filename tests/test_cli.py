@@ -15,12 +15,20 @@ def cli(*args, timeout=60):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["run", "--source", "bogus"], ["unknown source bogus", "bpf, uevent, sysfs"]),
+    (["run", "--source", "bogus"], ["unknown source bogus", "bpf", "uevent", "sysfs"]),
     (["run", "--source", "bpf,nope"], ["unknown source nope"]),
     (["run", "--listen", "nonsense"], ["--listen", "HOST:PORT"]),
     (["run", "--listen", "127.0.0.1:99999"], ["port 1-65535"]),
     (["run", "--listen", "my-host:9862"], ["not an IP address"]),
     (["run", "--sysfs-interval", "-1"], ["must be more than 0"]),
+    (["run", "--sysfs-interval", "inf"], ["must be more than 0 and finite"]),
+    (["run", "--podresources-interval", "nan"], ["must be more than 0 and finite"]),
+    (["run", "--balloon-selector", "env in (a)"], ["set-based", "key=value"]),
+    (["run", "--node-name", "bad\nname"], ["is not a node name"]),
+    (["run", "--web.telemetry-path", "metrics"], ["absolute URL path"]),
+    (["run", "--log.level", "loud"], ["--log.level"]),
+    (["replay", "x.jsonl", "--memory-tolerance", "lots"], ["not a byte count"]),
+    (["replay", "x.jsonl", "--resync-deadline", "-3"], ["must be more than 0"]),
     (["run", "--memory-tolerance", "lots"], ["not a byte count"]),
     (["run", "--ringbuf-pages", "3"], ["power of two"]),
     (["run", "--no-such-flag"], ["No such option"]),
@@ -40,7 +48,7 @@ def test_port_in_use_says_so():
         port = s.getsockname()[1]
         r = cli("run", "--listen", f"127.0.0.1:{port}", "--no-journal", "--source", "sysfs")
     assert r.returncode == 2
-    assert "already in use" in r.stderr and "--listen" in r.stderr
+    assert "already in use" in r.stderr and "--web.listen-address" in r.stderr
 
 
 @pytest.mark.kernel

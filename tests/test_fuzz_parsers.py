@@ -13,10 +13,11 @@ import re
 
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
+import click
 from hypothesis import strategies as st
 
 from exporter.clock import MonotonicWallClock
-from exporter.config import ConfigError, parse_listen, parse_sources
+from exporter.options import ListenAddress, SourceList
 from exporter.events import DeviceChange, Direction, MalformedInput, PodStatus, Resource, \
     Transition
 from exporter.kube.convert import Converted, LabelSelector, node_status, pod_status
@@ -363,8 +364,8 @@ def test_podresources_answer_bytes(raw):
                            st.integers(-5, 70000))))
 def test_listen_garbage_is_config_error(value):
     try:
-        host, port = parse_listen(value)
-    except ConfigError:
+        host, port = ListenAddress().convert(value, None, None)
+    except click.BadParameter:
         return
     assert 0 < port < 65536 and isinstance(host, str)
 
@@ -373,7 +374,7 @@ def test_listen_garbage_is_config_error(value):
 @given(st.text(max_size=30))
 def test_sources_garbage_is_config_error(value):
     try:
-        names = parse_sources(value)
-    except ConfigError:
+        names = SourceList().convert(value, None, None)
+    except click.BadParameter:
         return
     assert names == ("auto",) or set(names) <= {"bpf", "uevent", "sysfs"}

@@ -7,8 +7,8 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, NodeStatus, Resource, SourceStatus
-from exporter.kube.client import load_config
-from exporter.kube.watch import Backoff
+from exporter.kube.client import KubeUnavailable, load_config
+from exporter.sources.listwatch import Backoff
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.kube_node import KubeNodeSource
 from tests.event_log import EventLog, wait_until
@@ -215,7 +215,7 @@ def test_no_configuration_is_a_clear_source_unavailable(tmp_path, monkeypatch):
     with pytest.raises(SourceUnavailable) as err:
         source.open()
     assert "--kubeconfig" in err.value.fix
-    with pytest.raises(SourceUnavailable) as err:
+    with pytest.raises(KubeUnavailable) as err:
         load_config(str(tmp_path / "nope"))
     assert "nope" in err.value.reason
 

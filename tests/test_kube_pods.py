@@ -1,11 +1,15 @@
 """The pod watch (pods on this node) and Pod JSON -> PodStatus conversion."""
 from __future__ import annotations
 
+import click
 import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, PodsRelisted, PodStatus, Resource, SourceStatus
-from exporter.kube import DEFAULT_BALLOON_SELECTOR, build_sources, resolve_node_name
+from exporter.app import resolve_node_name
+from exporter.defaults import BALLOON_SELECTOR as DEFAULT_BALLOON_SELECTOR
+from exporter.options import LabelSelectorText, Options
+from exporter.sources import registry
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.kube_pods import KubePodsSource
@@ -187,19 +191,22 @@ def test_label_selector_grammar():
     assert not LabelSelector("").matches({"a": "1"})
     with pytest.raises(ValueError):
         LabelSelector("tier in (a,b)")
-    with pytest.raises(SourceUnavailable):
-        build_sources(MonotonicWallClock(), node_name="n1", balloon_selector="env in (a)")
+    with pytest.raises(click.BadParameter, match="set-based"):  # --balloon-selector: exit 2
+        LabelSelectorText().convert("env in (a)", None, None)
 
 
-def test_build_sources_and_node_name(monkeypatch):
-    names = [s.name for s in build_sources(MonotonicWallClock(), node_name="n1",
-                                           kubelet_metrics_url="http://127.0.0.1:1/metrics")]
-    assert names == ["kube_node", "kube_pods", "podresources", "kubelet_metrics"]
-    names = [s.name for s in build_sources(MonotonicWallClock(), node_name="n1",
-                                           enable_api=False, podresources_socket=None)]
-    assert names == []
+def _kube_sources(options: Options) -> list[str]:
+    ctx = registry.SourceContext(options, MonotonicWallClock(), "n1")
+    return [spec.factory(ctx).name for spec in registry.specs(registry.KUBERNETES)
+            if spec.wanted(options)]
+
+
+def test_registry_builds_the_kube_sources_the_options_ask_for(monkeypatch):
+    assert _kube_sources(Options(kubelet_metrics_url="http://127.0.0.1:1/metrics")) == [
+        "kube_node", "kube_pods", "podresources", "kubelet_metrics"]
+    assert _kube_sources(Options(podresources_socket="")) == ["kube_node", "kube_pods"]
     monkeypatch.setenv("NODE_NAME", "from-env")
-    assert resolve_node_name("flag") == "flag"
-    assert resolve_node_name(None) == "from-env"
+    assert resolve_node_name(Options(node_name="flag")) == "flag"
+    assert resolve_node_name(Options()) == "from-env"
     monkeypatch.delenv("NODE_NAME")
-    assert resolve_node_name(None)  # the hostname
+    assert resolve_node_name(Options())  # the hostname

@@ -27,9 +27,20 @@ from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource, \
     create_api_info
 
-from exporter.sources.base import SourceUnavailable
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class KubeUnavailable(Exception):
+    """No usable API configuration. `reason` says what is wrong, `fix` what to do."""
+
+    def __init__(self, reason: str, fix: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.reason} (fix: {self.fix})" if self.fix else self.reason
 
 _VERBS = ["get", "list", "watch", "global_list", "global_watch"]
 
@@ -72,7 +83,7 @@ def load_config(kubeconfig: str | None = None, *,
             namespace=namespace).get()
     if env.get("KUBECONFIG"):
         return _from_file(env["KUBECONFIG"], "$KUBECONFIG")
-    raise SourceUnavailable(
+    raise KubeUnavailable(
         "no Kubernetes API configuration: not in a pod (KUBERNETES_SERVICE_HOST unset or no "
         f"token in {service_account_dir}) and no --kubeconfig",
         "run as the DaemonSet in deploy/ or pass --kubeconfig PATH (or disable the API sources)")
@@ -82,10 +93,10 @@ def _from_file(path: str, what: str) -> SingleConfig:
     try:
         config = KubeConfig.from_file(path).get()
     except (ConfigError, OSError, KeyError, TypeError, ValueError) as e:
-        raise SourceUnavailable(f"cannot use kubeconfig {path} ({what}): {e}",
+        raise KubeUnavailable(f"cannot use kubeconfig {path} ({what}): {e}",
                                 "pass a readable kubeconfig with a current-context") from e
     if config is None or config.cluster is None or not config.cluster.server:
-        raise SourceUnavailable(f"kubeconfig {path} ({what}) names no cluster server",
+        raise KubeUnavailable(f"kubeconfig {path} ({what}) names no cluster server",
                                 "set clusters[].cluster.server and current-context")
     return config
 

@@ -18,6 +18,7 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.sysfs import parse_hotplug_states
+from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
 TRACEFS = Path("/sys/kernel/tracing")
@@ -229,3 +230,11 @@ def _return_freed_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+
+
+def _bpf(ctx: SourceContext) -> BpfSource:
+    return BpfSource(ctx.clock, ctx.options.ringbuf_pages, ctx.options.sysfs_root)
+
+
+register(SourceSpec("bpf", KERNEL, "cpuhp tracepoints and memory online/offline probes (bcc)",
+                    _bpf, order=20))

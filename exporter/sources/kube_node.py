@@ -13,8 +13,9 @@ from exporter.clock import Clock
 from exporter.events import MalformedInput, NodeStatus
 from exporter.kube.client import RawNode
 from exporter.kube.convert import node_status
-from exporter.kube.watch import ListWatchSource
+from exporter.sources.listwatch import ListWatchSource
 from exporter.sources.base import Emit
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 
 class KubeNodeSource(ListWatchSource):
@@ -71,3 +72,9 @@ class KubeNodeSource(ListWatchSource):
         if self._last is None:
             return  # a working watch on a missing Node is still not "up"
         super()._watch_response(status_code)
+
+
+register(SourceSpec(
+    "kube_node", KUBERNETES, "this node's Node object (list/watch)",
+    lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
+                               kubeconfig=ctx.options.kubeconfig), order=60))

@@ -13,8 +13,9 @@ from exporter.clock import Clock
 from exporter.events import MalformedInput, PodsRelisted, PodStatus
 from exporter.kube.client import RawPod
 from exporter.kube.convert import LabelSelector, pod_status
-from exporter.kube.watch import ListWatchSource
+from exporter.sources.listwatch import ListWatchSource
 from exporter.sources.base import Emit
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
 
@@ -83,3 +84,10 @@ class KubePodsSource(ListWatchSource):
 
 def _key(event: PodStatus) -> PodStatus:
     return dataclasses.replace(event, time=0.0, resource_version="")
+
+
+register(SourceSpec(
+    "kube_pods", KUBERNETES, "the pods bound to this node (list/watch)",
+    lambda ctx: KubePodsSource(ctx.clock, node_name=ctx.node_name,
+                               kubeconfig=ctx.options.kubeconfig,
+                               balloon_selector=ctx.options.balloon_selector), order=61))

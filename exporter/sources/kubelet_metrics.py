@@ -21,6 +21,8 @@ from exporter.clock import Clock
 from exporter.events import KubeletFeatures, MalformedInput, SourceStatus
 from exporter.kube.client import SERVICE_ACCOUNT_DIR
 from exporter.sources.base import Emit, Source
+from exporter.defaults import KUBELET_METRICS_INTERVAL
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
          "BalloonPod")
@@ -123,3 +125,10 @@ class KubeletMetricsSource(Source):
         if self._up is not up:
             self._up = up
             emit(SourceStatus(self.name, up, self.clock.now(), reason))
+
+
+register(SourceSpec(
+    "kubelet_metrics", KUBERNETES, "the kubelet's own /metrics (feature gates)",
+    lambda ctx: KubeletMetricsSource(ctx.clock, url=str(ctx.options.kubelet_metrics_url),
+                                     interval=KUBELET_METRICS_INTERVAL),
+    wanted=lambda options: bool(options.kubelet_metrics_url), order=71))

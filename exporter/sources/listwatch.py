@@ -1,4 +1,4 @@
-"""List-then-watch with the recovery rules of client-go's reflector, on top of lightkube.
+"""The list/watch source: list-then-watch with the recovery rules of client-go's reflector, on top of lightkube.
 
 What lightkube does (checked in its source, v1.0): `Client.watch` streams (type, object),
 remembers the last object's resourceVersion (BOOKMARK objects included, so bookmarks advance
@@ -26,7 +26,7 @@ from lightkube.core.exceptions import ApiError
 
 from exporter.clock import Clock
 from exporter.events import MalformedInput, SourceStatus
-from exporter.kube.client import KubeTransport, load_config, make_client
+from exporter.kube.client import KubeTransport, KubeUnavailable, load_config, make_client
 from exporter.sources.base import Emit, Source, SourceUnavailable
 
 
@@ -87,7 +87,10 @@ class ListWatchSource(Source):
     # ------------------------------------------------------------ Source
 
     def open(self) -> None:
-        config = load_config(self.kubeconfig)  # raises SourceUnavailable with a fix
+        try:
+            config = load_config(self.kubeconfig)
+        except KubeUnavailable as e:
+            raise SourceUnavailable(e.reason, e.fix) from e
         # Client-side read bound: the server ends a watch after server_timeout; a little
         # longer without a byte means the connection is dead.
         self._client, self._transport = make_client(

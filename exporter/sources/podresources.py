@@ -18,6 +18,7 @@ from exporter.clock import Clock
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
 from exporter.proto import podresources_pb2, podresources_pb2_grpc
 from exporter.sources.base import Emit, Source
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -134,3 +135,10 @@ class PodResourcesSource(Source):
 
 def _key(event: PodResourcesAllocatable) -> tuple:
     return event.cpu_ids, tuple(sorted(event.memory_bytes.items()))
+
+
+register(SourceSpec(
+    "podresources", KUBERNETES, "the kubelet's podresources gRPC API",
+    lambda ctx: PodResourcesSource(ctx.clock, socket_path=ctx.options.podresources_socket,
+                                   interval=ctx.options.podresources_interval),
+    wanted=lambda options: bool(options.podresources_socket), order=70))

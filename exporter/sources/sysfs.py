@@ -17,6 +17,7 @@ from exporter.events import (
     Direction, KernelSnapshot, MalformedInput, Resource, Result, SourceStatus, Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 
 # ------------------------------------------------------------------ parsers (pure)
@@ -77,6 +78,13 @@ def parse_hotplug_states(text: str) -> dict[int, str]:
         num, name = line.split(":", 1)
         states[int(num.strip())] = name.strip()
     return states
+
+
+def read_hotplug_states(sysfs: str | Path = "/sys") -> dict[int, str]:
+    """The cpuhp state table of this kernel: the one reader, for the BPF program's constants,
+    `--print-bpf` and the sysfs reconciler alike."""
+    return parse_hotplug_states(
+        (Path(sysfs) / "devices/system/cpu/hotplug/states").read_text())
 
 
 HUGEPAGE_RESOURCES = {2 * 1024 * 1024: Resource.HUGEPAGES_2MI,
@@ -244,3 +252,15 @@ class SysfsSource(Source):
                 emit(t)
         self._last = snap
         emit(snap)
+
+
+def _sysfs(ctx: SourceContext) -> SysfsSource:
+    # The reconciler always runs (it sets every gauge); it reports the transitions it sees
+    # between reads only when sysfs is a chosen event source.
+    chosen = ctx.options.sources
+    return SysfsSource(ctx.clock, ctx.options.sysfs_interval, ctx.options.sysfs_root,
+                       ctx.options.procfs_root,
+                       emit_transitions=chosen == ("auto",) or "sysfs" in chosen)
+
+
+register(SourceSpec("sysfs", KERNEL, "sysfs/procfs, the truth at each read", _sysfs, order=10))

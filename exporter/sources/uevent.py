@@ -18,6 +18,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 NETLINK_KOBJECT_UEVENT = 15
 KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth
@@ -127,3 +128,7 @@ class UeventSource(Source):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+register(SourceSpec("uevent", KERNEL, "kernel uevents (netlink) for CPUs and memory blocks",
+                    lambda ctx: UeventSource(ctx.clock), order=30))

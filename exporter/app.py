@@ -1,0 +1,214 @@
+"""The composition root: the one place that builds the agent from Options and runs it.
+
+    sources (registry) -> Agent -> Correlator -> sinks (journal, metrics, traces)
+                                                   \\-> /metrics (http.py) renders the Collector
+
+Order matters and is written down here once: the journal opens first (it must hold an event
+before anything acts on it) and resumes open episodes; the sources open next (a named source
+that cannot start fails fast, exit 2); the port is bound; privileges are dropped; only then
+are threads started (they inherit the reduced capability set), the trace sink last among them.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from exporter.agent import Agent
+from exporter.clock import MonotonicWallClock
+from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.events import SourceStatus
+from exporter.options import Options
+from exporter.sources import registry
+from exporter.sources.base import Source, SourceUnavailable
+from exporter.sources.sysfs import SysfsSource
+
+log = logging.getLogger("exporter")
+
+
+class StartupError(Exception):
+    """The exporter cannot start as configured; the message says why and what to do."""
+
+
+def kubernetes_enabled(options: Options, env: dict[str, str] | None = None) -> bool:
+    env = dict(os.environ) if env is None else env
+    if options.kubernetes == "auto":
+        return bool(options.kubeconfig or env.get("KUBERNETES_SERVICE_HOST"))
+    return options.kubernetes == "on"
+
+
+def resolve_node_name(options: Options, env: dict[str, str] | None = None) -> str:
+    """--node-name (or $NODE_NAME, which click already read into it), else the hostname,
+    lower-cased as the kubelet does when it has no --hostname-override."""
+    env = dict(os.environ) if env is None else env
+    if options.node_name:
+        return options.node_name
+    return (env.get("NODE_NAME", "").strip() or socket.gethostname()).lower()
+
+
+def correlator_config(options: Options, kubernetes: bool) -> CorrelatorConfig:
+    return CorrelatorConfig(coalesce_window=options.coalesce_window,
+                            resync_deadline=options.resync_deadline,
+                            readmission_settle=options.readmission_settle,
+                            memory_tolerance_bytes=options.memory_tolerance,
+                            kubernetes=kubernetes)
+
+
+@dataclass
+class OpenedSources:
+    running: list[Source]
+    reconciler: SysfsSource
+    down: list[SourceStatus] = field(default_factory=list)
+
+    def close(self) -> None:
+        for source in self.running:
+            source.close()
+
+
+def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources:
+    """Open the kernel sources asked for (auto: every one that works, saying why the others
+    do not; a named one that cannot start is a StartupError with the fix), the sysfs
+    reconciler always, and the Kubernetes sources the options ask for."""
+    options = ctx.options
+    auto = options.sources == ("auto",)
+    reconciler = registry.spec("sysfs").factory(ctx)
+    assert isinstance(reconciler, SysfsSource)
+    try:
+        reconciler.open()  # always: the gauges' truth, even when sysfs transitions are not wanted
+    except SourceUnavailable as e:
+        raise StartupError(f"sysfs/procfs unreadable: {e}") from e
+    opened = OpenedSources([reconciler], reconciler)
+    for spec in registry.specs(registry.KERNEL):
+        if spec.name == "sysfs" or not (auto or spec.name in options.sources):
+            continue
+        source = spec.factory(ctx)
+        try:
+            source.open()
+        except SourceUnavailable as e:
+            if not auto:
+                opened.close()
+                raise StartupError(f"--source {spec.name}: {e.reason}. Fix: {e.fix}") from e
+            log.warning("source %s unavailable: %s (fix: %s)", spec.name, e.reason, e.fix)
+            opened.down.append(SourceStatus(spec.name, False, ctx.clock.now(), e.reason))
+            continue
+        opened.running.append(source)
+    if kubernetes:
+        # Not opened here: they connect in their own threads and report up/down themselves, so
+        # an API server that is slow at start-up does not delay the kernel side.
+        opened.running += [spec.factory(ctx) for spec in registry.specs(registry.KUBERNETES)
+                           if spec.wanted(options)]
+        log.info("kubernetes: watching node %s", ctx.node_name)
+    return opened
+
+
+def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
+    if options.no_journal:
+        return None
+    from exporter.sinks.journal import Journal, default_journal_path
+    return Journal(options.journal or default_journal_path(), clock=clock)
+
+
+def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = None,
+                sinks: tuple[Any, ...] = ()) -> Agent:
+    """The agent without the HTTP side: correlator (resumed from the journal), opened
+    sources, sinks (the journal first). Raises StartupError with the fix."""
+    kubernetes = kubernetes_enabled(options)
+    correlator = Correlator(correlator_config(options, kubernetes), clock)
+    if journal is not None:
+        resumed = journal.open_episodes()
+        if resumed:
+            correlator.resume(resumed)
+            log.info("resumed %d open episode(s) from the journal", len(resumed))
+    ctx = registry.SourceContext(options, clock, resolve_node_name(options))
+    opened = open_sources(ctx, kubernetes)
+    log.info("sources: %s", ", ".join(s.name for s in opened.running))
+    _log_unattached(opened.running)
+    all_sinks = ([journal] if journal is not None else []) + list(sinks)
+    return Agent(correlator, opened.running, all_sinks, clock, reconciler=opened.reconciler,
+                 down=tuple(opened.down))
+
+
+def _fail(message: str) -> int:
+    print(f"node-resize-exporter: error: {message}", file=sys.stderr)
+    return 2
+
+
+def serve(options: Options) -> int:
+    """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
+    from exporter.http import MetricsServer
+    from exporter.sinks.metrics import ExporterCollector
+    from exporter.sinks.traces import TraceSink, trace_config_from_env
+
+    clock = MonotonicWallClock()
+    node = resolve_node_name(options)
+    try:
+        trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
+        journal = open_journal(options, clock)
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    try:
+        agent = build_agent(options, clock, journal=journal)
+    except StartupError as e:
+        return _fail(str(e))
+
+    registry_ = CollectorRegistry()
+    try:
+        server = MetricsServer(options.listen_host, options.listen_port, registry_,
+                               healthy=agent.alive.is_set, web_config=options.web_config_file,
+                               version=agent.state_version)
+    except ValueError as e:  # --web.config.file: the message names the key and the fix
+        agent.close_sources()
+        return _fail(str(e))
+    except OSError as e:
+        agent.close_sources()
+        where = f"{options.listen_host}:{options.listen_port}"
+        if e.errno == errno.EADDRINUSE:
+            return _fail(f"--web.listen-address {where}: address already in use (another "
+                         "exporter running?); choose another port with --web.listen-address")
+        return _fail(f"--web.listen-address {where}: cannot listen: {e.strerror or e}")
+
+    _drop_privileges(any(s.name == "bpf" for s in agent.sources))
+    # After the drop: the span processor starts a thread, which would keep what it inherited.
+    if trace_config is not None:
+        agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
+    registry_.register(ExporterCollector(agent.lock, agent.correlator.ledger,
+                                         agent.correlator.tracker, agent.sinks))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    try:
+        agent.run(stop)
+    finally:
+        server.stop()
+    log.info("stopped")
+    return 0
+
+
+def _log_unattached(sources: list[Source]) -> None:
+    programs = getattr(next((s for s in sources if s.name == "bpf"), None), "attached", {})
+    for prog, (ok, reason) in programs.items():
+        if not ok:
+            log.info("bpf program %s not attached: %s", prog, reason)
+
+
+def _drop_privileges(bpf_running: bool) -> None:
+    """Everything privileged is done (programs attached, port bound): keep only what the
+    running agent still needs (exporter/privileges.py). Before agent.run() starts the source
+    threads, which inherit the reduced set. A refusal is logged, never fatal."""
+    from exporter import privileges
+    if os.geteuid() != 0 and privileges.capabilities() == 0:
+        return
+    keep = privileges.needed_after_start(bpf_running)
+    try:
+        privileges.drop_capabilities(keep)
+    except OSError as e:
+        log.warning("could not drop capabilities after start-up: %s", e)
