@@ -110,10 +110,39 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
 
 
 def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
+    """The journal sink. At the default path a failure degrades (logged, counted, retried);
+    a path the user named explicitly must work at start-up, or it is an error."""
     if options.no_journal:
         return None
     from exporter.sinks.journal import Journal, default_journal_path
-    return Journal(options.journal or default_journal_path(), clock=clock)
+    journal = Journal(options.journal or default_journal_path(), clock=clock)
+    if options.journal and journal.errors:
+        journal.close()
+        raise StartupError(f"--journal {options.journal}: cannot open or write it (see the log "
+                           "line above). Fix: a writable path on a local filesystem, or "
+                           "--no-journal")
+    return journal
+
+
+def preflight_kubernetes(options: Options, node: str) -> None:
+    """Fail fast where the user asked for Kubernetes explicitly: a named kubeconfig must load,
+    and `--kubernetes on` needs an API server that answers now. With `auto` and no kubeconfig
+    the sources degrade instead (source_up 0 with the reason, retried)."""
+    if not (options.kubeconfig or options.kubernetes == "on"):
+        return
+    from exporter.kube.client import KubeUnavailable, load_config
+    try:
+        config = load_config(options.kubeconfig)
+    except KubeUnavailable as e:
+        raise StartupError(f"{e.reason}. Fix: {e.fix}") from e
+    if options.kubernetes != "on":
+        return
+    from exporter.kube.client import probe_api
+    problem = probe_api(config, node)
+    if problem:
+        raise StartupError(f"--kubernetes on: {problem}. Fix: check the API server address "
+                           "and credentials in the kubeconfig (or the service account), or use "
+                           "--kubernetes auto to start without it")
 
 
 def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = None,
@@ -151,8 +180,10 @@ def serve(options: Options) -> int:
     node = resolve_node_name(options)
     try:
         trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
+        if kubernetes_enabled(options):
+            preflight_kubernetes(options, node)
         journal = open_journal(options, clock)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, StartupError) as e:
         return _fail(str(e))
     try:
         agent = build_agent(options, clock, journal=journal)

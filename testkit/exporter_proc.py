@@ -87,8 +87,8 @@ class RunningExporter:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "RunningExporter":
-        cmd = [*self.wrapper, sys.executable, "-m", "exporter", "run", "--listen",
-               f"127.0.0.1:{self.port}", "--log-level", "debug", *self.args]
+        cmd = [*self.wrapper, sys.executable, "-m", "exporter", "run", "--web.listen-address",
+               f"127.0.0.1:{self.port}", "--log.level", "debug", *self.args]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT)

@@ -92,7 +92,11 @@ def load_config(kubeconfig: str | None = None, *,
 def _from_file(path: str, what: str) -> SingleConfig:
     try:
         config = KubeConfig.from_file(path).get()
-    except (ConfigError, OSError, KeyError, TypeError, ValueError) as e:
+    except KeyError as e:  # lightkube indexes the YAML: a missing section is a bare KeyError
+        raise KubeUnavailable(f"cannot use kubeconfig {path} ({what}): it has no {e} section",
+                              "pass a kubeconfig with clusters, users, contexts and a "
+                              "current-context (kubectl config view --minify --raw)") from e
+    except (ConfigError, OSError, TypeError, ValueError) as e:
         raise KubeUnavailable(f"cannot use kubeconfig {path} ({what}): {e}",
                                 "pass a readable kubeconfig with a current-context") from e
     if config is None or config.cluster is None or not config.cluster.server:
@@ -184,3 +188,20 @@ def make_client(config: SingleConfig, *, request_timeout: float = 10.0,
     client = lightkube.Client(config, timeout=httpx.Timeout(request_timeout), trust_env=False,
                               transport=transport)
     return client, transport
+
+
+def probe_api(config: SingleConfig, node: str, timeout: float = 5.0) -> str:
+    """"" when the API server answers a list of this node's Node object within `timeout`
+    (the verb the exporter's RBAC grants), else what went wrong, for a start-up error."""
+    client, transport = make_client(config, request_timeout=timeout)
+    try:
+        list(client.list(RawNode, fields={"metadata.name": node}, chunk_size=1))
+        return ""
+    except httpx.HTTPError as e:
+        return f"API server {config.cluster.server} unreachable: {e or type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 - lightkube's ApiError and friends: report them
+        status = getattr(e, "status", None)
+        message = getattr(status, "message", None) or str(e) or type(e).__name__
+        return f"API server {config.cluster.server} refused a list of nodes: {message}"
+    finally:
+        transport.close()
