@@ -76,14 +76,14 @@ def test_promtool_test_rules_fails_on_a_wrong_expectation(tmp_path):
     """The promtool tests can fail: a changed expected annotation must be reported."""
     shutil.copy(RULES, tmp_path / RULES.name)
     (tmp_path / "tests").mkdir()
-    text = RULE_TESTS[0].read_text().replace("did not resync, so the scheduler",
-                                             "did not resync, so the kubelet", 1)
+    text = RULE_TESTS[0].read_text().replace("after a hot-unplug, so the scheduler",
+                                             "after a hot-unplug, so the kubelet", 1)
     assert text != RULE_TESTS[0].read_text()
     broken = tmp_path / "tests" / RULE_TESTS[0].name
     broken.write_text(text)
     result = _run_promtool("test", "rules", str(broken))
     assert result.returncode != 0
-    assert "NodeResizeCapacityDriftPersists" in result.stdout + result.stderr
+    assert "NodeResizeCapacityStale" in result.stdout + result.stderr
 
 
 def test_recording_rules_come_before_alerts():
@@ -95,9 +95,10 @@ def test_recording_rules_come_before_alerts():
 # --- alert conventions -----------------------------------------------------------------------
 
 REQUIRED_ALERTS = {
-    "NodeResizeCapacityDriftPersists", "NodeResizeResyncErrors", "NodeResizeHotUnplugErrors",
+    "NodeResizeCapacityStale", "NodeResizeCapacityStranded", "NodeResizeKernelRefused",
     "NodeResizeReadmissionRejectedPods", "NodeResizeResyncSlow",
-    "NodeResizePodresourcesOfflineCPUs", "NodeResizeBalloonRequestsAboveAllocatable",
+    "NodeResizePodresourcesOfflineCPUs", "NodeResizeHotAddedOffline",
+    "NodeResizeBalloonRequestsAboveAllocatable", "NodeResizeBalloonResizeInfeasible",
     "NodeResizeExporterDown", "NodeResizeExporterSourceDown", "NodeResizeExporterEventsLost",
 }
 
@@ -192,10 +193,12 @@ def _dashboard_exprs(dashboard: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _as_promql(expr: str, node: str = "node-a") -> str:
-    """Grafana's variables replaced by values Prometheus would receive."""
+def _as_promql(expr: str, node: str = "node-a", cluster: str = "") -> str:
+    """Grafana's variables replaced by values Prometheus would receive (cluster "" matches
+    series without the label, as a single-cluster Prometheus has them)."""
     expr = re.sub(r"\$__(rate_interval|interval|range)\b", lambda m: {
         "rate_interval": "1m", "interval": "1m", "range": "1h"}[m.group(1)], expr)
+    expr = re.sub(r"\$\{?cluster\}?", cluster, expr)
     return re.sub(r"\$\{?(\w+)\}?", node, expr)
 
 

@@ -2,7 +2,7 @@
 
 A real Prometheus on 127.0.0.1 (temp storage, 1 s scrape and evaluation) scrapes a real
 `node-resize-exporter run` joined to a fake API server whose Node keeps saying 2 CPUs (the
-kubelet of today, which never resyncs). The test offlines cpu1: NodeResizeCapacityDriftPersists
+kubelet of today, which never resyncs). The test offlines cpu1: NodeResizeCapacityStale
 (loaded from alerts/ with a short `for:`) goes pending, then firing in Prometheus'
 /api/v1/alerts, and a real Alertmanager on 127.0.0.1 delivers it to a webhook receiver here.
 """
@@ -31,7 +31,7 @@ from tests.test_podresources import Kubelet, Server
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "alerts" / "node-resize-exporter.rules.yml"
-ALERT = "NodeResizeCapacityDriftPersists"
+ALERT = "NodeResizeCapacityStale"
 NODE = "e2e-node"
 FOR_OVERRIDE = "3s"  # the shipped rule waits 10m; the test only needs pending to be visible
 
@@ -230,10 +230,10 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
             return "\n".join([prometheus.logs(), alertmanager.logs(),
                               "--- exporter log ---\n" + _quiet(exporter.logs())])
 
-        # In sync first: the recording rule sees cpu drift 0 and nothing is pending.
-        _wait("Prometheus to record cpu drift 0 for the node",
+        # In sync first: Prometheus sees cpu drift 0 and nothing is pending.
+        _wait("Prometheus to see cpu drift 0 for the node",
               lambda: [r for r in _query(prometheus,
-                                         f'node_resource:node_capacity_drift:abs{{node="{NODE}",'
+                                         f'node_capacity_drift{{node="{NODE}",'
                                          f'resource="cpu"}} == 0')], logs=logs)
         assert _our_alerts(prometheus) == []
 
@@ -247,12 +247,12 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
                        lambda: [a for a in _our_alerts(prometheus) if a["state"] == "firing"],
                        logs=logs)
         alert = firing[0]
-        assert alert["labels"]["job"] == "node-resize-exporter"
-        assert alert["labels"]["unit"] == "core"
+        # One alert per node and resource: job, instance and unit are aggregated away.
+        assert set(alert["labels"]) == {"alertname", "node", "resource", "severity"}
         assert float(alert["value"]) == 1.0
         assert alert["annotations"]["runbook_url"].endswith(
-            "docs/runbooks.md#noderesizecapacitydriftpersists")
-        assert f"Node {NODE}: kubelet still advertises the old cpu capacity" == \
+            "docs/runbooks.md#noderesizecapacitystale")
+        assert f"Node {NODE}: kubelet advertises cpu the kernel took away" == \
             alert["annotations"]["summary"]
 
         def delivered():
@@ -270,7 +270,8 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
         assert ours[0]["status"] == "firing"
         assert ours[0]["labels"]["node"] == NODE
         assert ours[0]["labels"]["severity"] == "warning"
-        assert "disagree on cpu by 1 core(s)" in ours[0]["annotations"]["description"]
+        assert f"The Node object of {NODE} advertises 1 core(s) of cpu more than the kernel" \
+            in ours[0]["annotations"]["description"]
 
         # Every dashboard query evaluates on this Prometheus (matching errors such as
         # many-to-many only show at evaluation), and the drift panels see the drift.

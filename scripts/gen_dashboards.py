@@ -1,0 +1,191 @@
+"""Grafana dashboard JSON from the small specs in dashboards/src/*.yml (used by gen-monitoring.py).
+
+A spec names rows of panels with their questions (description), queries and units; this fills
+in what every Grafana panel needs (datasource, grid position, field config). Placeholders in a
+query: @sel@ (job, cluster and node matchers of the exporter's series), @rsel@ (cluster and
+node only: recording rules drop job), @by@ (cluster label and node, for `by` clauses).
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+GRAFANA_DS = {"type": "grafana", "uid": "-- Grafana --"}
+PANEL_H = {"stat": 4}
+
+
+def _expand(text: str, values: dict[str, str], where: str) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in values:
+            raise SystemExit(f"{where}: unknown parameter @{m.group(1)}@")
+        return values[m.group(1)]
+    return re.sub(r"@(\w+)@", sub, text)
+
+
+def _values(spec: dict, p) -> dict[str, str]:
+    node = 'node=~"$node"' if spec.get("node", "multi") == "multi" else 'node="$node"'
+    cluster = [f'{p.cluster_label}="$cluster"'] if p.cluster_label else []
+    job = [p.job_selector] if p.job_selector else []
+    return {"sel": ",".join(job + cluster + [node]), "rsel": ",".join(cluster + [node]),
+            "job": ",".join(job), "by": p.by}
+
+
+def _variables(spec: dict, p) -> list[dict]:
+    job = p.job_selector
+    out = [{"name": "datasource", "label": "Data source", "type": "datasource",
+            "query": "prometheus", "regex": "", "current": {}, "hide": 0, "includeAll": False,
+            "multi": False, "options": [], "refresh": 1, "skipUrlSync": False}]
+
+    def query_var(name: str, label: str, query: str, multi: bool) -> dict:
+        var = {"name": name, "label": label, "type": "query", "datasource": DS,
+               "definition": query,
+               "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery",
+                         "qryType": 1},
+               "refresh": 2, "sort": 1, "regex": "", "hide": 0, "current": {}, "options": [],
+               "includeAll": multi, "multi": multi, "skipUrlSync": False}
+        if multi:
+            var["allValue"] = ".+"
+        return var
+
+    node_matchers = [job] if job else []
+    if p.cluster_label:
+        out.append(query_var("cluster", "Cluster", "label_values(node_resize_exporter_build_info"
+                             f"{{{job}}}, {p.cluster_label})", False))
+        node_matchers.append(f'{p.cluster_label}="$cluster"')
+    out.append(query_var("node", "Node", "label_values(node_resize_exporter_build_info"
+                         f"{{{','.join(node_matchers)}}}, node)",
+                         spec.get("node", "multi") == "multi"))
+    return out
+
+
+def _annotations(spec: dict, values: dict, where: str) -> list[dict]:
+    out = [{"builtIn": 1, "datasource": GRAFANA_DS, "enable": True, "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
+            "type": "dashboard"}]
+    for ann in spec.get("annotations", []):
+        out.append({"name": ann["name"], "datasource": DS, "enable": True, "hide": False,
+                    "iconColor": ann.get("color", "orange"),
+                    "expr": _expand(ann["expr"].strip(), values, where), "step": "$__interval",
+                    "titleFormat": ann["title"], "textFormat": ann.get("text", ""),
+                    "tagKeys": ann.get("tags", "node,resource"), "useValueForTime": False})
+    return out
+
+
+def _field_config(panel: dict) -> dict:
+    defaults: dict = {"unit": panel.get("unit", "short")}
+    kind = panel["type"]
+    if kind == "stat":
+        defaults["thresholds"] = {"mode": "absolute", "steps": [
+            {"color": "green", "value": None},
+            {"color": panel.get("alarm_color", "red"), "value": panel.get("alarm_at", 1)}]}
+    elif kind == "timeseries":
+        bars = panel.get("bars", False)
+        defaults["custom"] = {"drawStyle": "bars" if bars else "line", "lineWidth": 1,
+                              "fillOpacity": 80 if bars else 10, "showPoints": "never",
+                              "spanNulls": False, "axisSoftMin": 0 if bars else None}
+        defaults["custom"] = {k: v for k, v in defaults["custom"].items() if v is not None}
+        if panel.get("log"):
+            defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
+    elif kind == "state-timeline":
+        defaults.update({"color": {"mode": "thresholds"}, "mappings": [{
+            "type": "value", "options": {"0": {"text": panel.get("off", "down"), "color": "red",
+                                               "index": 0},
+                                         "1": {"text": panel.get("on", "up"), "color": "green",
+                                               "index": 1}}}],
+            "thresholds": {"mode": "absolute", "steps": [{"color": "red", "value": None},
+                                                         {"color": "green", "value": 1}]},
+            "custom": {"fillOpacity": 70, "lineWidth": 0}})
+    elif kind == "heatmap":
+        defaults["custom"] = {"scaleDistribution": {"type": "linear"}}
+    overrides = [{"matcher": {"id": "byName", "options": name},
+                  "properties": [{"id": "unit", "value": unit}]}
+                 for name, unit in panel.get("column_units", {}).items()]
+    return {"defaults": defaults, "overrides": overrides}
+
+
+def _options(panel: dict) -> dict:
+    kind = panel["type"]
+    if kind == "stat":
+        return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "colorMode": "value", "graphMode": "area", "justifyMode": "auto",
+                "orientation": "auto", "textMode": "auto"}
+    if kind == "table":
+        return {"showHeader": True, "cellHeight": "sm",
+                "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+    if kind == "heatmap":
+        return {"calculate": False, "cellGap": 1, "yAxis": {"unit": panel.get("unit", "s"),
+                                                            "axisPlacement": "left"},
+                "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64,
+                          "exponent": 0.5, "fill": "dark-orange", "reverse": False},
+                "rowsFrame": {"layout": "auto"}, "tooltip": {"mode": "single",
+                                                             "yHistogram": True},
+                "legend": {"show": True}, "showValue": "never"}
+    if kind == "state-timeline":
+        return {"showValue": "never", "mergeValues": True, "rowHeight": 0.9,
+                "alignValue": "left", "legend": {"showLegend": False},
+                "tooltip": {"mode": "single", "sort": "none"}}
+    return {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
+                       "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"}}
+
+
+def _targets(panel: dict, values: dict, where: str) -> list[dict]:
+    instant = panel["type"] in ("stat", "table")
+    out = []
+    for i, t in enumerate(panel["targets"]):
+        target = {"datasource": DS, "editorMode": "code",
+                  "expr": _expand(t["expr"].strip(), values, where),
+                  "legendFormat": t.get("legend", "__auto"), "range": not instant,
+                  "instant": instant, "refId": chr(ord("A") + i)}
+        if panel["type"] == "table":
+            target["format"] = "table"
+        elif panel["type"] == "heatmap":
+            target["format"] = "heatmap"
+            target["legendFormat"] = "{{le}}"
+        out.append(target)
+    return out
+
+
+def _panel(panel: dict, pid: int, x: int, y: int, values: dict, where: str) -> dict:
+    out = {"type": panel["type"], "id": pid, "title": panel["title"],
+           "description": panel.get("description", "").strip(), "datasource": DS,
+           "gridPos": {"h": panel.get("h", PANEL_H.get(panel["type"], 8)),
+                       "w": panel.get("w", 12), "x": x, "y": y},
+           "targets": _targets(panel, values, where),
+           "fieldConfig": _field_config(panel), "options": _options(panel)}
+    if panel["type"] == "table":
+        out["transformations"] = [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True},
+                                           "renameByName": panel.get("columns", {})}}]
+    return out
+
+
+def dashboard(spec: dict, p, where: str) -> dict:
+    values = _values(spec, p)
+    panels, pid, y = [], 1, 0
+    for row in spec["rows"]:
+        panels.append({"type": "row", "id": pid, "title": row["title"], "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        pid, y, x, row_h = pid + 1, y + 1, 0, 0
+        for panel in row["panels"]:
+            built = _panel(panel, pid, x, y, values, where)
+            w, h = built["gridPos"]["w"], built["gridPos"]["h"]
+            if x + w > 24:  # wrap to the next line of the row
+                x, y, row_h = 0, y + row_h, 0
+                built["gridPos"].update(x=x, y=y)
+            panels.append(built)
+            pid, x, row_h = pid + 1, x + w, max(row_h, h)
+        y += row_h
+    return {
+        "annotations": {"list": _annotations(spec, values, where)},
+        "description": spec["description"].strip(),
+        "editable": True, "fiscalYearStartMonth": 0, "graphTooltip": 1, "id": None,
+        "links": copy.deepcopy(spec.get("links", [])), "liveNow": False,
+        "panels": panels, "refresh": "30s", "schemaVersion": 39,
+        "tags": ["node-resize-exporter", "kubernetes", "hotplug"],
+        "templating": {"list": _variables(spec, p)},
+        "time": {"from": "now-6h", "to": "now"}, "timepicker": {}, "timezone": "utc",
+        "title": spec["title"], "uid": spec["uid"], "version": 1, "weekStart": "",
+    }
