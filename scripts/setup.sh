@@ -75,7 +75,8 @@ venv() {
 }
 
 base() {
-  apt_install python3-bpfcc python3-venv python3-pip
+  # libbpf1: the running agent reads the ring buffer through it (exporter/libbpf.py)
+  apt_install python3-bpfcc libbpf1 python3-venv python3-pip
   kernel_headers
   tracefs
 }

@@ -144,3 +144,24 @@ def test_sigterm_stops_cleanly_and_detaches_bpf():
         exp.tmp.cleanup()
     assert code == 0, logs
     assert "stopped" in logs
+
+
+def test_running_exporter_maps_no_llvm_and_holds_every_attachment(cpu1):
+    """bcc compiles in a loader child that exits (exporter/sources/bpf_loader.py): the running
+    exporter has no LLVM, clang or bcc mapped, no child left, and holds the perf events the
+    tracepoint programs are attached through, so transitions still arrive through BPF."""
+    with RunningExporter("--source", "bpf") as exp:
+        pid = exp.proc.pid
+        maps = open(f"/proc/{pid}/maps").read()
+        for lib in ("libLLVM", "libclang", "libbcc"):
+            assert lib not in maps, lib
+        children = "".join(open(f"/proc/{pid}/task/{t}/children").read()
+                           for t in os.listdir(f"/proc/{pid}/task"))
+        assert children.strip() == ""
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        assert sum("perf_event" in f for f in links) >= 3  # cpuhp_enter, multi_enter, exit
+        assert sum("bpf-map" in f for f in links) >= 2  # records, lost
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        s = exp.wait_for(lambda s: s.value(DUR, resource="cpu", direction="online") == 1)
+        assert s.value(DUR, resource="cpu", direction="offline") == 1

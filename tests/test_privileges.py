@@ -16,15 +16,19 @@ from testkit.exporter_proc import REPO
 CHILD = r"""
 import json, sys, threading
 from exporter.clock import MonotonicWallClock
-from exporter.events import Transition
+from exporter.events import SourceStatus, Transition
 from exporter.privileges import capabilities, drop_capabilities, needed_after_start
 from exporter.sources.bpf import BpfSource
 
-def say(**kw):
-    print(json.dumps(kw), flush=True)
+said = threading.Lock()
+
+def say(**kw):                      # one write per line: two threads say things
+    with said:
+        sys.stdout.write(json.dumps(kw) + "\n")
+        sys.stdout.flush()
 
 source = BpfSource(MonotonicWallClock())
-source.open()                       # compile, load, attach: needs CAP_BPF + CAP_PERFMON
+source.open()                       # the loader child compiles, loads, attaches: CAP_BPF+PERFMON
 keep = needed_after_start(bpf_running=True)
 result = drop_capabilities(keep)
 try:                                # proves the drop is real: no new program may load now
@@ -39,25 +43,18 @@ def emit(event):
     if isinstance(event, Transition):
         say(kind="transition", unit=event.unit, direction=event.direction.value,
             steps=event.steps)
+    elif isinstance(event, SourceStatus) and not event.up:  # the loop raised
+        errors.append(event.reason)
+        say(kind="loop_failed", error=event.reason)
 
-def run():
-    try:
-        source.loop(emit)           # also reads the "lost" map every 200 ms
-    except Exception as e:
-        errors.append(repr(e))
-        say(kind="loop_failed", error=repr(e))
-
-t = threading.Thread(target=run, daemon=True)
-t.start()
+source.start(emit)                  # its thread also reads the "lost" map after each batch
 tasks = {tid: capabilities(tid) for tid in __import__("os").listdir("/proc/self/task")}
 say(kind="ready", keep=sorted(keep), before=result.effective_before, after=result.effective_after,
     prm=capabilities("self", "CapPrm"), bnd=capabilities("self", "CapBnd"),
     nnp=open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0],
     tasks=tasks, load_after_drop=load_after_drop)
 sys.stdin.readline()                # the test says when it is done
-source.stopping.set()
-t.join(5)
-source.close()
+source.stop()                       # wakes the loop's poll, joins it, closes every fd
 say(kind="done", errors=errors)
 """
 

@@ -1,22 +1,31 @@
-"""BPF source: the cpuhp tracepoints and the memory online/offline probes, loaded with bcc.
+"""BPF source: the cpuhp tracepoints and the memory online/offline probes.
 
-The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition);
-this module only loads it, decodes records into Transitions and counts what the ring buffer
-dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place: Clock.from_ktime_ns.
+The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition).
+bcc compiles, loads and attaches it in a short-lived child process (sources/bpf_loader.py says
+why and how), which hands the map, program and perf-event fds back; this module never imports
+bcc. It reads the ring buffer through libbpf (exporter/libbpf.py) on an epoll wait with no
+timeout (a stop wakes it through a pipe), decodes records into Transitions and counts what the
+ring buffer dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place:
+Clock.from_ktime_ns.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import importlib.util
 import os
+import select
 from pathlib import Path
 
 from exporter.bpf_files import bpf_dir
 from exporter.clock import MonotonicWallClock
 from exporter.events import (
-    Direction, EventsLost, ProgramStatus, Resource, Result, SourceStatus, Transition,
+    Direction, EventsLost, MalformedInput, ProgramStatus, Resource, Result, SourceStatus,
+    Transition,
 )
+from exporter import libbpf
 from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.bpf_loader import LoadError, Loaded, load
 from exporter.sources.sysfs import parse_hotplug_states
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
@@ -43,6 +52,9 @@ class HotplugRecord(ctypes.Structure):
         ("online", ctypes.c_int32), ("ret", ctypes.c_int32),
         ("failed_state", ctypes.c_int32), ("steps", ctypes.c_uint32),
     ]
+
+
+RECORD_SIZE = ctypes.sizeof(HotplugRecord)
 
 
 def cpuhp_targets(states: dict[int, str]) -> tuple[int, int]:
@@ -140,12 +152,16 @@ def preflight() -> None:
         raise SourceUnavailable(f"bcc needs kernel headers and {build} is missing",
                                 "make run / scripts/setup.sh run installs linux-headers-amd64 "
                                 "and links them (or load the kheaders module)")
-    try:
-        import bcc  # noqa: F401
-    except ImportError as e:
-        raise SourceUnavailable(f"cannot import bcc: {e}",
+    # find_spec, not import: importing bcc maps LLVM for the life of the process. Only the
+    # loader child imports it (and reports an import that fails after all).
+    if importlib.util.find_spec("bcc") is None:
+        raise SourceUnavailable("cannot import bcc (the BPF compiler)",
                                 "apt-get install python3-bpfcc and run with /usr/bin/python3 "
-                                "or a venv made with --system-site-packages") from e
+                                "or a venv made with --system-site-packages")
+    try:
+        libbpf.lib()
+    except libbpf.LibbpfMissing as e:
+        raise SourceUnavailable(str(e).split(" (fix:")[0], libbpf.FIX) from e
 
 
 class BpfSource(Source):
@@ -156,80 +172,100 @@ class BpfSource(Source):
         super().__init__(clock)
         self.ringbuf_pages = ringbuf_pages
         self.sysfs = Path(sysfs)
-        self.bpf = None
+        self.loaded: Loaded | None = None
+        self.ring: libbpf.RingBuffer | None = None
         self.attached: dict[str, tuple[bool, str]] = {}
         self._lost_seen = 0
+        self._emit: Emit | None = None
+        self._wake_r, self._wake_w = -1, -1
 
     def open(self) -> None:
         preflight()
-        from bcc import BPF
-
         states = parse_hotplug_states(
             (self.sysfs / "devices/system/cpu/hotplug/states").read_text())
         block_file = self.sysfs / "devices/system/memory/block_size_bytes"
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
         self.decoder = RecordDecoder(self.clock, states, block_size)
         try:
-            self.bpf = BPF(text=program_text().encode(),  # bcc wants bytes (str is deprecated)
-                           cflags=program_cflags(states, self.ringbuf_pages))
-        except Exception as e:  # bcc raises bare Exceptions for compile and load failures
+            self.loaded = load(program_text(), program_cflags(states, self.ringbuf_pages),
+                               MEMORY_PROBES, (TRACEFS / "kprobe_events").exists())
+        except LoadError as e:
             raise SourceUnavailable(f"bcc could not compile or load bpf/: {e}",
                                     "run `node-resize-exporter check` for what is missing") from e
-        for prog in CPUHP_PROGRAMS:  # TRACEPOINT_PROBE attaches at load
-            self.attached[prog] = (True, "")
-        self._attach_memory_probes()
-        _return_freed_heap()
-
-    def _attach_memory_probes(self) -> None:
-        kprobes = (TRACEFS / "kprobe_events").exists()
-        for prog, (func, is_return) in MEMORY_PROBES.items():
-            if not kprobes:
-                self.attached[prog] = (False, "kernel built without CONFIG_KPROBES")
-                continue
-            try:
-                if is_return:
-                    self.bpf.attach_kretprobe(event=func.encode(), fn_name=prog.encode())
-                else:
-                    self.bpf.attach_kprobe(event=func.encode(), fn_name=prog.encode())
-                self.attached[prog] = (True, "")
-            except Exception as e:
-                self.attached[prog] = (False, f"attach to {func} failed: {e}")
-                self.log.info("memory probe %s not attached: %s", prog, e)
+        self.attached = dict(self.loaded.attached)
+        for prog, (ok, reason) in self.attached.items():
+            if not ok and prog in MEMORY_PROBES:
+                self.log.info("memory probe %s not attached: %s", prog, reason)
+        try:
+            self.ring = libbpf.RingBuffer(self.loaded.maps["records"], self._on_sample)
+        except (OSError, KeyError) as e:
+            self.close()
+            raise SourceUnavailable(f"cannot read the BPF ring buffer through libbpf: {e}",
+                                    libbpf.FIX) from e
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
 
     def loop(self, emit: Emit) -> None:
+        assert self.ring is not None
         now = self.clock.now()
         for prog, (ok, reason) in self.attached.items():
             emit(ProgramStatus(prog, ok, now, reason))
         emit(SourceStatus(self.name, True, now))
-
-        def on_record(ctx, data, size):
-            rec = ctypes.cast(data, ctypes.POINTER(HotplugRecord)).contents
-            emit(self.decoder.decode(rec))
-
-        self.bpf[b"records"].open_ring_buffer(on_record)
+        self._emit = emit
+        poller = select.poll()
+        poller.register(self.ring.epoll_fd(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while not self.stopping.is_set():
-            self.bpf.ring_buffer_poll(200)
+            poller.poll()  # no timeout: nothing to do until a record arrives or stop() writes
+            self._drain(emit)
+        self._drain(emit)  # what arrived while stopping still counts
+
+    def _drain(self, emit: Emit) -> None:
+        assert self.ring is not None
+        if self.ring.consume():
+            # Records are lost only while the ring is full, i.e. while records wait in it, so
+            # reading the counter after each batch sees every loss with no timer.
             self._report_lost(emit)
 
+    def _on_sample(self, data: int, size: int) -> None:
+        """One record, still in the ring: copy it out (64 bytes) and decode."""
+        emit = self._emit
+        assert emit is not None
+        if size < RECORD_SIZE:
+            emit(MalformedInput(self.name, f"ring buffer record of {size} bytes, expected "
+                                f"{RECORD_SIZE}", self.clock.now()))
+            return
+        rec = HotplugRecord.from_buffer_copy(ctypes.string_at(data, RECORD_SIZE))
+        try:
+            event = self.decoder.decode(rec)
+        except ValueError as e:
+            emit(MalformedInput(self.name, str(e), self.clock.now()))
+            return
+        emit(event)
+
     def _report_lost(self, emit: Emit) -> None:
-        total = int(self.bpf[b"lost"][ctypes.c_int(0)].value)
+        assert self.loaded is not None
+        total = libbpf.lookup_u64(self.loaded.maps["lost"])
         if total > self._lost_seen:
             emit(EventsLost(self.name, total - self._lost_seen, self.clock.now()))
             self._lost_seen = total
 
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")  # wake the poll now
+        super().stop(timeout)
+
     def close(self) -> None:
-        if self.bpf is not None:
-            self.bpf.cleanup()  # detaches every probe and tracepoint
-            self.bpf = None
-
-
-def _return_freed_heap() -> None:
-    """Compiling with clang/LLVM leaves ~45 MB of freed heap that glibc keeps for reuse; the
-    agent never compiles again, so hand it back (anonymous memory 52 -> 23 MiB measured)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        if self.loaded is not None:
+            self.loaded.close()  # the perf-event fds go: every probe and tracepoint detaches
+            self.loaded = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
 
 
 def _bpf(ctx: SourceContext) -> BpfSource:
