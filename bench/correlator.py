@@ -14,9 +14,9 @@ import tracemalloc
 
 from exporter.clock import FakeClock
 from exporter.correlate import Correlator, CorrelatorConfig
-from exporter.correlate.model import Episode, Phase
-from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource, Result,
-                             Transition)
+from exporter.correlate.model import Episode, Phase, UpdateKind
+from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource,
+                             Result, Transition)
 
 from bench.stats import Summary
 
@@ -98,7 +98,7 @@ def throughput(events: int = 1_000_000, chunk: int = 100_000, repeats: int = 3) 
     for _ in range(repeats):
         clock = FakeClock(T0)
         correlator = Correlator(CorrelatorConfig(kubernetes=True), clock)
-        handled, busy, rounds = 0, 0.0, 0
+        handled, busy, rounds, ended = 0, 0.0, 0, 0
         while handled < events:
             batch = stream(min(chunk, events - handled), rounds)
             rounds += len(batch) // 20 + 1
@@ -106,13 +106,14 @@ def throughput(events: int = 1_000_000, chunk: int = 100_000, repeats: int = 3) 
             t0 = time.perf_counter()
             for event, source in batch:
                 clock.t = getattr(event, "end", None) or event.time
-                correlator.handle(event, source)
+                for update in correlator.handle(event, source):
+                    ended += update.kind is UpdateKind.ENDED
             busy += time.perf_counter() - t0
             handled += len(batch)
         rates.append(handled / busy)
     return {"events": events, "repeats": repeats,
             "events_per_s": Summary.of(rates).as_dict(),
-            "episodes_ended": sum(correlator.tracker.stats.episodes_ended.values())}
+            "episodes_ended": ended}
 
 
 def episode_memory(open_episodes: int = 10_000, probe_events: int = 20) -> dict:
@@ -145,13 +146,13 @@ def episode_memory(open_episodes: int = 10_000, probe_events: int = 20) -> dict:
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
-    n_open = correlator.tracker.episodes_open
+    n_open = correlator.episodes_open()
     t0 = time.perf_counter()
-    for k in range(probe_events):
+    for _ in range(probe_events):
         clock.t += 1.0
         correlator.handle(_snapshot(clock.t, 2, 192), "sysfs")
     per_event = (time.perf_counter() - t0) / probe_events
     return {"open_episodes": n_open, "bytes": held,
             "bytes_per_episode": held / n_open if n_open else 0.0,
             "ms_per_event_while_open": per_event * 1e3,
-            "still_open": correlator.tracker.episodes_open}
+            "still_open": correlator.episodes_open()}

@@ -5,8 +5,10 @@ sums and differences the tests assert are exact in floating point.
 """
 from __future__ import annotations
 
+import threading
+
 from exporter.clock import FakeClock
-from exporter.correlate.episodes import CorrelatorConfig, EpisodeTracker
+from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
 from exporter.correlate.model import Episode, EpisodeUpdate, UpdateKind
 from exporter.events import (ContainerResize, Direction, KernelSnapshot, NodeStatus,
                              PodResourcesAllocatable, PodsRelisted, PodStatus, Resource, Result,
@@ -19,10 +21,32 @@ BLOCK = 128 * MiB
 
 
 class Stream:
-    def __init__(self, **config) -> None:
+    """The correlator as the agent drives it: each event to the metrics sink (on_event), then
+    to the correlator; every update it returns to the metrics sink (on_update)."""
+
+    def __init__(self, config: CorrelatorConfig | None = None, **settings) -> None:
+        from exporter.sinks.metrics import MetricsSink
+
         self.clock = FakeClock(T0)
-        self.tracker = EpisodeTracker(CorrelatorConfig(**config), self.clock)
+        self.config = config if config is not None else CorrelatorConfig(**settings)
+        ledger = KernelLedger()
+        self.view = NodeView(self.config, self.clock)
+        self.correlator = Correlator(self.config, self.clock, ledger=ledger, view=self.view)
+        self.metrics = MetricsSink(threading.Lock(), ledger, self.view)
+        self.stats = self.metrics.stats
         self.updates: list[EpisodeUpdate] = []
+
+    def _take(self, new: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+        for update in new:
+            self.metrics.on_update(update)
+        self.updates += new
+        return new
+
+    def open_episodes(self) -> list[Episode]:
+        return self.correlator.open_episodes()
+
+    def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
+        return self._take(self.correlator.resume(episodes))
 
     # ---------------------------------------------------------------- driving
 
@@ -34,15 +58,19 @@ class Stream:
 
     def feed(self, offset: float, event) -> list[EpisodeUpdate]:
         self.at(offset)
-        new = self.tracker.handle(event)
-        self.updates += new
-        return new
+        return self.push(event)
+
+    def push(self, event) -> list[EpisodeUpdate]:
+        """Feed an event at the clock's current time."""
+        self.metrics.on_event(event)
+        return self._take(self.correlator.handle(event))
 
     def tick(self, offset: float) -> list[EpisodeUpdate]:
         self.at(offset)
-        new = self.tracker.tick()
-        self.updates += new
-        return new
+        return self.push_tick()
+
+    def push_tick(self) -> list[EpisodeUpdate]:
+        return self._take(self.correlator.tick())
 
     def ended(self) -> list[Episode]:
         return [u.episode for u in self.updates if u.kind is UpdateKind.ENDED]

@@ -6,13 +6,12 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.clock import FakeClock
-from exporter.correlate.episodes import CorrelatorConfig, EpisodeTracker
+from exporter.correlate import CorrelatorConfig
 from exporter.correlate.model import Outcome, Phase, UpdateKind
 from exporter.events import (Change, ContainerResize, Direction, KernelSnapshot, NodeStatus,
                              PodResourcesAllocatable, PodsRelisted, PodStatus, Resource, Result,
                              SourceStatus, Transition)
-from tests.correlator_stream import BLOCK, T0, GiB
+from tests.correlator_stream import BLOCK, GiB, Stream
 
 CPU, MEM = Resource.CPU, Resource.MEMORY
 UIDS = ("a", "b", "c", "bal")
@@ -93,28 +92,26 @@ def build(step: tuple, t: float):
     return None  # tick
 
 
-def run(config: CorrelatorConfig, plan: list) -> tuple[EpisodeTracker, list]:
-    clock = FakeClock(T0)
-    tracker = EpisodeTracker(config, clock)
-    updates: list = []
+def run(config: CorrelatorConfig, plan: list) -> Stream:
+    s = Stream(config)
     for advance, lag, step in plan:
-        clock.advance(advance)
+        s.clock.advance(advance)
         if step[0] == "restart":
-            events = [build(("snapshot", *step[1:]), clock.now() - lag),
-                      build(("node", *step[1:]), clock.now())]
+            events = [build(("snapshot", *step[1:]), s.clock.now() - lag),
+                      build(("node", *step[1:]), s.clock.now())]
         else:
-            events = [build(step, clock.now() - lag)]
+            events = [build(step, s.clock.now() - lag)]
         for event in events:
-            updates += tracker.tick() if event is None else tracker.handle(event)
-            check(tracker, updates)
-    clock.advance(10_000.0)  # past every deadline and settle window
-    updates += tracker.tick()
-    check(tracker, updates)
-    return tracker, updates
+            s.push_tick() if event is None else s.push(event)
+            check(s)
+    s.clock.advance(10_000.0)  # past every deadline and settle window
+    s.push_tick()
+    check(s)
+    return s
 
 
-def check(tracker: EpisodeTracker, updates: list) -> None:
-    stats = tracker.stats
+def check(s: Stream) -> None:
+    stats, updates, view = s.stats, s.updates, s.view
     for resource in (CPU, MEM):
         resync_errors = sum(n for (r, _), n in stats.resync_errors.items() if r is resource)
         unplug_errors = sum(n for (r, _), n in stats.unplug_errors.items() if r is resource)
@@ -125,9 +122,8 @@ def check(tracker: EpisodeTracker, updates: list) -> None:
             requests = stats.resync_requests if change is Change.INCREASE else stats.unplug_requests
             assert hist.n <= requests[resource] and hist.total >= 0
         assert stats.readmission_duration[resource].n <= stats.unplug_requests[resource]
-    assert tracker.episodes_open >= 0
-    open_eps = tracker.open_episodes()
-    assert len(open_eps) == tracker.episodes_open
+    open_eps = s.open_episodes()
+    assert len(open_eps) == s.correlator.episodes_open() == stats.episodes_open
     assert all(ep.outcome is None and ep.phase is not Phase.ENDED for ep in open_eps)
 
     ended = [u.episode for u in updates if u.kind is UpdateKind.ENDED]
@@ -138,27 +134,27 @@ def check(tracker: EpisodeTracker, updates: list) -> None:
         assert isinstance(ep.outcome, Outcome) and ep.phase is Phase.ENDED
         assert ep.ended is not None and ep.ended >= ep.opened
         if ep.outcome is Outcome.KERNEL_ONLY:
-            assert not tracker._config.kubernetes or ep.resynced is None
+            assert not s.config.kubernetes or ep.resynced is None
     # Every request is one episode, open or ended exactly once.
     requests = sum(stats.resync_requests.values()) + sum(stats.unplug_requests.values())
     assert requests == len(ended) + len(open_eps)
     assert sum(stats.episodes_ended.values()) == len(ended)
 
     # Gauges never fail and never go negative where they cannot.
-    assert all(v >= 0 for v in tracker.drift_seconds().values())
-    tracker.drift(), tracker.effective(), tracker.kubelet_capacity()
-    tracker.kubelet_allocatable(), tracker.balloon_requests()
-    assert tracker.balloon_pods() >= 0
-    offline = tracker.podresources_offline_cpus()
-    allocatable = tracker.podresources_allocatable_cpus()
+    assert all(v >= 0 for v in view.drift_seconds().values())
+    view.drift(), view.effective(), view.kubelet_capacity()
+    view.kubelet_allocatable(), view.balloon_requests()
+    assert view.balloon_pods() >= 0
+    offline = view.podresources_offline_cpus()
+    allocatable = view.podresources_allocatable_cpus()
     assert offline is None or (allocatable is not None and 0 <= offline <= allocatable)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs, plan=steps)
 def test_random_streams_keep_the_invariants(config, plan):
-    tracker, updates = run(config, plan)
-    assert tracker.episodes_open == 0  # every deadline passed: nothing stays open forever
+    s = run(config, plan)
+    assert s.correlator.episodes_open() == 0  # every deadline passed: nothing stays open forever
 
 
 @settings(max_examples=100, deadline=None)
@@ -168,6 +164,6 @@ def test_random_streams_replay_identically(config, plan):
         return [(u.kind, u.episode.id, u.episode.outcome, u.time, len(u.episode.pods))
                 for u in updates]
 
-    _, first = run(config, plan)
-    _, second = run(config, plan)
+    first = run(config, plan).updates
+    second = run(config, plan).updates
     assert summary(first) == summary(second)

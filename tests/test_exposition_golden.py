@@ -11,7 +11,7 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.events import (
     Direction, EventsLost, ProgramStatus, Resource, Result, SourceStatus, Transition,
 )
-from exporter.sinks.metrics import ExporterCollector
+from exporter.sinks.metrics import MetricsSink
 from exporter.sources.sysfs import SysfsReader, diff_transitions
 
 HERE = Path(__file__).parent
@@ -54,7 +54,7 @@ def test_golden_exposition():
                              error="EAGAIN"))
     ledger.handle(EventsLost("bpf", 2, 4.0))
     registry = CollectorRegistry()
-    registry.register(ExporterCollector(threading.Lock(), ledger))
+    registry.register(MetricsSink(threading.Lock(), ledger))
     text = generate_latest(registry).decode()
     if os.environ.get("UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text)

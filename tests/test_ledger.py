@@ -72,10 +72,11 @@ def test_correlator_keeps_the_bpf_record_when_the_uevent_won_the_race():
     from exporter.correlate import Correlator, CorrelatorConfig
 
     clock = FakeClock(100.0)
-    c = Correlator(CorrelatorConfig(), clock)
+    ledger = KernelLedger()
+    c = Correlator(CorrelatorConfig(), clock, ledger=ledger)
     c.handle(tx("uevent", OFF, 100.030))
     c.handle(tx("bpf", OFF, 100.025, start=100.005))
-    (ep,) = c.tracker.open_episodes()
+    (ep,) = c.open_episodes()
     assert [(t.source, t.start) for t in ep.transitions] == [("bpf", 100.005)]
     assert ep.opened == 100.005
-    assert c.ledger.transitions[(Resource.CPU, OFF, Result.SUCCESS)] == 1
+    assert ledger.transitions[(Resource.CPU, OFF, Result.SUCCESS)] == 1

@@ -1,34 +1,116 @@
-"""The correlator: kernel ledger (each transition once) + episode tracker. Pure, clock injected.
+"""The correlator: events in, episode updates out. Pure (no I/O), clock injected.
 
-    events ──► KernelLedger (counts, de-duplicates) ──► EpisodeTracker (episodes) ──► updates
+    events ──► KernelLedger (counts, de-duplicates) ──► NodeView (both sides now: the gauges)
+                                                   └──► EpisodeTracker (episodes) ──► updates
+
+Statistics are no part of it: the metrics sink counts them from the updates. The ledger and the
+view are built by the composition root and handed both to the Correlator, which alone writes
+them, and to the metrics sink, which reads them at scrape time under the agent's lock.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 from exporter.clock import Clock
-from exporter.correlate.episodes import CorrelatorConfig, EpisodeTracker
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import Episode, EpisodeUpdate
-from exporter.events import Event, Transition
+from exporter.correlate.node_view import NodeView
+from exporter.events import (Event, KernelSnapshot, NodeStatus, PodResourcesAllocatable,
+                             PodsRelisted, PodStatus, Transition)
 
-__all__ = ["Correlator", "CorrelatorConfig"]
+__all__ = ["Correlator", "CorrelatorConfig", "KernelLedger", "NodeView"]
 
 
 class Correlator:
-    def __init__(self, config: CorrelatorConfig, clock: Clock):
-        self.ledger = KernelLedger()
-        self.tracker = EpisodeTracker(config, clock)
+    def __init__(self, config: CorrelatorConfig, clock: Clock,
+                 ledger: KernelLedger | None = None, view: NodeView | None = None) -> None:
+        self._clock = clock
+        self._ledger = KernelLedger() if ledger is None else ledger
+        self._view = NodeView(config, clock) if view is None else view
+        self._tracker = EpisodeTracker(config, self._view)
+        self.malformed_events = 0  # skipped: a timestamp that is not a finite number
+        self._apply: dict[type, Callable[[Any], list[EpisodeUpdate]]] = {
+            Transition: self._transition,
+            KernelSnapshot: self._snapshot,
+            NodeStatus: self._node,
+            PodStatus: self._pod,
+            PodsRelisted: self._relist,
+            PodResourcesAllocatable: self._podresources,
+        }
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
-        if not self.ledger.handle(event, source):
+        if not self._ledger.handle(event, source):
             if isinstance(event, Transition) and event.start is not None:
                 # A duplicate that knows more (BPF's kernel times after a uevent got there
                 # first): let the episode keep the better record.
-                self.tracker.enrich(event)
+                self._tracker.enrich(event)
             return []
-        return self.tracker.handle(event)
+        apply = self._apply.get(type(event))
+        if apply is None:
+            return []
+        when: object = event.end if isinstance(event, Transition) else event.time
+        if not isinstance(when, (int, float)) or not math.isfinite(when):
+            self.malformed_events += 1
+            return []
+        # Deadlines that fell due before this event are decided first, on the state before it.
+        # min(): a stamp from the future (a source's bad clock) must not fast-forward every
+        # open episode.
+        updates = self._tracker.advance(min(float(when), self._clock.now()))
+        return updates + apply(event)
 
     def tick(self) -> list[EpisodeUpdate]:
-        return self.tracker.tick()
+        return self._tracker.advance(self._clock.now())
 
-    def resume(self, episodes: list[Episode]) -> None:
-        self.tracker.resume(episodes)
+    def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
+        """Re-open the episodes a journal kept open across a restart. Every sink must see the
+        RESUMED updates returned (the metrics sink counts their requests)."""
+        return self._tracker.resume(episodes, self._clock.now())
+
+    def episodes_open(self) -> int:
+        return self._tracker.episodes_open
+
+    def open_episodes(self) -> list[Episode]:
+        """Copies of the open episodes, oldest first."""
+        return self._tracker.open_episodes()
+
+    # TEMPORARY, for exporter/app.py as committed before the split (see
+    # exporter.sinks.metrics.ExporterCollector): delete both once app.py builds MetricsSink.
+    @property
+    def ledger(self) -> KernelLedger:
+        return self._ledger
+
+    @property
+    def tracker(self) -> NodeView:
+        return self._view
+
+    # ------------------------------------------------------------ per event type
+
+    def _transition(self, t: Transition) -> list[EpisodeUpdate]:
+        if t.start is not None and not math.isfinite(t.start):
+            self.malformed_events += 1
+            return []
+        return self._tracker.on_transition(t)
+
+    def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
+        self._view.on_snapshot(snap)
+        return self._tracker.on_snapshot()
+
+    def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
+        self._view.on_node(node)
+        return self._tracker.on_node()
+
+    def _pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
+        prev = self._view.on_pod(pod)
+        return self._tracker.on_pod(pod, prev)
+
+    def _relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
+        self._view.on_relist(relist)
+        return []
+
+    def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
+        self._view.on_podresources(alloc)
+        return []

@@ -1,6 +1,8 @@
-"""The episode correlator: kernel transitions joined with what the kubelet says, as episodes.
+"""The episode state machine: kernel transitions joined with what the kubelet says, as episodes.
 
-Pure: events in, EpisodeUpdates out, time from the injected clock. Every timed decision
+Pure: the Correlator hands it events in order, after the NodeView has taken them in (a pod:
+before, see on_pod), and it returns EpisodeUpdates. It keeps no statistics and no gauges: the
+metrics sink counts from the updates, the gauges are the NodeView's. Every timed decision
 (coalescing window, resync deadline, mismatch and readmission settle windows) is taken at the
 instant it falls due, not when tick() happens to run: before an event is applied the state is
 advanced to that event's time, so the outcome does not depend on the tick rate and a replay of
@@ -10,76 +12,22 @@ describes them.
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field, replace
 
-from exporter.clock import Clock
-from exporter.correlate.histogram import RESYNC_BUCKETS, Histogram
-from exporter.correlate.kube_view import (BalloonResizes, NodeView, PodView, reason_concerns,
-                                          rejection, subtract)
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
                                       PodVerdict, UpdateKind)
-from exporter.events import (Change, KernelSnapshot, NodeStatus, PodResourcesAllocatable,
-                             PodsRelisted, PodStatus, Resource, Result, Transition)
+from exporter.correlate.node_view import NodeView
+from exporter.events import Change, PodStatus, Resource, Result, Transition
+
+__all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
 # Resources a kernel Transition can be about (per CPU, per memory block).
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
 
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
-
-_ERROR_REASON = {
-    Outcome.KERNEL_FAILED: "kernel_failed",
-    Outcome.RESYNC_TIMEOUT: "resync_timeout",
-    Outcome.MISMATCH: "mismatch",
-}
-
-
-@dataclass(frozen=True)
-class CorrelatorConfig:
-    coalesce_window: float = 2.0  # s: same resource+direction transitions join one episode
-    resync_deadline: float = 600.0  # s after kernel done -> resync_timeout
-    readmission_settle: float = 10.0  # s without a pod change after resync -> settled
-    memory_tolerance_bytes: float = 100 * 2**20  # KEP-3953's jitter bound for the kubelet
-    cpu_tolerance_cores: float = 0.0  # whole cores
-    kubernetes: bool = False  # a Node source is configured; False -> episodes end kernel_only
-    # Pod status reasons that mean "admission rejected it"; any "OutOf" prefix counts too.
-    rejection_reasons: frozenset[str] = frozenset(
-        {"OutOfcpu", "OutOfmemory", "UnexpectedAdmissionError", "NodeCapacityExceeded"})
-
-
-def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
-    return {(r, c): Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES for c in Change}
-
-
-def _readmission_histograms() -> dict[Resource, Histogram]:
-    return {r: Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES}
-
-
-@dataclass
-class EpisodeStats:
-    """Counters and histograms the metrics Collector renders.
-
-    resync_*: node_resize_resync_{request_total,errors_total,duration_seconds};
-    unplug_*, readmission_*: node_hot_unplug_{request_total,errors_total,
-    readmission_duration_seconds,readmission_pods_total}; balloon_*: node_balloon_resize_*.
-    Errors are counted per episode at its end, requests when it opens: errors <= requests.
-    """
-
-    resync_requests: Counter[Resource] = field(default_factory=Counter)
-    resync_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
-    resync_duration: dict[tuple[Resource, Change], Histogram] = field(
-        default_factory=_resync_histograms)
-    unplug_requests: Counter[Resource] = field(default_factory=Counter)
-    unplug_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
-    readmission_duration: dict[Resource, Histogram] = field(
-        default_factory=_readmission_histograms)
-    readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
-    balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
-    balloon_resize_duration: Histogram = field(default_factory=lambda: Histogram(RESYNC_BUCKETS))
-    # Not in the metric catalogue; for logs and tests.
-    episodes_ended: Counter[Outcome] = field(default_factory=Counter)
-    malformed_events: int = 0  # events skipped (a timestamp that is not a finite number)
-
 
 @dataclass
 class _Track:
@@ -95,10 +43,6 @@ class _Track:
     def last_success_end(self) -> float | None:
         ends = [t.end for t in self.ep.transitions if t.result is Result.SUCCESS]
         return max(ends) if ends else None
-
-
-def _event_time(event: object) -> float:
-    return event.end if isinstance(event, Transition) else event.time  # type: ignore[attr-defined]
 
 
 def _copy(ep: Episode) -> Episode:
@@ -125,55 +69,33 @@ def _describe_failures(transitions: list[Transition]) -> str:
     return "; ".join(words)
 
 
+
 class EpisodeTracker:
-    def __init__(self, config: CorrelatorConfig, clock: Clock) -> None:
+    def __init__(self, config: CorrelatorConfig, view: NodeView) -> None:
         self._config = config
-        self._clock = clock
-        self.stats = EpisodeStats()
+        self._view = view  # read only: the Correlator feeds it
         self._open: dict[str, _Track] = {}
-        self._snapshot: KernelSnapshot | None = None
-        self._node = NodeView()
-        self._pods = PodView()
-        self._resizes = BalloonResizes()
-        self._podresources: frozenset[int] | None = None
-        self._drift_since: dict[Resource, float] = {}
         # Ids handed out lately, ended ones included: a flap within one microsecond
         # (online, offline, online) must not reuse the id of the episode it superseded.
         self._recent_order: deque[str] = deque(maxlen=_RECENT_IDS)
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
-        self._handlers = {
-            Transition: self._on_transition,
-            KernelSnapshot: self._on_snapshot,
-            NodeStatus: self._on_node,
-            PodStatus: self._on_pod,
-            PodsRelisted: self._on_relist,
-            PodResourcesAllocatable: self._on_podresources,
-        }
 
     # ------------------------------------------------------------ entry points
 
-    def handle(self, event: object) -> list[EpisodeUpdate]:
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            return []
-        when = _event_time(event)
-        if not isinstance(when, (int, float)) or not math.isfinite(when):
-            self.stats.malformed_events += 1
-            return []
-        # Deadlines that fell due before this event are decided first. min(): a stamp from the
-        # future (a source's bad clock) must not fast-forward every open episode.
-        updates = self._advance(min(float(when), self._clock.now()))
-        return updates + handler(event)
+    def advance(self, upto: float) -> list[EpisodeUpdate]:
+        """Decide every deadline that falls due at or before `upto`, at its own instant."""
+        updates: list[EpisodeUpdate] = []
+        for track in list(self._open.values()):
+            updates += self._advance_one(track, upto)
+        return updates
 
-    def tick(self) -> list[EpisodeUpdate]:
-        return self._advance(self._clock.now())
+    def resume(self, episodes: list[Episode], now: float) -> list[EpisodeUpdate]:
+        """Re-open episodes a journal kept across a restart; one RESUMED update each.
 
-    def resume(self, episodes: list[Episode]) -> None:
-        """Re-open episodes a journal kept across a restart.
-
-        The request is counted again: this process's counters start at zero, and an error
-        counted for a resumed episode must stay a subset of the requests counted here.
+        The metrics sink counts a RESUMED episode as a request again: this process's counters
+        start at zero, and an error counted for it must stay a subset of the requests here.
         """
+        updates = []
         for kept in episodes:
             if kept.outcome is not None or kept.phase is Phase.ENDED or kept.id in self._open:
                 continue
@@ -185,9 +107,8 @@ class EpisodeTracker:
                            last_change=max((p.time for p in ep.pods), default=None))
             self._open[ep.id] = track
             self._remember_id(ep.id)
-            self._count_request(ep)
-
-    # ------------------------------------------------------------ gauges
+            updates.append(self._update(UpdateKind.RESUMED, track, now))
+        return updates
 
     @property
     def episodes_open(self) -> int:
@@ -195,43 +116,6 @@ class EpisodeTracker:
 
     def open_episodes(self) -> list[Episode]:
         return [_copy(t.ep) for t in sorted(self._open.values(), key=lambda t: t.ep.opened)]
-
-    def kubelet_capacity(self) -> dict[Resource, float]:
-        status = self._node.status
-        return {} if status is None else {r: float(v) for r, v in status.capacity.items()}
-
-    def kubelet_allocatable(self) -> dict[Resource, float]:
-        status = self._node.status
-        return {} if status is None else {r: float(v) for r, v in status.allocatable.items()}
-
-    def drift(self) -> dict[Resource, float]:
-        snap = self._snapshot
-        if snap is None:
-            return {}
-        return {r: snap.capacity(r) - kubelet for r, kubelet in self.kubelet_capacity().items()
-                if self._kernel_reports(r)}
-
-    def drift_seconds(self) -> dict[Resource, float]:
-        now = self._clock.now()
-        return {r: (max(0.0, now - self._drift_since[r]) if r in self._drift_since else 0.0)
-                for r in self.drift()}
-
-    def balloon_pods(self) -> int:
-        return len(self._pods.balloons())
-
-    def balloon_requests(self) -> dict[Resource, float]:
-        return self._pods.balloon_requests()
-
-    def effective(self) -> dict[Resource, float]:
-        return subtract(self.kubelet_allocatable(), self.balloon_requests())
-
-    def podresources_allocatable_cpus(self) -> int | None:
-        return None if self._podresources is None else len(self._podresources)
-
-    def podresources_offline_cpus(self) -> int | None:
-        if self._podresources is None or self._snapshot is None:
-            return None
-        return len(self._podresources - self._snapshot.cpus_online)
 
     def enrich(self, t: Transition) -> None:
         """A duplicate carrying the kernel's own times (a BPF record after the uevent of the same
@@ -256,13 +140,10 @@ class EpisodeTracker:
         self._recent_order.append(ep_id)
         self._recent_ids.add(ep_id)
 
-    # ------------------------------------------------------------ kernel events
+    # ------------------------------------------------------------ events (state already advanced)
 
-    def _on_transition(self, t: Transition) -> list[EpisodeUpdate]:
+    def on_transition(self, t: Transition) -> list[EpisodeUpdate]:
         if t.resource not in EPISODE_RESOURCES:
-            return []
-        if t.start is not None and not math.isfinite(t.start):
-            self.stats.malformed_events += 1
             return []
         change = t.direction.change
         began = t.end if t.start is None else min(t.start, t.end)
@@ -296,70 +177,42 @@ class EpisodeTracker:
             n += 1
             ep_id = f"{base_id}-{n}"
         self._remember_id(ep_id)
-        snap = self._snapshot
+        snap = self._view.snapshot
         ep = Episode(
             id=ep_id, resource=t.resource, change=change, opened=began, transitions=[t],
             # A snapshot taken after the transition already shows its effect.
             kernel_before=snap.capacity(t.resource) if snap and snap.time <= began else None,
-            kubelet_before=self._node.capacity(t.resource))
+            kubelet_before=self._view.kubelet(t.resource))
         track = self._open[ep_id] = _Track(ep, last_end=t.end)
         self._note_kernel_after(track)
-        self._count_request(ep)
         return updates + [self._update(UpdateKind.OPENED, track, began)]
 
-    def _on_snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
-        self._snapshot = snap
-        self._note_drift(snap.time)
+    def on_snapshot(self) -> list[EpisodeUpdate]:
         updates: list[EpisodeUpdate] = []
         for track in list(self._open.values()):
             self._note_kernel_after(track)
             updates += self._check_resync(track)
         return updates
 
-    # ------------------------------------------------------------ Kubernetes events
-
-    def _on_node(self, node: NodeStatus) -> list[EpisodeUpdate]:
-        self._node.update(node)
-        self._note_drift(node.time)
+    def on_node(self) -> list[EpisodeUpdate]:
         updates: list[EpisodeUpdate] = []
         for track in list(self._open.values()):
             if track.ep.kubelet_before is None:
                 # No Node seen when it opened: the first one is the baseline a mismatch moves from.
-                track.ep.kubelet_before = self._node.capacity(track.ep.resource)
+                track.ep.kubelet_before = self._view.kubelet(track.ep.resource)
             updates += self._check_resync(track)
         return updates
 
-    def _on_pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
-        prev = self._pods.get(pod.uid)
+    def on_pod(self, pod: PodStatus, prev: PodStatus | None) -> list[EpisodeUpdate]:
+        """`prev`: the view's record of this pod before this event (the view has it already)."""
         reason = rejection(prev, pod, self._config.rejection_reasons)
         updates: list[EpisodeUpdate] = []
         if reason is not None:
             for track in list(self._open.values()):
                 updates += self._note_rejection(track, pod, reason)
-        self._pods.apply(pod)
-        for result, duration in self._resizes.observe(pod):
-            self.stats.balloon_resizes[result] += 1
-            if duration is not None:
-                self.stats.balloon_resize_duration.observe(duration)
         return updates
-
-    def _on_relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
-        for uid in self._pods.relist(relist.uids):
-            self._resizes.forget(uid)
-        return []
-
-    def _on_podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
-        # An empty list is what a kubelet without the static CPU manager returns: not reported.
-        self._podresources = alloc.cpu_ids or None
-        return []
 
     # ------------------------------------------------------------ time
-
-    def _advance(self, upto: float) -> list[EpisodeUpdate]:
-        updates: list[EpisodeUpdate] = []
-        for track in list(self._open.values()):
-            updates += self._advance_one(track, upto)
-        return updates
 
     def _advance_one(self, track: _Track, upto: float) -> list[EpisodeUpdate]:
         ep, cfg = track.ep, self._config
@@ -385,7 +238,7 @@ class EpisodeTracker:
                 if moved is not None:
                     updates += self._end_mismatch(track, deadline)
                 else:
-                    ep.kubelet_after = self._node.capacity(ep.resource)
+                    ep.kubelet_after = self._view.kubelet(ep.resource)
                     updates += self._end(track, Outcome.RESYNC_TIMEOUT, deadline,
                                          f"Node capacity {ep.resource.value} "
                                          f"{_num(ep.kubelet_after)} did not reach the kernel's "
@@ -419,13 +272,13 @@ class EpisodeTracker:
         if ep.phase is not Phase.RESYNC:
             return []
         assert ep.kernel_done is not None
-        kubelet, kernel = self._node.capacity(ep.resource), self._kernel_now(ep)
-        if kubelet is None or kernel is None or not self._within(ep.resource, kubelet, kernel):
+        kubelet, kernel = self._view.kubelet(ep.resource), self._kernel_now(ep)
+        within = self._config.within
+        if kubelet is None or kernel is None or not within(ep.resource, kubelet, kernel):
             return []
         # An update delivered before the kernel phase closed still counts (a fast kubelet).
-        ep.resynced = max(ep.kernel_done, self._node.since[ep.resource])
+        ep.resynced = max(ep.kernel_done, self._view.kubelet_since(ep.resource))
         ep.kubelet_after = kubelet
-        self.stats.resync_duration[(ep.resource, ep.change)].observe(ep.resynced - ep.kernel_done)
         updates = [self._update(UpdateKind.RESYNCED, track, ep.resynced)]
         if ep.change is Change.INCREASE:
             return updates + self._end(track, Outcome.CONVERGED, ep.resynced,
@@ -436,16 +289,17 @@ class EpisodeTracker:
     def _mismatch_since(self, track: _Track) -> float | None:
         """When the kubelet moved to a value that is not the kernel's, if it did."""
         ep = track.ep
-        kubelet, kernel = self._node.capacity(ep.resource), self._kernel_now(ep)
-        if kubelet is None or kernel is None or self._within(ep.resource, kubelet, kernel):
+        kubelet, kernel = self._view.kubelet(ep.resource), self._kernel_now(ep)
+        within = self._config.within
+        if kubelet is None or kernel is None or within(ep.resource, kubelet, kernel):
             return None
-        if ep.kubelet_before is None or self._within(ep.resource, kubelet, ep.kubelet_before):
+        if ep.kubelet_before is None or within(ep.resource, kubelet, ep.kubelet_before):
             return None  # it never moved: that is a (pending) timeout, not a mismatch
-        return max(self._node.since[ep.resource], ep.opened)
+        return max(self._view.kubelet_since(ep.resource), ep.opened)
 
     def _end_mismatch(self, track: _Track, at: float) -> list[EpisodeUpdate]:
         ep = track.ep
-        ep.kubelet_after = self._node.capacity(ep.resource)
+        ep.kubelet_after = self._view.kubelet(ep.resource)
         return self._end(track, Outcome.MISMATCH, at,
                          f"Node capacity {ep.resource.value} settled on {_num(ep.kubelet_after)}, "
                          f"the kernel has {_num(self._kernel_now(ep))}")
@@ -479,14 +333,9 @@ class EpisodeTracker:
         ep = track.ep
         assert ep.kernel_done is not None
         ep.readmission_settled = settled
-        self.stats.readmission_duration[ep.resource].observe(settled - ep.kernel_done)
         ep.pods.extend(PodOutcome(settled, pod.namespace, pod.name, pod.uid, PodVerdict.KEPT,
                                   "Running")
-                       for pod in self._pods.active() if pod.uid not in track.rejected)
-        for p in ep.pods:
-            self.stats.readmission_pods[(p.outcome.value, p.reason)] += 1
-        if track.rejected:
-            self.stats.unplug_errors[(ep.resource, "readmission_rejected")] += 1
+                       for pod in self._view.active_pods() if pod.uid not in track.rejected)
         kept = len(ep.pods) - len(track.rejected)
         return self._end(track, Outcome.CONVERGED, settled,
                          f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
@@ -500,22 +349,10 @@ class EpisodeTracker:
             detail += f" ({failed} of {len(ep.transitions)} transitions failed: " \
                       f"{_describe_failures(ep.transitions)})"
         ep.detail = detail
-        reason = _ERROR_REASON.get(outcome)
-        if reason is not None:
-            errors = (self.stats.resync_errors if ep.change is Change.INCREASE
-                      else self.stats.unplug_errors)
-            errors[(ep.resource, reason)] += 1
-        self.stats.episodes_ended[outcome] += 1
         del self._open[ep.id]
         return [self._update(UpdateKind.ENDED, track, at)]
 
     # ------------------------------------------------------------ helpers
-
-    def _count_request(self, ep: Episode) -> None:
-        if ep.change is Change.INCREASE:
-            self.stats.resync_requests[ep.resource] += 1
-        else:
-            self.stats.unplug_requests[ep.resource] += 1
 
     def _update(self, kind: UpdateKind, track: _Track, when: float) -> EpisodeUpdate:
         return EpisodeUpdate(kind, _copy(track.ep), when)
@@ -526,39 +363,18 @@ class EpisodeTracker:
         A snapshot older than kernel_done does not show the change yet and would match the
         Node's stale value: the very thing this exporter exists to catch.
         """
-        snap = self._snapshot
+        snap = self._view.snapshot
         if snap is None or ep.kernel_done is None or snap.time < ep.kernel_done:
             return None
         return snap.capacity(ep.resource)
 
     def _note_kernel_after(self, track: _Track) -> None:
-        snap, ep = self._snapshot, track.ep
+        snap, ep = self._view.snapshot, track.ep
         if snap is None or track.after_fresh:
             return
         if ep.phase is Phase.KERNEL or snap.time >= (ep.kernel_done or math.inf):
             ep.kernel_after = snap.capacity(ep.resource)
             track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
-
-    def _note_drift(self, when: float) -> None:
-        drift = self.drift()
-        for resource in list(self._drift_since):
-            if resource not in drift or self._within(resource, drift[resource], 0.0):
-                del self._drift_since[resource]
-        for resource, value in drift.items():
-            if not self._within(resource, value, 0.0):
-                self._drift_since.setdefault(resource, when)
-
-    def _within(self, resource: Resource, a: float, b: float) -> bool:
-        tolerance = (self._config.cpu_tolerance_cores if resource is Resource.CPU
-                     else self._config.memory_tolerance_bytes)
-        return abs(a - b) <= tolerance + 1e-9
-
-    def _kernel_reports(self, resource: Resource) -> bool:
-        snap = self._snapshot
-        if snap is None:
-            return False
-        return resource in (Resource.CPU, Resource.MEMORY, Resource.SWAP) \
-            or resource in snap.hugepages_bytes
 
 
 def _num(value: float | None) -> str:

@@ -1,7 +1,8 @@
-"""What the correlator knows about the Kubernetes side: the Node, the pods, balloon resizes.
+"""The Kubernetes side's building blocks: the Node's capacity, the pods, balloon resizes.
 
-Pure state fed by events; the episode tracker reads it to judge resync and readmission, and the
-gauges (kubelet capacity, balloon requests, effective capacity) are computed from it.
+Pure state fed by events. NodeView (node_view.py) holds a NodeCapacity and a PodView and
+computes the gauges; the episode tracker reads them to judge resync and readmission; the
+metrics sink counts balloon resizes with BalloonResizes.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def reason_concerns(reason: str, resource: Resource) -> bool:
     return named not in {r.value.lower() for r in Resource} or named == resource.value.lower()
 
 
-class NodeView:
+class NodeCapacity:
     """The latest Node status, and since when each capacity value has been what it is."""
 
     def __init__(self) -> None:

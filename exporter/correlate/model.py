@@ -87,6 +87,7 @@ class UpdateKind(str, enum.Enum):
     RESYNCED = "resynced"
     POD = "pod"
     ENDED = "ended"
+    RESUMED = "resumed"  # re-opened from the journal after a restart (counted as a request again)
 
 
 @dataclass(frozen=True)

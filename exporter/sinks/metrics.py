@@ -1,13 +1,32 @@
-"""The Prometheus sink: a Collector that renders the correlator's state at scrape time.
+"""The Prometheus sink: counts episode statistics from the correlator's updates, and renders
+them with the ledger's and the node view's state at scrape time (a prometheus_client Collector).
 
-No metric object is updated as events flow; the ledger and the episode tracker hold plain state
-and this module only formats it, under the agent's lock. Names are the contract in
-docs/metrics.md (tests/test_catalogue.py checks both ways).
+No metric object is updated as events flow. The ledger and the node view are written by the
+Correlator alone, under the agent's lock, and read here under that same lock; the statistics
+this sink counts (exporter/sinks/stats.py) are under its own lock, since the agent calls sinks
+outside its lock. Names are the contract in DESIGN.md.
+
+How the composition root builds it (the ledger and view are shared with the Correlator; the
+sink must be among the agent's sinks, and must see the updates resume() returns):
+
+    ledger = KernelLedger()
+    view = NodeView(config, clock)
+    correlator = Correlator(config, clock, ledger=ledger, view=view)
+    agent = Agent(correlator, sources, sinks, clock, ...)   # sinks: [journal] or []
+    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
+    agent.add_sink(metrics)
+    for update in correlator.resume(journal.open_episodes() if journal else []):
+        for sink in agent.sinks:
+            sink.on_update(update)
+    registry.register(metrics)
+
+`sinks` is the agent's live list (their error counters are shown; this sink skips itself).
 """
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
@@ -17,7 +36,10 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.correlate.histogram import Histogram
 from exporter.correlate.ledger import KernelLedger
-from exporter.events import Direction, Resource, Result
+from exporter.correlate.model import EpisodeUpdate
+from exporter.correlate.node_view import NodeView
+from exporter.events import Direction, Event, Resource, Result
+from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
 # Error reasons are a closed set: every series exists from the start at 0, so increase() and
@@ -27,7 +49,7 @@ UNPLUG_ERROR_REASONS = RESYNC_ERROR_REASONS + ("readmission_rejected",)
 READMISSION_OUTCOMES = (("kept", "Running"),)
 
 
-def _with_zeros(values: dict, keys) -> dict:
+def _with_zeros(values: Mapping[Any, int], keys: Iterable[Hashable]) -> dict[Any, int]:
     return {**{k: 0 for k in keys}, **values}
 
 
@@ -35,21 +57,40 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -
     family.add_metric(labels, h.cumulative(), h.total)
 
 
-class ExporterCollector(Collector):
-    """Everything /metrics shows. `tracker` is the episode tracker (None: kernel only)."""
+class MetricsSink(Collector):
+    """Everything /metrics shows. `view` None: the kernel side only (no episode metrics)."""
 
-    def __init__(self, lock: threading.Lock, ledger: KernelLedger, tracker=None,
-                 sinks: Iterable = ()):
-        self.lock = lock
+    def __init__(self, lock: threading.Lock, ledger: KernelLedger, view: NodeView | None = None,
+                 sinks: Iterable[object] = ()) -> None:
+        self.lock = lock  # the agent's: held while the Correlator writes ledger and view
         self.ledger = ledger
-        self.tracker = tracker
+        self.view = view
         self.sinks = sinks  # their error counters are shown too (the agent's live list)
+        self.stats = EpisodeStats()
+        self._stats_lock = threading.Lock()
+        self.errors = 0
+
+    # ------------------------------------------------------------ Sink
+
+    def on_event(self, event: Event) -> None:
+        with self._stats_lock:
+            self.stats.count_event(event)
+
+    def on_update(self, update: EpisodeUpdate) -> None:
+        with self._stats_lock:
+            self.stats.count_update(update)
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ Collector
 
     def collect(self) -> Iterable[Metric]:
         with self.lock:
             families = list(self._self_metrics()) + list(self._kernel())
-            if self.tracker is not None:
-                families += list(self._kubernetes(self.tracker))
+            if self.view is not None:
+                with self._stats_lock:
+                    families += list(self._kubernetes(self.view, self.stats))
         families.append(self._sink_errors())
         return families
 
@@ -59,6 +100,8 @@ class ExporterCollector(Collector):
                                   "trace export failures); the agent keeps running.",
                                   labels=["sink"])
         for sink in self.sinks:
+            if sink is self:
+                continue
             name = type(sink).__name__.lower().removesuffix("sink") or "sink"
             fam.add_metric([name], getattr(sink, "errors", 0))
         return fam
@@ -138,10 +181,9 @@ class ExporterCollector(Collector):
 
     # ------------------------------------------------------------ Kubernetes side
 
-    def _kubernetes(self, tr) -> Iterable[Metric]:
-        st = tr.stats
+    def _kubernetes(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
         yield GaugeMetricFamily("node_resize_exporter_episodes_open", "Episodes not yet ended.",
-                                value=len(tr.open_episodes()))
+                                value=st.episodes_open)
         yield _counter("node_resize_resync_request", "Hot-plug episodes that need a kubelet "
                        "resync (KEP-3953).", ["resource"], _with_zeros(
                            {(r.value,): n for r, n in st.resync_requests.items()},
@@ -176,40 +218,40 @@ class ExporterCollector(Collector):
                        ["outcome", "reason"], _with_zeros(
                            {(o, why): n for (o, why), n in st.readmission_pods.items()},
                            READMISSION_OUTCOMES))
-        yield _gauge("node_capacity_kubelet", "Node status.capacity.", tr.kubelet_capacity())
+        yield _gauge("node_capacity_kubelet", "Node status.capacity.", view.kubelet_capacity())
         yield _gauge("node_allocatable_kubelet", "Node status.allocatable.",
-                     tr.kubelet_allocatable())
+                     view.kubelet_allocatable())
         yield _gauge("node_capacity_drift", "Kernel capacity minus the Node's (0 in sync).",
-                     tr.drift())
+                     view.drift())
         drift_s = GaugeMetricFamily("node_capacity_drift_seconds",
                                     "How long the current drift has lasted.",
                                     labels=["resource"])
-        for r, v in sorted(tr.drift_seconds().items(), key=str):
+        for r, v in sorted(view.drift_seconds().items(), key=str):
             drift_s.add_metric([r.value], v)
         yield drift_s
         yield _gauge("node_balloon_requests", "Requests held by balloon pods (KEP-5620).",
-                     tr.balloon_requests())
+                     view.balloon_requests())
         yield GaugeMetricFamily("node_balloon_pods", "Balloon pods on the node.",
-                                value=tr.balloon_pods())
+                                value=view.balloon_pods())
         yield _gauge("node_capacity_effective", "Kubelet allocatable minus balloon requests.",
-                     tr.effective())
+                     view.effective())
         yield _counter("node_balloon_resize", "In-place resizes of balloon pods, by result.",
                        ["result"], {(res,): n for res, n in st.balloon_resizes.items()})
         fam = HistogramMetricFamily("node_balloon_resize_duration_seconds",
                                     "Balloon resize spec change to applied.")
         _histogram(fam, [], st.balloon_resize_duration)
         yield fam
-        allocatable = tr.podresources_allocatable_cpus()
+        allocatable = view.podresources_allocatable_cpus()
         if allocatable is not None:
             yield GaugeMetricFamily("node_podresources_allocatable_cpus",
                                     "CPU ids the kubelet podresources API offers.",
                                     value=allocatable)
             yield GaugeMetricFamily("node_podresources_offline_cpus",
                                     "Offered CPU ids the kernel has offline.",
-                                    value=tr.podresources_offline_cpus() or 0)
+                                    value=view.podresources_offline_cpus() or 0)
 
 
-def _counter(name: str, help_: str, labels: list[str], values: dict) -> Metric:
+def _counter(name: str, help_: str, labels: list[str], values: Mapping[Any, int]) -> Metric:
     fam = CounterMetricFamily(name, help_, labels=labels)
     for key, n in sorted(values.items()):
         fam.add_metric(list(key), n)
@@ -221,3 +263,15 @@ def _gauge(name: str, help_: str, values: dict[Resource, float]) -> Metric:
     for r, v in sorted(values.items(), key=str):
         fam.add_metric([r.value, r.unit], v)
     return fam
+
+
+def ExporterCollector(lock: threading.Lock, ledger: KernelLedger, view: NodeView,
+                      sinks: list[object]) -> MetricsSink:
+    """TEMPORARY bridge for exporter/app.py as committed before the correlator split (it calls
+    ExporterCollector(agent.lock, correlator.ledger, correlator.tracker, agent.sinks)); it
+    adds the sink to the agent's list itself. Resumed episodes' requests are not counted
+    through it. Delete it, and Correlator.ledger / Correlator.tracker, once app.py builds
+    MetricsSink as this module's docstring shows."""
+    metrics = MetricsSink(lock, ledger, view, sinks)
+    sinks.append(metrics)
+    return metrics

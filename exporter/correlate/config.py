@@ -1,0 +1,25 @@
+"""The correlator's settings, and the one tolerance rule every part of it judges capacity by."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.events import Resource
+
+
+@dataclass(frozen=True)
+class CorrelatorConfig:
+    coalesce_window: float = 2.0  # s: same resource+direction transitions join one episode
+    resync_deadline: float = 600.0  # s after kernel done -> resync_timeout
+    readmission_settle: float = 10.0  # s without a pod change after resync -> settled
+    memory_tolerance_bytes: float = 100 * 2**20  # KEP-3953's jitter bound for the kubelet
+    cpu_tolerance_cores: float = 0.0  # whole cores
+    kubernetes: bool = False  # a Node source is configured; False -> episodes end kernel_only
+    # Pod status reasons that mean "admission rejected it"; any "OutOf" prefix counts too.
+    rejection_reasons: frozenset[str] = frozenset(
+        {"OutOfcpu", "OutOfmemory", "UnexpectedAdmissionError", "NodeCapacityExceeded"})
+
+    def within(self, resource: Resource, a: float, b: float) -> bool:
+        """Kernel and kubelet agree on `resource` (the 1e-9 absorbs float noise in bytes)."""
+        tolerance = (self.cpu_tolerance_cores if resource is Resource.CPU
+                     else self.memory_tolerance_bytes)
+        return abs(a - b) <= tolerance + 1e-9

@@ -1,0 +1,107 @@
+"""The episode statistics, counted from the correlator's updates (and, for balloon resizes, from
+the pod events themselves), as the metrics sink renders them.
+
+    OPENED, RESUMED  -> node_resize_resync_request_total / node_hot_unplug_request_total
+    RESYNCED         -> node_resize_resync_duration_seconds
+    ENDED            -> *_errors_total (by outcome; readmission_rejected when a settled
+                        readmission rejected pods), node_hot_unplug_readmission_duration_seconds,
+                        node_hot_unplug_readmission_pods_total
+    PodStatus events -> node_balloon_resize_total, node_balloon_resize_duration_seconds
+
+Errors are counted per episode at its end, requests when it opens (again when it is resumed
+after a restart, since this process's counters start at zero): errors <= requests.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from exporter.correlate.histogram import RESYNC_BUCKETS, Histogram
+from exporter.correlate.kube_view import BalloonResizes
+from exporter.correlate.model import EpisodeUpdate, Outcome, PodVerdict, UpdateKind
+from exporter.events import Change, Event, PodsRelisted, PodStatus, Resource
+
+EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
+
+ERROR_REASON = {
+    Outcome.KERNEL_FAILED: "kernel_failed",
+    Outcome.RESYNC_TIMEOUT: "resync_timeout",
+    Outcome.MISMATCH: "mismatch",
+}
+
+
+def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
+    return {(r, c): Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES for c in Change}
+
+
+def _readmission_histograms() -> dict[Resource, Histogram]:
+    return {r: Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES}
+
+
+@dataclass
+class EpisodeStats:
+    resync_requests: Counter[Resource] = field(default_factory=Counter)
+    resync_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
+    resync_duration: dict[tuple[Resource, Change], Histogram] = field(
+        default_factory=_resync_histograms)
+    unplug_requests: Counter[Resource] = field(default_factory=Counter)
+    unplug_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
+    readmission_duration: dict[Resource, Histogram] = field(
+        default_factory=_readmission_histograms)
+    readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
+    balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
+    balloon_resize_duration: Histogram = field(default_factory=lambda: Histogram(RESYNC_BUCKETS))
+    episodes_open: int = 0
+    # Not in the metric catalogue; for logs and tests.
+    episodes_ended: Counter[Outcome] = field(default_factory=Counter)
+    _resizes: BalloonResizes = field(default_factory=BalloonResizes, repr=False)
+
+    def count_update(self, update: EpisodeUpdate) -> None:
+        ep, kind = update.episode, update.kind
+        increase = ep.change is Change.INCREASE
+        if kind is UpdateKind.OPENED or kind is UpdateKind.RESUMED:
+            (self.resync_requests if increase else self.unplug_requests)[ep.resource] += 1
+            self.episodes_open += 1
+        elif kind is UpdateKind.RESYNCED:
+            if ep.resynced is not None and ep.kernel_done is not None:
+                self.resync_duration[(ep.resource, ep.change)].observe(
+                    ep.resynced - ep.kernel_done)
+        elif kind is UpdateKind.ENDED and ep.outcome is not None:
+            self.episodes_open -= 1
+            self.episodes_ended[ep.outcome] += 1
+            errors = self.resync_errors if increase else self.unplug_errors
+            reason = ERROR_REASON.get(ep.outcome)
+            if reason is not None:
+                errors[(ep.resource, reason)] += 1
+            if ep.readmission_settled is not None and ep.kernel_done is not None:
+                self._count_readmission(update)
+
+    def _count_readmission(self, update: EpisodeUpdate) -> None:
+        ep = update.episode
+        assert ep.readmission_settled is not None and ep.kernel_done is not None
+        self.readmission_duration[ep.resource].observe(ep.readmission_settled - ep.kernel_done)
+        rejected = False
+        for p in ep.pods:
+            self.readmission_pods[(p.outcome.value, p.reason)] += 1
+            rejected = rejected or p.outcome is PodVerdict.REJECTED
+        if rejected:
+            self.unplug_errors[(ep.resource, "readmission_rejected")] += 1
+
+    def count_event(self, event: Event) -> None:
+        """Balloon resizes: not episodes, so counted from the pod events themselves, once per
+        attempt (watch re-deliveries and relists repeat them)."""
+        if isinstance(event, PodStatus):
+            if not _finite(event.time):  # the correlator skips it too
+                return
+            for result, duration in self._resizes.observe(event):
+                self.balloon_resizes[result] += 1
+                if duration is not None:
+                    self.balloon_resize_duration.observe(duration)
+        elif isinstance(event, PodsRelisted) and _finite(event.time):
+            for uid in [uid for uid in self._resizes.attempts if uid not in event.uids]:
+                self._resizes.forget(uid)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
