@@ -210,6 +210,12 @@ def serve(options: Options) -> int:
     # After the drop: the span processor starts a thread, which would keep what it inherited.
     if trace_config is not None:
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
+    if options.kube_events and kubernetes_enabled(options):
+        from exporter.sinks.kube_events import KubeEventsSink, lightkube_poster
+        try:
+            agent.add_sink(KubeEventsSink(node, lightkube_poster(options.kubeconfig)))
+        except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
+            log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
     registry_.register(ExporterCollector(agent.lock, agent.correlator.ledger,
                                          agent.correlator.tracker, agent.sinks))
     stop = threading.Event()

@@ -144,4 +144,91 @@ def run_checks(options: Options | None = None) -> list[Check]:
               check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs(options.sysfs_root)]
     ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
     checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
+    return checks + kubernetes_checks(options)
+
+
+# ---------------------------------------------------------------- the Kubernetes side
+
+
+def kubernetes_checks(options: Options) -> list[Check]:
+    """Configuration, RBAC (SelfSubjectAccessReview for what the sources call), the
+    podresources socket and the kubelet metrics endpoint. Informational: `check` exits on the
+    BPF verdict alone."""
+    from exporter.app import kubernetes_enabled, resolve_node_name
+    if not kubernetes_enabled(options):
+        return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
+                      "pass --kubeconfig or run as the DaemonSet to join the Node's view")]
+    from exporter.kube.client import KubeUnavailable, load_config
+    try:
+        config = load_config(options.kubeconfig)
+    except KubeUnavailable as e:
+        return [Check("kubernetes config", "fail", e.reason, e.fix)]
+    checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} "
+                    f"(node {resolve_node_name(options)})")]
+    checks.append(check_rbac(config))
+    if options.podresources_socket:
+        checks.append(check_podresources(options.podresources_socket))
+    if options.kubelet_metrics_url:
+        checks.append(check_kubelet_metrics(options.kubelet_metrics_url))
     return checks
+
+
+RBAC_NEEDED = (("list", "nodes"), ("watch", "nodes"), ("list", "pods"), ("watch", "pods"))
+
+
+def check_rbac(config: object) -> Check:
+    from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+    from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+
+    from exporter.kube.client import make_client
+    client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
+    denied = []
+    try:
+        for verb, resource in RBAC_NEEDED:
+            review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(verb=verb, resource=resource))))
+            if not (review.status and review.status.allowed):
+                denied.append(f"{verb} {resource}")
+    except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
+        return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {e}",
+                     "check the API server address and the credentials")
+    finally:
+        transport.close()
+    if denied:
+        return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
+                     "bind deploy/clusterrole.yaml (list, watch on nodes and pods) to the "
+                     "exporter's service account")
+    return Check("kubernetes RBAC", "ok", "list and watch on nodes and pods allowed")
+
+
+def check_podresources(path: str) -> Check:
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return Check("podresources socket", "warn", f"{path}: {e.strerror}",
+                     "mount /var/lib/kubelet/pod-resources from the host (the DaemonSet does)")
+    if not stat.S_ISSOCK(mode):
+        return Check("podresources socket", "fail", f"{path} is not a unix socket",
+                     "point --podresources-socket at the kubelet's kubelet.sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(2)
+        try:
+            s.connect(path)
+        except OSError as e:
+            return Check("podresources socket", "fail", f"{path}: connect: {e.strerror or e}",
+                         "is the kubelet running? (the socket exists but nobody listens)")
+    return Check("podresources socket", "ok", f"{path} accepts connections")
+
+
+def check_kubelet_metrics(url: str) -> Check:
+    from exporter.clock import MonotonicWallClock
+    from exporter.events import SourceStatus
+    from exporter.sources.kubelet_metrics import KubeletMetricsSource
+    seen: list[object] = []
+    KubeletMetricsSource(MonotonicWallClock(), url=url).poll(seen.append)
+    down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
+    if down:
+        return Check("kubelet metrics", "fail", down[-1].reason,  # type: ignore[attr-defined]
+                     "check --kubelet-metrics-url and get on nodes/metrics")
+    return Check("kubelet metrics", "ok", f"{url} answers with Prometheus text")

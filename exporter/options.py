@@ -232,6 +232,9 @@ _DEFINITIONS = (
         "Scrape the kubelet's /metrics for resize feature gates (optional)."),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
+    Opt("kube_events", ("--kube-events",), False,
+        "Post each episode's start and end as a Kubernetes Event on the Node (needs create "
+        "on events: deploy/components/kube-events).", is_flag=True),
     # Episodes
     Opt("coalesce_window", ("--coalesce-window",), defaults.COALESCE_WINDOW,
         "Seconds: transitions of one resource and direction this close are one episode.",
@@ -298,6 +301,7 @@ class Options:
     podresources_interval: float = defaults.PODRESOURCES_INTERVAL
     kubelet_metrics_url: str | None = None
     balloon_selector: str = defaults.BALLOON_SELECTOR
+    kube_events: bool = False
     coalesce_window: float = defaults.COALESCE_WINDOW
     resync_deadline: float = defaults.RESYNC_DEADLINE
     readmission_settle: float = defaults.READMISSION_SETTLE

@@ -106,6 +106,9 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self._tmpdir: str | None = None
         self.kubeconfig_path = ""
+        # Writes (POST): Events created, and which (verb, resource) SelfSubjectAccessReviews deny.
+        self.events: list[dict] = []
+        self.denied: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -499,6 +502,47 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, api._list(collection, matches))
             return
         self._watch(collection, matches, query)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        """Two writes, as kube-apiserver answers them: SelfSubjectAccessReview (allowed unless
+        the test put (verb, resource) in `denied`) and core/v1 Event creation (kept in
+        `events`, with the name generateName asks for)."""
+        api = self.api
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._send_json(400, status_object(400, "BadRequest", "invalid JSON"))
+            return
+        with api._lock:
+            api.requests.append((url.path, {"method": "POST"}))
+        parts = url.path.strip("/").split("/")
+        if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
+            attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+            allowed = (attrs.get("verb"), attrs.get("resource")) not in api.denied
+            body["status"] = {"allowed": allowed}
+            if not allowed:
+                body["status"]["reason"] = "no RBAC policy matched"
+            self._send_json(201, body)
+            return
+        if (len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"]
+                and parts[4] == "events"):
+            if ("create", "events") in api.denied:
+                self._send_json(403, status_object(403, "Forbidden", "events is forbidden"))
+                return
+            with api._lock:
+                api._rv += 1
+                meta = body.setdefault("metadata", {})
+                meta["name"] = meta.get("name") or meta.get("generateName", "") + uuid.uuid4(
+                ).hex[:5]
+                meta.update(namespace=parts[3], uid=str(uuid.uuid4()),
+                            resourceVersion=str(api._rv))
+                api.events.append(body)
+            self._send_json(201, body)
+            return
+        self._send_json(404, status_object(404, "NotFound", "the server could not find the "
+                                           "requested resource"))
 
     def _watch(self, collection: str, matches, query: dict[str, str]) -> None:
         api = self.api
