@@ -56,8 +56,8 @@ def main() -> None:
     for name, obj in samples().items():
         text = codec.dumps(obj)
         assert codec.loads(text) == obj
-        enc = per_call_us(lambda: codec.dumps(obj), 5000)
-        dec = per_call_us(lambda: codec.loads(text), 5000)
+        enc = per_call_us(lambda obj=obj: codec.dumps(obj), 5000)
+        dec = per_call_us(lambda text=text: codec.loads(text), 5000)
         print(f"{name:30} {enc:9.2f} {dec:9.2f}")
 
 

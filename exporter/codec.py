@@ -40,7 +40,8 @@ assert all(dataclasses.fields(cls) for cls in TAGGED.values())
 # (stable journal rows, diffs); dataclass fields keep their declared order.
 _ENCODER = msgspec.json.Encoder(order="deterministic")
 _PREFIX = {cls: b'{"type":' + msgspec.json.encode(name) + b"," for name, cls in TAGGED.items()}
-_DECODERS = {name: msgspec.json.Decoder(cls) for name, cls in TAGGED.items()}
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    name: msgspec.json.Decoder(cls) for name, cls in TAGGED.items()}
 
 
 class _Tag(msgspec.Struct):

@@ -4,26 +4,36 @@ Spans carry the episode's own times (kernel CLOCK_MONOTONIC already converted to
 at the source), never the time this code runs: a trace built minutes after the fact, or after a
 restart that resumed the episode, still shows when the kernel and the kubelet really acted.
 
-Configured only by the standard OTEL_* variables (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_*),
-off unless one of them asks for traces. Each episode is exported once: the journal's exported
+Configured by the standard OTEL_* variables, which the SDK reads itself: the OTLP exporters take
+OTEL_EXPORTER_OTLP_[TRACES_]{ENDPOINT,HEADERS,TIMEOUT,COMPRESSION,CERTIFICATE,...}, the batch
+processor OTEL_BSP_*, Resource.create() OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME. This
+module only decides whether traces are on (OTEL_TRACES_EXPORTER, or an OTLP endpoint set) and
+which exporter class OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL names, and checks at start-up the
+values the SDK would reject with a traceback or quietly replace by its default, so a bad one
+exits 2 naming the variable and the fix. Each episode is exported once: the journal's exported
 flag survives a restart, so a resumed episode is not traced twice.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 from typing import Mapping, Protocol
 from urllib.parse import urlparse
 
 from opentelemetry import trace
+from opentelemetry.sdk.resources import HOST_NAME, OTELResourceDetector
 from opentelemetry.sdk.resources import Resource as OtelResource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter,
                                             SpanExporter, SpanExportResult)
+from opentelemetry.semconv.attributes.k8s_attributes import K8S_NODE_NAME
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME as SERVICE_NAME_KEY
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_VERSION
 from opentelemetry.trace import Status, StatusCode
-from opentelemetry.util.re import parse_env_headers
 
 import exporter
 from exporter.correlate.model import Episode, EpisodeUpdate, Outcome, UpdateKind
@@ -31,10 +41,12 @@ from exporter.events import Event, Resource, Transition
 
 log = logging.getLogger("exporter.sinks.traces")
 
-SERVICE_NAME = "node-resize-exporter"
+SERVICE_NAME = "node-resize-exporter"  # unless OTEL_SERVICE_NAME (or the attributes) say else
 EXPORTERS = ("otlp", "console", "none")
 PROTOCOLS = ("http/protobuf", "grpc")
-DEFAULT_ENDPOINTS = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
+# What each OTLP exporter class accepts (the gRPC one raises on anything but gzip; the HTTP one
+# logs and sends uncompressed).
+COMPRESSIONS = {"http/protobuf": ("none", "gzip", "deflate"), "grpc": ("gzip",)}
 # Outcomes that are not a problem: the root span's status stays unset for them.
 GOOD_OUTCOMES = {Outcome.CONVERGED, Outcome.KERNEL_ONLY}
 
@@ -50,9 +62,7 @@ class ExportedFlag(Protocol):
 @dataclass(frozen=True)
 class TraceConfig:
     exporters: tuple[str, ...]  # "otlp" and/or "console"
-    protocol: str = "http/protobuf"
-    endpoint: str = ""  # the full URL the OTLP exporter posts to
-    headers: Mapping[str, str] = field(default_factory=dict)
+    protocol: str = "http/protobuf"  # which OTLP exporter class; it reads the rest itself
 
 
 def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -63,12 +73,12 @@ def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
     return None
 
 
-def trace_config_from_env(env: Mapping[str, str] | None = None) -> TraceConfig | None:
+def trace_config_from_env() -> TraceConfig | None:
     """The trace configuration the OTEL_* variables ask for; None when traces are off.
 
     Raises ValueError naming the variable and the accepted values for a bad setting.
     """
-    env = os.environ if env is None else env
+    env = os.environ  # the SDK reads os.environ, so the checks must read the same
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     endpoint = _first(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -86,6 +96,7 @@ def trace_config_from_env(env: Mapping[str, str] | None = None) -> TraceConfig |
         return None  # nothing asked for traces
     if not exporters:
         return None
+    _check_batch_processor(env)
     if "otlp" not in exporters:
         return TraceConfig(exporters=exporters)
 
@@ -96,39 +107,104 @@ def trace_config_from_env(env: Mapping[str, str] | None = None) -> TraceConfig |
         if protocol not in PROTOCOLS:
             raise ValueError(f"{proto[0]}={proto[1]!r}: accepted values are "
                              f"{', '.join(PROTOCOLS)}")
-    if endpoint is None:
-        url = DEFAULT_ENDPOINTS[protocol]
-        source = "default"
-    else:
-        source, url = endpoint
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"{source}={url!r}: accepted values are http:// or https:// URLs "
-                         "with a host, e.g. http://otel-collector:4318")
-    if protocol == "http/protobuf" and source != "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
-        # The base endpoint names the collector; the signal path is appended (OTLP spec).
-        url = url.rstrip("/") + "/v1/traces"
-    header_var = _first(env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
-    headers = parse_env_headers(header_var[1], liberal=True) if header_var else {}
-    return TraceConfig(exporters=exporters, protocol=protocol, endpoint=url, headers=headers)
+    if endpoint is not None:
+        name, url = endpoint
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"{name}={url!r}: accepted values are http:// or https:// URLs "
+                             "with a host, e.g. http://otel-collector:4318")
+    _check_exporter(env, protocol)
+    return TraceConfig(exporters=exporters, protocol=protocol)
+
+
+def _check_batch_processor(env: Mapping[str, str]) -> None:
+    """OTEL_BSP_*: the SDK raises a bare ValueError for a value under 1 (after the privilege
+    drop, as a traceback) and logs a traceback and uses its default for a non-integer."""
+    _integer(env, "OTEL_BSP_SCHEDULE_DELAY", low=1, default=5000,
+             unit="milliseconds between exports",
+             # threading's wait() raises OverflowError past TIMEOUT_MAX, in the worker thread
+             high=int(threading.TIMEOUT_MAX * 1000))
+    queue = _integer(env, "OTEL_BSP_MAX_QUEUE_SIZE", low=1, default=2048, unit="spans held")
+    batch = _integer(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", low=1, default=512,
+                     unit="spans per export")
+    _integer(env, "OTEL_BSP_EXPORT_TIMEOUT", low=0, default=30000, unit="milliseconds")
+    if batch > queue:
+        raise ValueError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={batch}: must be at most "
+                         f"OTEL_BSP_MAX_QUEUE_SIZE ({queue}); lower it or raise the queue size")
+
+
+def _integer(env: Mapping[str, str], name: str, *, low: int, default: int, unit: str,
+             high: int | None = None) -> int:
+    """The variable's whole number (the SDK's default when unset); ValueError naming it."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value: int | None = int(raw, 10)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        upper = f" and at most {high}" if high is not None else ""
+        raise ValueError(f"{name}={raw!r}: accepted values are whole numbers of at least "
+                         f"{low}{upper} ({unit}; unset means {default}), "
+                         f"e.g. {name}={default}")
+    return value
+
+
+def _check_exporter(env: Mapping[str, str], protocol: str) -> None:
+    """Values the OTLP exporter classes would raise on (gRPC) or silently replace (HTTP)."""
+    timeout = _first(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    if timeout is not None:
+        name, raw = timeout
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"{name}={raw!r}: accepted values are a number of seconds more "
+                             f"than 0 (the Python SDK reads seconds), e.g. {name}=10")
+    compression = _first(env, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                         "OTEL_EXPORTER_OTLP_COMPRESSION")
+    if compression is not None:
+        name, raw = compression
+        accepted = COMPRESSIONS[protocol]
+        if raw.lower() not in accepted:
+            raise ValueError(f"{name}={raw!r}: accepted values with protocol {protocol} are "
+                             f"{', '.join(accepted)} (or leave it unset for none)")
 
 
 def _span_exporters(config: TraceConfig) -> list[SpanExporter]:
+    # No arguments: each exporter reads its endpoint, headers, timeout, compression and TLS
+    # files from the OTEL_EXPORTER_OTLP_* variables itself (the HTTP one also appends
+    # /v1/traces to a base endpoint, as the OTLP spec says).
     out: list[SpanExporter] = []
     if "otlp" in config.exporters:
         if config.protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter as GrpcExporter)
-            out.append(GrpcExporter(endpoint=config.endpoint, headers=dict(config.headers)
-                                    or None))
+            out.append(GrpcExporter())
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter as HttpExporter)
-            out.append(HttpExporter(endpoint=config.endpoint, headers=dict(config.headers)
-                                    or None))
+            out.append(HttpExporter())
     if "console" in config.exporters:
-        out.append(ConsoleSpanExporter(service_name=SERVICE_NAME))
+        out.append(ConsoleSpanExporter())
     return out
+
+
+def trace_resource(node_name: str | None = None, host_name: str | None = None) -> OtelResource:
+    """service.name, service.version, host.name and k8s.node.name, under what the user set.
+
+    Resource.create() puts the attributes it is given over the environment's; the spec wants
+    the user's OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES to win over what a process says
+    of itself, so the SDK's environment detector is applied once more on top.
+    """
+    ours = {SERVICE_NAME_KEY: SERVICE_NAME, SERVICE_VERSION: exporter.__version__,
+            HOST_NAME: host_name or socket.gethostname()}
+    node = node_name or os.environ.get("NODE_NAME")
+    if node:
+        ours[K8S_NODE_NAME] = node
+    return OtelResource.create(ours).merge(OTELResourceDetector().detect())
 
 
 class _CountingExporter(SpanExporter):
@@ -166,22 +242,17 @@ class TraceSink:
         self.exported = 0  # traces handed to the exporters
         self.errors = 0  # traces not built, or batches not delivered
         self._seen: set[str] = set()  # exported in this process (no journal, or it failed)
-        host = host_name or socket.gethostname()
-        attrs = {"service.name": SERVICE_NAME, "service.version": exporter.__version__,
-                 "host.name": host}
-        node = node_name or os.environ.get("NODE_NAME")
-        if node:
-            attrs["k8s.node.name"] = node
-        self.provider = TracerProvider(resource=OtelResource.create(attrs))
+        self.provider = TracerProvider(resource=trace_resource(node_name, host_name))
         for span_exporter in _span_exporters(config):
+            # OTEL_BSP_* read by the processor itself (checked in trace_config_from_env).
             self.provider.add_span_processor(
                 BatchSpanProcessor(_CountingExporter(span_exporter, self)))
         self.tracer = self.provider.get_tracer("exporter.sinks.traces", exporter.__version__)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs) -> "TraceSink | None":
+    def from_env(cls, **kwargs) -> "TraceSink | None":
         """A sink configured by the OTEL_* variables, or None when they do not ask for traces."""
-        config = trace_config_from_env(env)
+        config = trace_config_from_env()
         return None if config is None else cls(config, **kwargs)
 
     # ------------------------------------------------------------ Sink
