@@ -12,7 +12,12 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   then an ERROR event carrying a 410 Expired Status (what kube-apiserver sends), or a plain
   HTTP 410 when `gone_as_http` is set; open watches are expired with the same ERROR event;
 - drop_watches() cuts every watch connection abruptly (a network failure, not a clean end);
-- set_delay(s) delays every response, set_forbidden(True) answers 403 with an RBAC Status.
+- set_delay(s) delays every response, set_forbidden(True) answers 403 with an RBAC Status;
+- hostile or broken servers (issue 16): set_silent(True) accepts connections and reads
+  requests but answers none until set_silent(False); hang_watches() makes open watches send no
+  byte more (no event, no bookmark) while keeping the connection open; send_raw(bytes) writes
+  bytes as they are into open watches (half an event line, a line of 10 MiB without a newline);
+  set_endless_continue(True) answers every list page with a `continue` token.
 
 Objects are shaped as the real API returns them (apiVersion, kind, metadata.uid and
 resourceVersion, quantity strings, conditions). Usage:
@@ -28,6 +33,7 @@ import copy
 import json
 import os
 import queue
+import select
 import shutil
 import socket
 import tempfile
@@ -40,6 +46,8 @@ from urllib.parse import parse_qs, urlsplit
 
 _DROP = object()  # queue sentinel: cut the connection
 _CLOSE = object()  # queue sentinel: end the stream cleanly
+_HANG = object()  # queue sentinel: send nothing more, keep the connection open until stop()
+_RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
 KINDS = {"nodes": "Node", "pods": "Pod"}
 
@@ -100,6 +108,8 @@ class FakeApiServer:
         self._admit_watches = threading.Event()
         self._admit_watches.set()
         self.gone_as_http = False
+        self._silent = threading.Event()  # set: requests are read and never answered
+        self.endless_continue = False
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
         self._host, self._port = host, port
         self._httpd: ThreadingHTTPServer | None = None
@@ -181,6 +191,34 @@ class FakeApiServer:
 
     def set_forbidden(self, forbidden: bool) -> None:
         self._forbidden = forbidden
+
+    def set_silent(self, silent: bool) -> None:
+        """An API server that accepts connections and never answers (requests held meanwhile
+        are answered once it speaks again)."""
+        if silent:
+            self._silent.set()
+        else:
+            self._silent.clear()
+
+    def hang_watches(self) -> int:
+        """Open watches send no further byte, and keep their connection open."""
+        with self._lock:
+            for watch in self._watches:
+                watch.queue.put(_HANG)
+            return len(self._watches)
+
+    def send_raw(self, data: bytes, then_hang: bool = False) -> int:
+        """Write `data` into every open watch stream as is (one HTTP chunk), then maybe hang."""
+        with self._lock:
+            for watch in self._watches:
+                watch.queue.put((_RAW, data))
+                if then_hang:
+                    watch.queue.put(_HANG)
+            return len(self._watches)
+
+    def set_endless_continue(self, endless: bool) -> None:
+        """Every list page says there is another (a `continue` token that never ends)."""
+        self.endless_continue = endless
 
     @property
     def resource_version(self) -> int:
@@ -420,8 +458,11 @@ class FakeApiServer:
         with self._lock:
             items = [copy.deepcopy(o) for (c, _), o in sorted(self._objects.items())
                      if c == collection and matches(o)]
+            meta: dict[str, Any] = {"resourceVersion": str(self._rv)}
+            if self.endless_continue:
+                meta["continue"] = str(uuid.uuid4())
             return {"kind": KINDS[collection] + "List", "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                    "metadata": meta, "items": items}
 
     def _open_watch(self, collection: str, matches: Callable[[dict], bool], rv: str,
                     bookmarks: bool) -> tuple[_Watch | None, list, dict | None]:
@@ -476,6 +517,9 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         with api._lock:
             api.requests.append((url.path, query))
+        while api._silent.is_set():  # read, never answered: the client must give up by itself
+            if api._stopping.wait(0.05):
+                return
         if api._delay:
             time.sleep(api._delay)
         parts = url.path.strip("/").split("/")
@@ -585,12 +629,31 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if item is _CLOSE:
                     break
+                if item is _HANG:
+                    self._hold()
+                    return
+                if item[0] is _RAW:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(item[1]), item[1]))
+                    self.wfile.flush()
+                    continue
                 self._chunk(*item)
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True  # the client went away
         finally:
             api._close_watch(watch)
+
+    def _hold(self) -> None:
+        """Keep the connection open, sending nothing, until the client goes or stop()."""
+        while not self.api._stopping.is_set():
+            readable, _, _ = select.select([self.connection], [], [], 0.05)
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        break  # the client closed its end
+                except OSError:
+                    break
+        self.close_connection = True
 
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -257,3 +258,53 @@ def test_started_without_open_opens_itself(api, monkeypatch):
     down = log.wait_for(SourceStatus)
     unconfigured.stop()
     assert not down.up and "no Kubernetes API configuration" in down.reason
+
+
+# ------------------------------------------------------------ issue 16: silent, hostile servers
+
+
+def test_silent_api_from_start_is_down_naming_the_silence_then_up(api, running):
+    """Item 1: a server that accepts connections and never answers is down, not "up"."""
+    api.set_node("n1", cpu="2")
+    api.set_silent(True)
+    source, log = running(request_timeout=0.5)
+    down = log.wait_for(SourceStatus)
+    assert down.up is False
+    assert "did not answer the nodes list within" in down.reason
+    api.set_silent(False)
+    assert log.wait_for(SourceStatus, lambda e: e.up).up
+    assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0
+
+
+def test_watch_without_a_byte_past_its_timeout_is_down_and_relists(api, running):
+    """Item 1: no event and no bookmark for longer than the watch's own timeout: the watch is
+    dead even though its TCP connection is open; down, then a relist finds what changed."""
+    api.set_node("n1", cpu="2")
+    source, log = running(server_timeout=1, watch_grace=0.5)
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    api.hang_watches()  # connection kept open, not a byte more
+    api.update_node("n1", cpu="3")  # only a relist can see it now
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert "sent no byte on the nodes watch for 2 s" in down.reason
+    assert "relisting" in down.reason
+    assert log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 3.0)
+    assert source.lists >= 2
+    assert log.of(SourceStatus)[-1].up is True
+
+
+def test_watch_stalled_mid_event_line_is_bounded(api, running):
+    """Item 1: half an event line then silence, and a line trickled in pieces, do not hold a
+    Node change back for longer than the line bound (here 1 s) plus a read."""
+    api.set_node("n1", cpu="2")
+    source, log = running(server_timeout=30, line_timeout=1.0)
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    head = b'{"type": "MODIFIED", "object": {"kind": "Node", "metadata": {"name": "n1"'
+    for piece in (head[:20], head[20:40], head[40:]):  # a trickle: each read brings a byte
+        api.send_raw(piece)
+        time.sleep(0.6)  # the trickle's pace (not an assertion)
+    api.update_node("n1", cpu="4")
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert "watch event line took more than 1 s" in down.reason
+    assert log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 4.0)

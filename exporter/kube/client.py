@@ -5,8 +5,14 @@ node agent needs are added here, through lightkube's public `transport` hook rat
 writing HTTP ourselves:
 - ask watches for bookmarks (`allowWatchBookmarks=true`; lightkube has no parameter for it),
   so a quiet, field-selected watch still advances its resourceVersion and survives compaction;
-- bound a watch's read time (lightkube reads forever), so a silently dead TCP connection is
-  noticed after `watch_read_timeout` seconds instead of never;
+- bound a watch's read time (lightkube reads forever): its headers must come within the
+  request timeout and then each read within `watch_read_timeout` seconds, so a silent server
+  or a silently dead TCP connection is noticed instead of never;
+- bound what an answer may make us hold (issue 16): a watch line (one event) of at most
+  MAX_LINE_BYTES that completes within `line_timeout` once it began (a line trickled a byte at
+  a time never ends a read), a list page of at most MAX_PAGE_BYTES, at most MAX_LIST_PAGES
+  pages per list (a `continue` token that never ends); past a bound the request fails with
+  AnswerTooLarge / WatchStalled, which the source reports as down before it relists;
 - abort in-flight watches from another thread (socket shutdown), so a source stops promptly.
 """
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Callable, Mapping
@@ -29,6 +36,24 @@ from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedR
 
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+# etcd refuses objects over 1.5 MiB by default, so one watch event line is well under this; the
+# bound keeps a hostile line without a newline from growing the heap (512 MiB was seen).
+MAX_LINE_BYTES = 8 * 2**20
+# A page of LIST_CHUNK pods of ~10 KB is a few MiB; the bound keeps decoding under the
+# DaemonSet's 400 MiB memory limit.
+MAX_PAGE_BYTES = 32 * 2**20
+LIST_CHUNK = 250  # objects per list page (client-go asks for 500)
+MAX_LIST_PAGES = 100  # a list longer than this is a hostile `continue` loop, not this node
+LINE_TIMEOUT = 30.0  # s for one watch line to complete once its first byte came
+
+
+class AnswerTooLarge(Exception):
+    """An API answer went past a bound (line, page, pages): not decoded, the source relists."""
+
+
+class WatchStalled(Exception):
+    """A watch line began but did not complete in time (a stall or a trickle mid-event)."""
 
 
 class KubeUnavailable(Exception):
@@ -108,9 +133,13 @@ def _from_file(path: str, what: str) -> SingleConfig:
 class KubeTransport(httpx.BaseTransport):
     """Wraps the real HTTP transport for the three additions described in the module doc."""
 
-    def __init__(self, inner: httpx.BaseTransport, watch_read_timeout: float) -> None:
+    def __init__(self, inner: httpx.BaseTransport, watch_read_timeout: float, *,
+                 header_timeout: float = 10.0, line_timeout: float = LINE_TIMEOUT) -> None:
         self._inner = inner
         self._watch_read_timeout = watch_read_timeout
+        self._header_timeout = header_timeout
+        self._line_timeout = line_timeout
+        self._list_pages = 0  # pages of the list in progress (one list at a time per client)
         self._lock = threading.Lock()
         self._watch_streams: weakref.WeakSet = weakref.WeakSet()
         self._watch_responses: weakref.WeakSet = weakref.WeakSet()
@@ -123,14 +152,25 @@ class KubeTransport(httpx.BaseTransport):
         if self._aborted:
             raise httpx.ConnectError("client stopped", request=request)
         is_watch = request.url.params.get("watch") == "true"
+        timeout = dict(request.extensions.get("timeout") or {})
+        request.extensions["timeout"] = timeout
         if is_watch:
             if "allowWatchBookmarks" not in request.url.params:
                 request.url = request.url.copy_add_param("allowWatchBookmarks", "true")
-            timeout = dict(request.extensions.get("timeout") or {})
-            timeout["read"] = self._watch_read_timeout
-            request.extensions["timeout"] = timeout
+            # The headers come at once from a live server; only the stream may be quiet.
+            timeout["read"] = self._header_timeout
             self._release_old_watches()
+        else:
+            self._count_page(request)
         response = self._inner.handle_request(request)
+        if is_watch:
+            # httpcore reads this same dict again when the body is first read: from here on
+            # each read may wait as long as a quiet watch lasts, no longer.
+            timeout["read"] = self._watch_read_timeout
+            response.stream = _BoundedStream(response.stream, MAX_LINE_BYTES,
+                                             self._line_timeout)
+        else:
+            response.stream = _BoundedStream(response.stream, MAX_PAGE_BYTES, None)
         if is_watch:
             self._watch_responses.add(response)
             stream = response.extensions.get("network_stream")
@@ -142,6 +182,15 @@ class KubeTransport(httpx.BaseTransport):
             if self.on_watch_response is not None:
                 self.on_watch_response(response.status_code)
         return response
+
+    def _count_page(self, request: httpx.Request) -> None:
+        if request.method != "GET":
+            return
+        self._list_pages = self._list_pages + 1 if "continue" in request.url.params else 1
+        if self._list_pages > MAX_LIST_PAGES:
+            raise AnswerTooLarge(f"list of {request.url.path} still not done after "
+                                 f"{MAX_LIST_PAGES} pages of {LIST_CHUNK} (a continue token "
+                                 "that never ends)")
 
     def _release_old_watches(self) -> None:
         """Close earlier watch responses before a new watch starts (one watch per client).
@@ -176,15 +225,56 @@ class KubeTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+class _BoundedStream(httpx.SyncByteStream):
+    """A response body that refuses to grow past `max_bytes` per line (watch: one event per
+    line) or in all (`line_timeout` None: a list page), and, for a watch, a line that began
+    and did not end within `line_timeout` seconds."""
+
+    def __init__(self, inner, max_bytes: int, line_timeout: float | None) -> None:
+        self._inner = inner
+        self._max = max_bytes
+        self._line_timeout = line_timeout
+
+    def __iter__(self):
+        pending = 0  # bytes since the last newline (watch) or in all (list)
+        began: float | None = None  # when the unfinished line's first byte came
+        for chunk in self._inner:
+            if self._line_timeout is None:
+                pending += len(chunk)
+                if pending > self._max:
+                    raise AnswerTooLarge(f"list page larger than {self._max} bytes")
+                yield chunk
+                continue
+            first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
+            if (pending + len(chunk) if first < 0 else pending + first) > self._max:
+                raise AnswerTooLarge(f"watch event line longer than {self._max} bytes")
+            now = time.monotonic()
+            if first < 0:
+                pending += len(chunk)
+                began = now if began is None else began
+            else:
+                pending = len(chunk) - last - 1
+                began = now if pending else None
+            if began is not None and now - began > self._line_timeout:
+                raise WatchStalled(f"a watch event line took more than {self._line_timeout:.0f}"
+                                   " s to arrive (trickling or stalled mid-event)")
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 def make_client(config: SingleConfig, *, request_timeout: float = 10.0,
-                watch_read_timeout: float = 330.0) -> tuple[lightkube.Client, KubeTransport]:
+                watch_read_timeout: float = 330.0,
+                line_timeout: float = LINE_TIMEOUT) -> tuple[lightkube.Client, KubeTransport]:
     """A lightkube client for `config` plus the transport that can abort its watches."""
     if config.user is None:
         # lightkube asserts a user exists; an anonymous kubeconfig is legal, give it one.
         config = SingleConfig(context_name=config.context_name, context=config.context,
                               cluster=config.cluster, user=User(), fname=config.fname)
     verify = verify_cluster(config.cluster, config.user, config.abs_file)
-    transport = KubeTransport(httpx.HTTPTransport(verify=verify, retries=0), watch_read_timeout)
+    transport = KubeTransport(httpx.HTTPTransport(verify=verify, retries=0), watch_read_timeout,
+                              header_timeout=request_timeout, line_timeout=line_timeout)
     client = lightkube.Client(config, timeout=httpx.Timeout(request_timeout), trust_env=False,
                               transport=transport)
     return client, transport

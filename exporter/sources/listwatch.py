@@ -13,7 +13,16 @@ What we add here:
 - a dropped or dead connection: re-watch from the last RV after a jittered exponential backoff;
 - 401/403 and an unreachable server: SourceStatus down with a reason an operator can act on,
   retry with backoff, SourceStatus up when a list or watch succeeds again (no restart needed);
-- undecodable answers: MalformedInput, then a fresh list.
+- a silent server (issue 16): a list not answered within `request_timeout`, or a watch with no
+  byte (event or bookmark) for longer than its own timeout (`server_timeout` + `watch_grace`),
+  or a watch line stalled mid-event, is down, and the source relists: the Node may have
+  changed meanwhile;
+- an answer past a bound (exporter/kube/client.py: line, page, pages; LIST_MAX_OBJECTS
+  objects): down with the bound named, then a relist after backoff;
+- undecodable answers: MalformedInput, then a fresh list. One object the converters cannot
+  read is MalformedInput and skipped, the rest flows. The backoff is reset only by a watch
+  that delivered an event, never by a list alone, so a list followed by the same failure
+  backs off instead of looping.
 """
 from __future__ import annotations
 
@@ -26,8 +35,21 @@ from lightkube.core.exceptions import ApiError
 
 from exporter.clock import Clock
 from exporter.events import MalformedInput, SourceStatus
-from exporter.kube.client import KubeTransport, KubeUnavailable, load_config, make_client
+from exporter.kube.client import (
+    LIST_CHUNK, AnswerTooLarge, KubeTransport, KubeUnavailable, WatchStalled, load_config,
+    make_client,
+)
 from exporter.sources.base import Emit, Source, SourceUnavailable
+
+
+# Pods on one node are at most a few hundred (kubelet --max-pods, 110 by default); more is a
+# hostile or broken answer, not this node.
+LIST_MAX_OBJECTS = 10_000
+# What a quiet watch may go without a byte past its own timeoutSeconds before it is dead.
+WATCH_GRACE = 15.0
+# The converters are total; if one is not, the object is counted and skipped, never fatal.
+_OBJECT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError,
+                  RecursionError)
 
 
 class Backoff:
@@ -55,9 +77,16 @@ class ListWatchSource(Source):
     namespace: str | None = None
 
     def __init__(self, clock: Clock, *, kubeconfig: str | None = None,
-                 server_timeout: int = 300, request_timeout: float = 10.0,
+                 server_timeout: float = 60, request_timeout: float = 10.0,
+                 watch_grace: float = WATCH_GRACE, line_timeout: float | None = None,
                  backoff_initial: float = 0.5, backoff_max: float = 30.0) -> None:
         super().__init__(clock)
+        # timeoutSeconds of each watch: the server ends it cleanly this often (lightkube then
+        # re-watches from the last RV), so no byte for server_timeout + watch_grace means dead.
+        # 60 s: the bound on how late a stalled watch is noticed, for one request a minute.
+        self.watch_grace = watch_grace
+        self.line_timeout = line_timeout
+        self._phase = "list"  # what a timeout interrupted, for the reason it is reported with
         self.kubeconfig = kubeconfig
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
@@ -93,10 +122,15 @@ class ListWatchSource(Source):
             raise SourceUnavailable(e.reason, e.fix) from e
         # Client-side read bound: the server ends a watch after server_timeout; a little
         # longer without a byte means the connection is dead.
+        extra = {} if self.line_timeout is None else {"line_timeout": self.line_timeout}
         self._client, self._transport = make_client(
             config, request_timeout=self.request_timeout,
-            watch_read_timeout=self.server_timeout + 30.0)
+            watch_read_timeout=self.watch_idle_timeout, **extra)
         self._transport.on_watch_response = self._watch_response
+
+    @property
+    def watch_idle_timeout(self) -> float:
+        return self.server_timeout + self.watch_grace
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopping.set()
@@ -121,7 +155,9 @@ class ListWatchSource(Source):
         while not self.stopping.is_set():
             try:
                 if rv is None:
+                    self._phase = "list"
                     rv = self._list(emit)
+                self._phase = "watch"
                 self._watch(rv, emit)
             except Exception as e:  # classified below; nothing escapes the loop
                 if self.stopping.is_set():
@@ -132,11 +168,16 @@ class ListWatchSource(Source):
 
     def _list(self, emit: Emit) -> str:
         listing = self._client.list(self.resource, namespace=self.namespace,
-                                    fields=self.field_selector())
-        items = [dict(item) for item in listing]
+                                    fields=self.field_selector(), chunk_size=LIST_CHUNK)
+        items = []
+        for item in listing:
+            if len(items) >= LIST_MAX_OBJECTS:
+                raise AnswerTooLarge(f"list of {self.plural} has more than {LIST_MAX_OBJECTS} "
+                                     "objects")
+            items.append(dict(item))
         rv = listing.resourceVersion
         self.lists += 1
-        self.backoff.reset()
+        # No backoff reset here: a list followed by the same failure must back off.
         self._set_up(emit, True, f"listed {self.plural} ({len(items)})")
         self.on_list(items, emit)
         self.resource_version = rv
@@ -145,7 +186,7 @@ class ListWatchSource(Source):
     def _watch(self, rv: str, emit: Emit) -> None:
         stream = self._client.watch(self.resource, namespace=self.namespace,
                                     fields=self.field_selector(), resource_version=rv,
-                                    server_timeout=self.server_timeout)
+                                    server_timeout=int(self.server_timeout))
         try:
             for event_type, obj in stream:
                 if self.stopping.is_set():
@@ -155,12 +196,20 @@ class ListWatchSource(Source):
                 if event_type == "BOOKMARK":
                     self.bookmarks += 1
                 else:
+                    self._deliver_event(event_type, raw, emit)
                     self.backoff.reset()
-                    self.on_event(event_type, raw, emit)
                 if isinstance(new_rv, str) and new_rv:
                     self.resource_version = new_rv
         finally:
             stream.close()
+
+    def _deliver_event(self, event_type: str, raw: dict, emit: Emit) -> None:
+        try:
+            self.on_event(event_type, raw, emit)
+        except _OBJECT_ERRORS as e:  # one bad object: counted and skipped, the watch goes on
+            name = (raw.get("metadata") or {}).get("name") if isinstance(raw, dict) else None
+            emit(MalformedInput(self.name, f"{self.plural} {event_type} {str(name)[:80]!r}: "
+                                           f"{e!r}"[:300], self.clock.now()))
 
     def _watch_response(self, status_code: int) -> None:
         if status_code == 200 and self._up is False and self._emit is not None:
@@ -187,6 +236,15 @@ class ListWatchSource(Source):
             self._set_up(emit, False, f"API server answered {code} for {self.plural}: {message}")
             self._sleep()
             return None
+        if isinstance(e, AnswerTooLarge):
+            self._set_up(emit, False, f"{e}; refused, relisting")
+            self._sleep()
+            return None
+        if isinstance(e, WatchStalled) or (isinstance(e, httpx.TimeoutException)
+                                           and not isinstance(e, httpx.ConnectTimeout)):
+            self._set_up(emit, False, self._silence(e))
+            self._sleep()
+            return None  # the Node may have changed while nothing came: relist
         if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
             self._set_up(emit, False, f"API server unreachable: {e}")
             self._sleep()
@@ -207,6 +265,16 @@ class ListWatchSource(Source):
         self._set_up(emit, False, f"unexpected error: {e!r}")
         self._sleep()
         return None
+
+    def _silence(self, e: Exception) -> str:
+        if isinstance(e, WatchStalled):
+            return f"{self.plural} watch: {e}; relisting"
+        if self._phase == "watch":
+            return (f"API server sent no byte on the {self.plural} watch for "
+                    f"{self.watch_idle_timeout:.0f} s (no event, no bookmark, past its "
+                    f"timeoutSeconds={self.server_timeout:.0f}); relisting")
+        return (f"API server did not answer the {self.plural} list within "
+                f"{self.request_timeout:.0f} s")
 
     def _sleep(self) -> None:
         self.stopping.wait(self.backoff.next())
