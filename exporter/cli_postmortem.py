@@ -22,7 +22,7 @@ from exporter.correlate import Correlator, CorrelatorConfig
 from exporter.correlate.model import Episode
 from exporter.events import NodeStatus, PodStatus, PodsRelisted
 from exporter.options import Options
-from exporter.report import text, timeline
+from exporter.report import lookup, text, timeline
 from exporter.sinks.journal import Journal, JournalError, default_journal_path, event_time
 
 PROGRESS_EVERY = 10_000
@@ -74,13 +74,11 @@ def open_journal(path: Path | None) -> Journal:
 
 def find_episode(journal: Journal, episode_id: str) -> Episode:
     try:
-        ep = journal.episode(episode_id)
+        return lookup.match(journal.episodes(), episode_id, str(journal.path))
     except JournalError as e:
         raise PostmortemError(str(e)) from None
-    if ep is None:
-        raise PostmortemError(f"no episode {episode_id!r} in {journal.path} (an unambiguous "
-                              "prefix of an id also works; see `episodes list`)")
-    return ep
+    except lookup.NotFound as e:
+        raise PostmortemError(str(e)) from None
 
 
 def print_episodes(episodes: list[Episode], as_json: bool) -> None:
@@ -238,21 +236,46 @@ def replay(file: Path, as_json: bool, kubernetes: bool | None, **values: Any) ->
 @journal_option
 @click.argument("episode_id")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="FILE.svg or FILE.png (PNG needs the `report` extra: matplotlib)")
-def report(journal_path: Path | None, episode_id: str, output: Path) -> None:
+              help="FILE.svg or FILE.png (needs the `report` extra: matplotlib)")
+@click.option("--events", "events_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="read the episode from exported events (FILE.jsonl, replayed with the "
+                   "default settings) instead of the journal")
+def report(journal_path: Path | None, episode_id: str, output: Path,
+           events_file: Path | None) -> None:
     """Draw one episode: kernel transitions, resync, readmission with pod outcomes."""
-    journal = open_journal(journal_path)
+    if events_file is not None:
+        ep, node = _from_jsonl(events_file, episode_id)
+    else:
+        journal = open_journal(journal_path)
+        try:
+            ep = find_episode(journal, episode_id)
+            node = lookup.node_name(journal.events(ep.opened - 86400, ep.ended), ep)
+        except JournalError as e:
+            raise PostmortemError(str(e)) from None
+        finally:
+            journal.close()
     try:
-        ep = find_episode(journal, episode_id)
-    finally:
-        journal.close()
-    try:
-        timeline.write(ep, output)
+        timeline.write(ep, output, node)
     except timeline.ReportError as e:
         raise PostmortemError(str(e)) from None
     except OSError as e:
         raise PostmortemError(f"cannot write {output}: {e}") from None
     click.echo(f"wrote {output}", err=True)
+
+
+def _from_jsonl(path: Path, episode_id: str) -> tuple[Episode, str | None]:
+    try:
+        events, _ = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise PostmortemError(f"cannot read {path}: {e}") from None
+    kubernetes = any(isinstance(e, (NodeStatus, PodStatus, PodsRelisted)) for e in events)
+    found = replay_events(events, CorrelatorConfig(kubernetes=kubernetes))
+    try:
+        ep = lookup.match(found, episode_id, str(path))
+    except lookup.NotFound as e:
+        raise PostmortemError(str(e)) from None
+    return ep, lookup.node_name(events, ep)
 
 
 def register(main: click.Group) -> None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 import xml.etree.ElementTree as ET
 
 import click
@@ -14,12 +16,13 @@ from exporter.clock import FakeClock
 from exporter.cli import main
 from exporter.cli_postmortem import register, replay_events
 from exporter.correlate import Correlator, CorrelatorConfig
-from exporter.correlate.model import Outcome
+from exporter.correlate.model import Outcome, PodOutcome, PodVerdict
 from exporter.events import (Direction, KernelSnapshot, NodeStatus, PodStatus, Resource, Result,
                              Transition)
-from exporter.report import timeline
+from exporter.report import figure, lookup, timeline
 from exporter.sinks.journal import Journal
-from tests.postmortem_samples import T0, cpu_offline_episode
+from tests.postmortem_samples import (T0, cpu_offline_episode, cpu_online_open_episode,
+                                      memory_failed_episode)
 
 GiB = 2**30
 CONFIG = CorrelatorConfig(resync_deadline=60.0, kubernetes=True)
@@ -168,51 +171,153 @@ def test_replay_skips_malformed_lines(tmp_path):
     assert [codec.decode(ep)] == direct
 
 
-def test_report_svg_has_the_phases(live_journal, tmp_path):
-    ep_id = json.loads(run("episodes", "list", "--json", "--journal",
-                           str(live_journal)).output)[0]["id"]
-    out = tmp_path / "episode.svg"
-    run("report", ep_id, "--output", str(out), "--journal", str(live_journal))
-    root = ET.fromstring(out.read_text())  # well-formed XML
-    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert "kernel cpu1" in texts
-    assert "kubelet.resync" in texts and "kubelet.readmission" in texts
-    assert "cpu1 offline 30.0 ms" in texts
-    assert "resync 4.00 s" in texts
-    assert "default/pod-a rejected (OutOfcpu)" in texts
-    rects = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if "bar" in
-             r.get("class", "")]
-    assert [r.get("class") for r in rects] == ["bar transition", "bar resync", "bar readmission"]
-    circles = list(root.iter("{http://www.w3.org/2000/svg}circle"))
-    assert [c.get("class") for c in circles] == ["marker rejected", "marker kept"]
-    assert any(t.startswith("default/pod-b kept") for t in texts), texts
+def _ids(journal_path) -> list[str]:
+    return [d["id"] for d in json.loads(run("episodes", "list", "--json", "--journal",
+                                            str(journal_path)).output)]
 
 
-def test_report_png_draws_the_expected_series(tmp_path):
-    ep = cpu_offline_episode()
-    tl = timeline.build(ep)
-    assert tl.rows == ["kernel cpu1", "kubelet.resync", "kubelet.readmission"]
-    assert [(b.kind, round(b.start, 3), round(b.end, 3)) for b in tl.bars] == [
-        ("transition", 0.0, 0.03), ("resync", 0.03, 4.0), ("readmission", 4.0, 14.0)]
-    assert [(m.kind, m.at) for m in tl.markers] == [("rejected", 4.5), ("kept", 5.0)]
-    fig = timeline.figure(tl)
-    ax = fig.axes[0]
-    assert len(ax.collections) == 3 + 2  # three bar series, rejected and kept markers
-    assert [t.get_text() for t in ax.get_yticklabels()] == tl.rows
-    out = tmp_path / "episode.png"
-    timeline.write(ep, out)
-    data = out.read_bytes()
+def _svg_texts(path) -> dict[str, dict]:
+    """Every <text> of a matplotlib SVG (svg.fonttype none keeps them text): text -> attrs."""
+    root = ET.fromstring(path.read_text())
+    return {"".join(t.itertext()).strip(): {**t.attrib} for t in
+            root.iter("{http://www.w3.org/2000/svg}text")}
+
+
+def test_report_svg_and_png_come_from_one_figure(live_journal, tmp_path):
+    ep_id = _ids(live_journal)[0]
+    svg, png = tmp_path / "episode.svg", tmp_path / "episode.png"
+    run("report", ep_id, "--output", str(svg), "--journal", str(live_journal))
+    run("report", ep_id, "--output", str(png), "--journal", str(live_journal))
+    texts = _svg_texts(svg)
+    assert "converged; 1 pod rejected OutOfcpu" in texts  # not just "converged"
+    assert any(t.startswith("node n1  |  cpu hot-unplug  |  episode ") and t.endswith(" UTC")
+               for t in texts), texts
+    assert {"kernel cpu1", "kubelet.resync", "kubelet.readmission", "cpu1 offline 30.0 ms",
+            "resync 4.00 s"} <= set(texts)
+    rejected = [t for t in texts if t.startswith("[1] REJECTED: default/pod-a (OutOfcpu)")]
+    assert rejected and "#d62728" in texts[rejected[0]].get("style", ""), texts
+    assert any(t.startswith("[2] kept: default/pod-b") for t in texts)
+    data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
-def test_timeline_of_a_timeout_and_a_refusal():
+def _episodes_to_draw():
+    long_wait = cpu_offline_episode()
+    long_wait.resynced, long_wait.readmission_settled = T0 + 1800, T0 + 1810
+    long_wait.pods = [PodOutcome(T0 + 1801 + i, "a-namespace-with-a-long-name",
+                                 f"statefulset-with-a-long-name-{i}", f"u{i}",
+                                 PodVerdict.REJECTED if i % 3 else PodVerdict.KEPT,
+                                 "OutOfcpu" if i % 3 else "Running") for i in range(30)]
+    long_wait.ended = T0 + 1810
+    timeout = cpu_offline_episode()
+    timeout.resynced = timeout.readmission_settled = timeout.kubelet_after = None
+    timeout.pods, timeout.outcome, timeout.ended = [], Outcome.RESYNC_TIMEOUT, T0 + 600
+    return {"converged": cpu_offline_episode(), "refused": memory_failed_episode(),
+            "open": cpu_online_open_episode(), "timeout": timeout, "30 pods": long_wait}
+
+
+@pytest.mark.parametrize("name", list(_episodes_to_draw()))
+def test_no_text_leaves_the_figure(name, tmp_path):
+    ep = _episodes_to_draw()[name]
+    fig = figure.draw(timeline.build(ep, "a-node-with-a-rather-long-name.example.internal"))
+    assert figure.texts_outside(fig) == []
+    for suffix in (".png", ".svg"):
+        figure.save(fig, tmp_path / f"x{suffix}")
+        assert (tmp_path / f"x{suffix}").stat().st_size > 5000
+
+
+def test_the_clipping_check_can_fail():
+    fig = figure.draw(timeline.build(cpu_offline_episode(), "n1"))
+    fig.text(0.98, 0.5, "a label that runs off the right edge")
+    assert [t for t in figure.texts_outside(fig) if "runs off" in t]
+
+
+def test_milliseconds_and_minutes_are_readable_on_one_axis():
+    """A 30 ms kernel step beside a 30 min resync wait: both wide enough to see."""
+    ep = _episodes_to_draw()["30 pods"]
+    tl = timeline.build(ep, "n1")
+    fig = figure.draw(tl)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "symlog"
+    width = ax.bbox.width
+
+    def px(bar):
+        return ax.transData.transform((bar.end, 0))[0] - ax.transData.transform((bar.start, 0))[0]
+
+    kernel, resync = tl.bars[0], tl.bars[1]
+    assert kernel.end - kernel.start == pytest.approx(0.03)
+    assert resync.end - resync.start > 1799
+    assert px(kernel) > 0.1 * width  # a linear 30 min axis would give it 0.002 %
+    assert ax.transData.transform((tl.length, 0))[0] <= ax.bbox.x1
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert {"10 ms", "1 s", "1 min", "10 min"} <= set(names)
+
+
+def test_headline_says_what_it_cost():
     ep = cpu_offline_episode()
-    ep.resynced = ep.readmission_settled = ep.kubelet_after = None
-    ep.pods = []
-    ep.outcome, ep.ended = Outcome.RESYNC_TIMEOUT, ep.opened + 600
-    tl = timeline.build(ep)
+    assert timeline.headline(ep) == ("converged; 1 pod rejected OutOfcpu", True)
+    ep.pods.append(PodOutcome(T0 + 6, "default", "web-1", "u2", PodVerdict.REJECTED, "OutOfcpu"))
+    assert timeline.headline(ep)[0] == "converged; 2 pods rejected OutOfcpu"
+    ep.pods.append(PodOutcome(T0 + 7, "default", "db-0", "u3", PodVerdict.REJECTED,
+                              "OutOfmemory"))
+    assert timeline.headline(ep)[0] == "converged; 3 pods rejected (2 OutOfcpu, 1 OutOfmemory)"
+    ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.KEPT]
+    assert timeline.headline(ep) == ("converged", False)
+    assert timeline.headline(memory_failed_episode())[0] == \
+        "kernel_failed: memory150 offline refused: EBUSY"
+
+
+def test_times_are_utc_and_say_so():
+    tl = timeline.build(cpu_offline_episode(), "n1")
+    assert f"opened {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0))}.000 UTC" in tl.subtitle
+    assert timeline.seconds(599.97) == "10m00.0s"
+
+
+def test_timeline_of_a_timeout_and_a_refusal():
+    tl = timeline.build(_episodes_to_draw()["timeout"])
     assert [b.kind for b in tl.bars] == ["transition", "waiting"]
-    assert tl.bars[1].label == "no resync (resync_timeout)" and tl.bars[1].end == 600
+    assert tl.bars[1].label == "no resync (resync_timeout) after 10m00.0s"
+    assert tl.bars[1].end == 600
+    assert tl.title == "resync_timeout: the kubelet did not resync within 10m00.0s"
+    assert "(unknown: no Node status recorded)" in tl.subtitle
+
+
+def test_an_ambiguous_prefix_says_so_with_both_ids(live_journal, tmp_path):
+    a, b = cpu_offline_episode(episode_id="cpu-1"), cpu_offline_episode(episode_id="cpu-12")
+    c = memory_failed_episode(episode_id="mem-3")
+    assert lookup.match([a, b, c], "cpu-1", "j") is a  # an exact id wins over a prefix
+    assert lookup.match([a, b, c], "m", "j") is c
+    with pytest.raises(lookup.NotFound, match=r"'cpu' is ambiguous in j: it matches 2 "
+                                              r"episodes \(cpu-1, cpu-12\)"):
+        lookup.match([a, b, c], "cpu", "j")
+    with pytest.raises(lookup.NotFound, match="no episode 'x'"):
+        lookup.match([a, b, c], "x", "j")
+    # Through the CLI, on whatever ids the correlator makes: the longest prefix two share.
+    ids = _ids(live_journal)
+    prefix = max((os.path.commonprefix([x, y]) for x in ids for y in ids if x != y), key=len)
+    sharing = [i for i in ids if i.startswith(prefix)]
+    if prefix and prefix not in ids:
+        for args in (["report", prefix, "--output", str(tmp_path / "x.svg")],
+                     ["episodes", "show", prefix]):
+            result = run(*args, "--journal", str(live_journal), ok=False)
+            assert result.exit_code == 2, result.output
+            assert "is ambiguous" in result.output
+            assert all(i in result.output for i in sharing[:lookup.SHOWN])
+
+
+def test_report_reads_an_exported_jsonl(live_journal, tmp_path):
+    exported = tmp_path / "events.jsonl"
+    exported.write_text(run("episodes", "export", "--journal", str(live_journal)).stdout)
+    ep_id = _ids(live_journal)[0]
+    from_journal, from_file = tmp_path / "j.svg", tmp_path / "f.svg"
+    run("report", ep_id, "--output", str(from_journal), "--journal", str(live_journal))
+    run("report", ep_id, "--output", str(from_file), "--events", str(exported),
+        "--journal", str(tmp_path / "no-journal-needed.db"))
+    assert set(_svg_texts(from_file)) == set(_svg_texts(from_journal))
+    result = run("report", "nothing-like-it", "--output", str(from_file), "--events",
+                 str(exported), ok=False)
+    assert result.exit_code == 2 and f"no episode 'nothing-like-it' in {exported}" in \
+        result.output
 
 
 def test_errors_exit_2(live_journal, tmp_path):

@@ -13,8 +13,9 @@ COLUMNS = ("ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC", "READMISS
 
 
 def clock_time(t: float, date: bool = True) -> str:
+    """UTC, to the millisecond, marked Z: a journal copied off a node reads the same anywhere."""
     fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
-    return time.strftime(fmt, time.localtime(t)) + f".{int(round(t % 1 * 1000)) % 1000:03d}"
+    return time.strftime(fmt, time.gmtime(t)) + f".{int(round(t % 1 * 1000)) % 1000:03d}Z"
 
 
 def duration(s: float | None) -> str:

@@ -1,14 +1,13 @@
 """A picture of one episode: kernel transitions, resync and readmission on one time axis.
 
-`build(episode)` lays the episode out (rows of bars and markers, times relative to its start);
-`to_svg` writes that layout as SVG text directly (no dependency) and `write_png` draws the same
-layout with matplotlib (the `report` extra). Keeping the layout apart from both renderers means
-they cannot disagree about what an episode looks like, and tests can check the layout itself.
+`build(episode, node)` lays the episode out (rows of bars and markers, times relative to its
+start, an honest headline); exporter/report/figure.py draws that layout with matplotlib, the one
+renderer of both PNG and SVG (the `report` extra). Tests check the layout and the drawing apart.
 """
 from __future__ import annotations
 
-import html
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +42,61 @@ class Marker:
 
 @dataclass
 class Timeline:
-    title: str
+    title: str  # the headline: outcome and what it cost ("converged; 2 pods rejected OutOfcpu")
     origin: float  # wall-clock seconds of t = 0
     length: float  # seconds shown on the axis
     rows: list[str] = field(default_factory=list)  # row labels, top to bottom
     bars: list[Bar] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
+    subtitle: str = ""  # node, resource and change, episode id, UTC start
+    bad: bool = False  # the headline reports harm: drawn in red
+
+
+def utc(t: float, date: bool = True) -> str:
+    """Wall-clock seconds as UTC, to the millisecond, saying so."""
+    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
+    return time.strftime(fmt, time.gmtime(t)) + f".{int(round(t % 1 * 1000)) % 1000:03d} UTC"
+
+
+def rejected_words(ep: Episode) -> str:
+    """"2 pods rejected OutOfcpu", "3 pods rejected (2 OutOfcpu, 1 OutOfmemory)", or ""."""
+    reasons = Counter(p.reason or "no reason" for p in ep.pods
+                      if p.outcome is PodVerdict.REJECTED)
+    total = sum(reasons.values())
+    if not total:
+        return ""
+    pods = f"{total} pod{'s' if total != 1 else ''} rejected"
+    if len(reasons) == 1:
+        return f"{pods} {next(iter(reasons))}"
+    return f"{pods} ({', '.join(f'{n} {why}' for why, n in reasons.most_common())})"
+
+
+OPEN_WORDS = {Phase.KERNEL: "open: kernel transitions may still join",
+              Phase.RESYNC: "open: waiting for the kubelet to resync",
+              Phase.READMISSION: "open: readmission not settled yet"}
+
+
+def headline(ep: Episode) -> tuple[str, bool]:
+    """What happened, in the words an on-call engineer needs first; True when it did harm."""
+    if ep.outcome is None:
+        words, bad = OPEN_WORDS.get(ep.phase, f"open ({ep.phase.value})"), False
+    elif ep.outcome is Outcome.RESYNC_TIMEOUT:
+        waited = (ep.ended - ep.kernel_done) if ep.ended and ep.kernel_done else None
+        words = "resync_timeout: the kubelet did not resync" + (
+            f" within {seconds(waited)}" if waited is not None else "")
+        bad = ep.change.value == "decrease"
+    elif ep.outcome is Outcome.KERNEL_FAILED:
+        words, bad = "kernel_failed" + (f": {ep.detail}" if ep.detail else ""), True
+    elif ep.outcome is Outcome.MISMATCH:
+        words, bad = f"mismatch: the kubelet settled on {ep.kubelet_after:g}, the kernel has " \
+                     f"{ep.kernel_after:g}" if ep.kubelet_after is not None and \
+                     ep.kernel_after is not None else "mismatch", True
+    else:
+        words, bad = ep.outcome.value, False
+    rejected = rejected_words(ep)
+    if rejected:
+        words, bad = f"{words}; {rejected}", True
+    return words, bad
 
 
 def unit_name(resource: Resource, unit: int) -> str:
@@ -60,15 +108,19 @@ def seconds(s: float) -> str:
         return f"{s * 1000:.1f} ms"
     if s < 120:
         return f"{s:.2f} s"
-    return f"{int(s // 60)}m{s % 60:04.1f}s"
+    tenths = round(s * 10)  # round once, so 599.97 s reads 10m00.0s, not 9m60.0s
+    return f"{tenths // 600}m{tenths % 600 / 10:04.1f}s"
 
 
-def build(ep: Episode) -> Timeline:
+def build(ep: Episode, node: str | None = None) -> Timeline:
     """Lay the episode out: one row per kernel transition, then resync, then readmission."""
     t0 = ep.opened
     outcome = ep.outcome.value if ep.outcome else f"open ({ep.phase.value})"
-    title = f"episode {ep.id}: {ep.resource.value} {ep.change.value}, {outcome}"
-    tl = Timeline(title=title, origin=t0, length=0.0)
+    words, bad = headline(ep)
+    change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
+    subtitle = (f"node {node or '(unknown: no Node status recorded)'}  |  {ep.resource.value} "
+                f"{change}  |  episode {ep.id}  |  opened {utc(t0)}")
+    tl = Timeline(title=words, origin=t0, length=0.0, subtitle=subtitle, bad=bad)
     latest = [0.0]
 
     def rel(t: float) -> float:
@@ -98,7 +150,9 @@ def build(ep: Episode) -> Timeline:
             words = f"resync {seconds(max(0.0, end - ep.kernel_done))}"
         else:
             end, kind = (ep.ended or ep.kernel_done), "waiting"
-            words = f"no resync ({outcome})"
+            words = f"no resync ({outcome})" if ep.outcome else "not resynced yet (open)"
+            if ep.ended is not None:
+                words += f" after {seconds(max(0.0, end - ep.kernel_done))}"
         tl.bars.append(Bar(row, words, rel(ep.kernel_done), rel(max(end, ep.kernel_done)),
                            kind))
     if ep.readmission_settled is not None or ep.pods:
@@ -121,111 +175,19 @@ def build(ep: Episode) -> Timeline:
     return tl
 
 
-# ---------------------------------------------------------------- SVG
-
 COLOURS = {"transition": "#4878d0", "failed": "#d65f5f", "resync": "#6acc64",
            "waiting": "#ee854a", "readmission": "#956cb4", "rejected": "#d62728",
            "kept": "#2ca02c"}
-LABEL_W, ROW_H, PLOT_W, TOP, MIN_BAR = 190, 34, 640, 40, 2.0
 
 
-def to_svg(tl: Timeline) -> str:
-    width = LABEL_W + PLOT_W + 30
-    extra = 11 * len(tl.markers)  # room for pod labels stacked under their markers
-    height = TOP + ROW_H * max(1, len(tl.rows)) + 50 + extra
-    scale = PLOT_W / tl.length
-
-    def x(t: float) -> float:
-        return LABEL_W + t * scale
-
-    esc = html.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<title>{esc(tl.title)}</title>',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="10" y="20" font-size="13" font-weight="bold">{esc(tl.title)}</text>']
-    for i, name in enumerate(tl.rows):
-        y = TOP + i * ROW_H
-        out.append(f'<text x="10" y="{y + ROW_H / 2 + 4:.1f}">{esc(name)}</text>')
-        out.append(f'<line x1="{LABEL_W}" y1="{y + ROW_H:.1f}" x2="{LABEL_W + PLOT_W}" '
-                   f'y2="{y + ROW_H:.1f}" stroke="#eee"/>')
-    for b in tl.bars:
-        y = TOP + b.row * ROW_H + 6
-        w = max(MIN_BAR, (b.end - b.start) * scale)  # a 30 ms step beside 10 min stays visible
-        out.append(f'<rect class="bar {b.kind}" x="{x(b.start):.2f}" y="{y}" width="{w:.2f}" '
-                   f'height="{ROW_H - 20}" fill="{COLOURS[b.kind]}"><title>{esc(b.label)}'
-                   f'</title></rect>')
-        out.append(f'<text x="{x(b.start) + w + 4:.2f}" y="{y + 11}">{esc(b.label)}</text>')
-    for k, m in enumerate(tl.markers):
-        cx, cy = x(m.at), TOP + m.row * ROW_H + ROW_H - 8
-        out.append(f'<circle class="marker {m.kind}" cx="{cx:.2f}" cy="{cy}" r="4" '
-                   f'fill="{COLOURS[m.kind]}"><title>{esc(m.label)}</title></circle>')
-        out.append(f'<text x="{cx + 6:.2f}" y="{cy + 4 + 11 * k}" font-size="9" '
-                   f'fill="{COLOURS[m.kind]}">{esc(m.label)}</text>')
-    axis_y = TOP + ROW_H * max(1, len(tl.rows)) + 10 + extra
-    out.append(f'<line x1="{LABEL_W}" y1="{axis_y}" x2="{LABEL_W + PLOT_W}" y2="{axis_y}" '
-               'stroke="black"/>')
-    for i in range(6):
-        t = tl.length * i / 5
-        out.append(f'<line x1="{x(t):.2f}" y1="{axis_y}" x2="{x(t):.2f}" y2="{axis_y + 4}" '
-                   'stroke="black"/>')
-        out.append(f'<text x="{x(t):.2f}" y="{axis_y + 16}" text-anchor="middle">'
-                   f'+{esc(seconds(t))}</text>')
-    start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.origin))
-    out.append(f'<text x="{LABEL_W}" y="{axis_y + 32}">time since {esc(start)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------- PNG
-
-
-def figure(tl: Timeline):
-    """The matplotlib Figure for a timeline (Agg: no display needed)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ReportError("PNG output needs matplotlib: pip install "
-                          "'node-resize-exporter[report]' (or write .svg, which needs nothing)"
-                          ) from None
-    rows = max(1, len(tl.rows))
-    fig = Figure(figsize=(10, 1.4 + 0.5 * rows + 0.12 * len(tl.markers)), dpi=100)
-    ax = fig.add_subplot()
-    min_w = tl.length / 300  # the SVG's minimum width, in data units
-    for b in tl.bars:
-        ax.broken_barh([(b.start, max(min_w, b.end - b.start))], (b.row - 0.3, 0.6),
-                       facecolors=COLOURS[b.kind], label=b.kind)
-        ax.annotate(b.label, (b.start + max(min_w, b.end - b.start), b.row), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize=8)
-    for kind in ("kept", "rejected"):  # rejected drawn last: on top where they coincide
-        ms = [m for m in tl.markers if m.kind == kind]
-        if ms:
-            ax.scatter([m.at for m in ms], [m.row + 0.35 for m in ms], c=COLOURS[kind],
-                       marker="v" if kind == "rejected" else "o", label=f"pod {kind}", zorder=3)
-    for k, m in enumerate(tl.markers):  # stacked, so pods judged at one instant stay legible
-        ax.annotate(m.label, (m.at, m.row + 0.35), xytext=(6, -3 - 9 * k),
-                    textcoords="offset points", fontsize=7, color=COLOURS[m.kind])
-    ax.set_yticks(range(rows), tl.rows or [""])
-    ax.set_ylim(rows - 0.5 + 0.3 * len(tl.markers) / max(1, rows), -0.7)
-    ax.set_xlim(-tl.length * 0.02, tl.length * 1.25)
-    start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tl.origin))
-    ax.set_xlabel(f"seconds since {start}")
-    ax.set_title(tl.title, fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def write(ep: Episode, path: str | Path) -> Timeline:
-    """Draw `ep` to `path`; the format follows the suffix (.svg or .png)."""
+def write(ep: Episode, path: str | Path, node: str | None = None) -> Timeline:
+    """Draw `ep` to `path`; the format follows the suffix (.svg or .png), one renderer."""
+    from exporter.report import figure  # matplotlib: the optional `report` extra
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".svg", ".png"):
         raise ReportError(f"{path}: unknown image format {suffix or '(none)'!r}; "
                           "use a .svg or .png file name")
-    tl = build(ep)
-    if suffix == ".svg":
-        path.write_text(to_svg(tl))
-    else:
-        figure(tl).savefig(path, format="png")
+    tl = build(ep, node)
+    figure.save(figure.draw(tl), path)
     return tl

@@ -1,0 +1,161 @@
+"""The one renderer of an episode picture: a matplotlib Figure, saved as PNG or SVG.
+
+Kernel steps last milliseconds and resync waits minutes, so the time axis is symmetric-log:
+linear for the first 10 ms (where a transition starts at 0), logarithmic beyond, ticks named in
+ms / s / min. Every text is placed, measured and moved until it lies inside the figure: a label
+that would leave the plot goes to the other side of its bar, then inside it; pods are listed
+under the plot, rejected ones first and in red, numbered like their markers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.report.timeline import COLOURS, ReportError, Timeline, seconds, utc
+
+LINTHRESH = 0.01  # s: the linear part of the axis (a 1 ms step is still 1/10 of it)
+MAX_PODS_LISTED = 12
+NUMBERED_MARKERS = 6
+TICKS = [(0.0, "0"), (0.01, "10 ms"), (0.1, "100 ms"), (1.0, "1 s"),
+         (10.0, "10 s"), (60.0, "1 min"), (600.0, "10 min"), (3600.0, "1 h"), (36000.0, "10 h")]
+WIDTH_IN, ROW_IN, LINE_IN = 11.0, 0.55, 0.2
+
+
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ReportError("pictures need matplotlib: pip install 'node-resize-exporter[report]'"
+                          ) from None
+    return Figure
+
+
+def _pod_lines(tl: Timeline) -> list[tuple[str, str]]:
+    """(text, kind) for the list under the plot: rejected first, then kept, capped."""
+    order = sorted(range(len(tl.markers)),
+                   key=lambda i: (tl.markers[i].kind != "rejected", tl.markers[i].at))
+    lines = []
+    for i in order[:MAX_PODS_LISTED]:
+        m = tl.markers[i]
+        verb = "REJECTED" if m.kind == "rejected" else "kept"
+        label = _elide(m.label.replace(" rejected", "").replace(" kept", ""), 80)
+        lines.append((f"[{i + 1}] {verb}: {label} at +{seconds(m.at)} "
+                      f"({utc(tl.origin + m.at, date=False)})", m.kind))
+    if len(order) > MAX_PODS_LISTED:
+        lines.append((f"... and {len(order) - MAX_PODS_LISTED} more pods: "
+                      "`node-resize-exporter episodes show ID` lists them all", "kept"))
+    return lines
+
+
+def _elide(words: str, limit: int) -> str:
+    """Long names (pod names reach 253 characters) keep their ends, which tell pods apart."""
+    if len(words) <= limit:
+        return words
+    keep = (limit - 3) // 2
+    return f"{words[:keep]}...{words[-keep:]}"
+
+
+def draw(tl: Timeline):
+    """The Figure for a timeline (Agg canvas: no display needed)."""
+    Figure = _figure_class()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = max(1, len(tl.rows))
+    pods = _pod_lines(tl)
+    header_in, axis_in = 0.9, 0.75
+    height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0.1)
+    fig = Figure(figsize=(WIDTH_IN, height), dpi=100)
+    FigureCanvasAgg(fig)
+    top = 1 - header_in / height
+    bottom = (height - header_in - ROW_IN * rows) / height
+    ax = fig.add_axes((0.17, bottom, 0.80, top - bottom))
+
+    fig.text(0.01, 1 - 0.28 / height, tl.title, fontsize=13, weight="bold",
+             color=COLOURS["rejected"] if tl.bad else "black", va="center")
+    fig.text(0.01, 1 - 0.6 / height, tl.subtitle, fontsize=9, color="#333333", va="center")
+
+    end = max(tl.length, LINTHRESH) * 1.15
+    ax.set_xscale("symlog", linthresh=LINTHRESH, linscale=0.6)
+    ax.set_xlim(0, end)
+    ax.set_ylim(rows - 0.5, -0.5)
+    ticks = [(t, name) for t, name in TICKS if t <= end]
+    ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks])
+    ax.minorticks_off()
+    ax.set_yticks(range(rows), tl.rows or [""], fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(f"time since {utc(tl.origin)} (linear to 10 ms, then logarithmic)",
+                  fontsize=9)
+
+    labels = []
+    for b in tl.bars:
+        b = b if len(b.label) <= 90 else type(b)(b.row, _elide(b.label, 90), b.start, b.end,
+                                                 b.kind)
+        ax.barh(b.row, max(b.end - b.start, 0.0), left=b.start, height=0.5,
+                color=COLOURS[b.kind], edgecolor=COLOURS[b.kind], linewidth=1.5)
+        labels.append((ax.annotate(b.label, (b.end, b.row), xytext=(4, 0),
+                                   textcoords="offset points", va="center", fontsize=8,
+                                   annotation_clip=False), b))
+    for i, m in enumerate(tl.markers):
+        rejected = m.kind == "rejected"
+        ax.scatter([m.at], [m.row + 0.32], c=COLOURS[m.kind], marker="X" if rejected else "o",
+                   s=70 if rejected else 30, zorder=4 if rejected else 3)
+        if len(tl.markers) <= NUMBERED_MARKERS:  # more would pile up; the list still has all
+            ax.annotate(str(i + 1), (m.at, m.row + 0.32), xytext=(0, -9),
+                        textcoords="offset points", ha="center", va="top", fontsize=7,
+                        color=COLOURS[m.kind], weight="bold" if rejected else "normal",
+                        annotation_clip=False)
+
+    y = bottom - axis_in / height
+    if pods:
+        fig.text(0.01, y, "Pods judged at readmission:", fontsize=9, weight="bold", va="top")
+        for k, (line, kind) in enumerate(pods, 1):
+            rejected = kind == "rejected"
+            fig.text(0.03, y - k * LINE_IN / height, line, fontsize=9, va="top",
+                     color=COLOURS["rejected"] if rejected else "#333333",
+                     weight="bold" if rejected else "normal")
+    _keep_inside(fig, ax, labels)
+    return fig
+
+
+def _keep_inside(fig, ax, labels) -> None:
+    """Move each bar label that leaves the plot: left of its bar, else inside it in white."""
+    renderer = fig.canvas.get_renderer()
+    right, left = ax.bbox.x1, ax.bbox.x0
+    for text, bar in labels:
+        if text.get_window_extent(renderer).x1 <= right:
+            continue
+        text.xy = (bar.start, bar.row)
+        text.set_position((-4, 0))
+        text.set_horizontalalignment("right")
+        if text.get_window_extent(renderer).x0 >= left:
+            continue
+        x0, x1 = (ax.transData.transform((t, bar.row))[0] for t in (bar.start, bar.end))
+        text.xy = (ax.transData.inverted().transform(((x0 + x1) / 2, 0))[0], bar.row)
+        text.set_position((0, 0))
+        text.set_horizontalalignment("center")
+        text.set_color("white")
+        text.set_weight("bold")
+
+
+def texts_outside(fig) -> list[str]:
+    """Every visible text whose box leaves the figure (empty when nothing is clipped)."""
+    from matplotlib.text import Text
+    fig.canvas.draw()  # tick and axis labels are placed at draw time
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    out = []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip():
+            continue
+        e = t.get_window_extent(renderer)
+        if e.x0 < box.x0 - 0.5 or e.y0 < box.y0 - 0.5 or e.x1 > box.x1 + 0.5 \
+                or e.y1 > box.y1 + 0.5:
+            out.append(f"{t.get_text()!r} at {e.bounds}")
+    return out
+
+
+def save(fig, path: Path) -> None:
+    """PNG or SVG of the same figure; SVG keeps texts as text (searchable, testable)."""
+    import matplotlib
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "episode"}):
+        fig.savefig(path, format=path.suffix.lower().lstrip("."),
+                    metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
