@@ -1,173 +1,407 @@
-"""The HTTP endpoint: /metrics (the Collector's rendering) and /healthz.
+"""The HTTP endpoint: the telemetry path (/metrics by default), /healthz and an index page.
 
 Plain HTTP by default; `--web.config.file` (exporter/webconfig.py) adds TLS, client
-certificates and basic auth. The TLS handshake runs in the connection's own thread, with a
-timeout, so a client that connects and stalls cannot hold up the accept loop. /healthz answers
-without basic auth (a kubelet probe carries no password and learns only "ok"); it is still behind
-TLS and client certificates when those are configured.
+certificates and basic auth. /healthz answers without basic auth (a kubelet probe carries no
+password and learns only "ok"); it is still behind TLS and client certificates when those are
+configured.
+
+Built to stay up when anyone who can reach the port misbehaves (issue 16): one asyncio event
+loop holds every connection (a connection costs a few KiB, not a thread), HTTP is parsed by h11
+with the request head bounded in size (MAX_HEADER_BYTES) and count (MAX_HEADERS) and in time
+(HEADER_TIMEOUT from the first byte; HANDSHAKE_TIMEOUT for TLS), connections are capped at
+MAX_CONNECTIONS (past it the oldest connection still waiting for a request is closed to make
+room, so a slowloris cannot lock scrapers out), and the work a request causes runs on two small
+thread pools: rendering (shared, see exporter/exposition.py) and bcrypt (bounded, see
+exporter/webauth.py). Failures caused by clients are logged once per kind per minute.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import concurrent.futures
+import html
 import logging
+import resource
 import socket
 import ssl
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import OrderedDict
+from typing import Callable
 
+import h11
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from exporter.webconfig import BasicAuth, WebConfig, load_web_config, peer_san_allowed
+from exporter.exposition import Exposition
+from exporter.ratelog import RateLimitedLog
+from exporter.webauth import AuthBusy, BasicAuth
+from exporter.webconfig import WebConfig, load_web_config, peer_san_allowed
 
 log = logging.getLogger("exporter.http")
 
-INDEX = b"""<html><head><title>node-resize-exporter</title></head><body>
-<h1>node-resize-exporter</h1><p><a href="/metrics">Metrics</a> <a href="/healthz">Health</a></p>
+HANDSHAKE_TIMEOUT = 10.0  # seconds a client gets to finish the TLS handshake
+HEADER_TIMEOUT = 10.0  # seconds from a request's first byte (or the connection) to its last header
+IDLE_TIMEOUT = 120.0  # a kept-alive connection idle this long is closed
+WRITE_TIMEOUT = 30.0  # a client that does not read its answer for this long is dropped
+MAX_HEADER_BYTES = 16 * 1024  # request line and headers; a Prometheus scrape sends ~300 bytes
+MAX_HEADERS = 64
+MAX_CONNECTIONS = 512  # also kept under half the descriptor limit (see _connection_cap)
+RENDER_THREADS = 2
+AUTH_THREADS = 2  # = webauth.AUTH_CONCURRENCY: more threads would only wait for a slot
+AUTH_QUEUE = 32  # requests waiting for a bcrypt check; past it 429 at once
+# The listen queue, and how many connections asyncio accepts in one go: the descriptors held
+# peak at MAX_CONNECTIONS plus a few such bursts while a flood is cut down to the cap.
+# 50 scrapers connecting together overflowed socketserver's default of 5.
+LISTEN_BACKLOG = 128
+REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
+INDEX = """<html><head><title>node-resize-exporter</title></head><body>
+<h1>node-resize-exporter</h1><p><a href="{path}">Metrics</a> <a href="/healthz">Health</a></p>
 </body></html>"""
 
-HANDSHAKE_TIMEOUT = 10.0  # seconds a client gets to finish the TLS handshake
-IDLE_TIMEOUT = 120.0  # a kept-alive connection idle this long is closed (frees its thread)
-REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
+Response = tuple[int, str, bytes, dict[str, str]]
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # socketserver's default backlog is 5: with dozens of scrapers connecting at once the
-    # kernel drops SYNs and a client waits out retransmits (1, 3, 7, 15 s...). Seen in
-    # tests/test_load.py as a scrape timing out after 30 s.
-    request_queue_size = 128
-    web: WebConfig
-
-    def finish_request(self, request, client_address):
-        ctx = self.web.ssl_context
-        if ctx is None:
-            return super().finish_request(request, client_address)
-        try:
-            request.settimeout(HANDSHAKE_TIMEOUT)
-            tls = ctx.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as e:
-            # Wrong version, no or bad client certificate, a port scanner: the client's problem.
-            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
-            return
-        try:
-            if not peer_san_allowed(tls.getpeercert(), self.web.client_allowed_sans):
-                log.debug("client certificate of %s: no SAN in client_allowed_sans",
-                          client_address[0])
-                return
-            super().finish_request(tls, client_address)
-        finally:
-            try:
-                tls.close()
-            except OSError:
-                pass
+def _connection_cap() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(MAX_CONNECTIONS, soft // 2))
 
 
-class Exposition:
-    """The rendered /metrics, shared by concurrent scrapes.
+def _listen(host: str, port: int) -> socket.socket:
+    """Bound and listening now, so that EADDRINUSE reaches the caller before the privilege drop."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
+    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
 
-    Rendered again only when the agent's state changed (`version`) or the last rendering is
-    older than `max_age` (gauges such as drift_seconds move with time alone). Fifty scrapers
-    arriving together cost one rendering, not fifty: the lock makes the rest wait for it.
-    """
 
-    def __init__(self, registry: CollectorRegistry, version=lambda: None, max_age: float = 1.0):
-        self.registry = registry
-        self.version = version
-        self.max_age = max_age
-        self._lock = threading.Lock()
-        self._body: bytes | None = None
-        self._rendered_version = None
-        self._rendered_at = 0.0
+class _Conn:
+    """One client connection, as the cap and the eviction see it."""
 
-    def get(self) -> bytes:
-        with self._lock:
-            version, now = self.version(), time.monotonic()
-            if (self._body is None or version != self._rendered_version
-                    or now - self._rendered_at >= self.max_age):
-                self._body = generate_latest(self.registry)
-                self._rendered_version, self._rendered_at = version, now
-            return self._body
+    def __init__(self, writer: asyncio.StreamWriter, peer: str):
+        self.writer = writer
+        self.peer = peer
+
+    def abort(self) -> None:
+        self.writer.transport.abort()  # RST, no lingering: cheap under attack
 
 
 class MetricsServer:
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, healthy=lambda: True,
-                 web_config: str | None = None, version=lambda: None):
-        # ValueError (naming the key) on a bad file: the runner exits 2 with it.
+    """The endpoint. Constructing it binds the socket (OSError such as EADDRINUSE) and reads
+    the web config (ValueError naming the key); start() serves from a thread, stop() ends it.
+
+        MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
+                      telemetry_path="/metrics")
+    """
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 healthy: Callable[[], bool] = lambda: True, web_config: str | None = None,
+                 version: Callable[[], object] = lambda: None,
+                 telemetry_path: str = "/metrics"):
+        if not telemetry_path.startswith("/") or telemetry_path in ("/", "/healthz") \
+                or any(c in telemetry_path for c in "?# \r\n"):
+            raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
+                             "/metrics (starting with /, not / or /healthz)")
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
-        auth = BasicAuth(self.web.users)
-        self.auth = auth
-        extra_headers = dict(self.web.headers)
-        exposition = Exposition(registry, version)
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = IDLE_TIMEOUT
-            # Headers and body go out in two writes; with Nagle on, a kept-alive connection
-            # (Prometheus keeps them) waits ~40 ms for the client's delayed ACK every scrape.
-            disable_nagle_algorithm = True
-
-            def do_GET(self):  # noqa: N802 (http.server's naming)
-                path = self.path.split("?", 1)[0]
-                if path != "/healthz" and auth.enabled and not self._authorized():
-                    self._send(401, "text/plain", b"Unauthorized\n",
-                               {"WWW-Authenticate": REALM})
-                elif path == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, exposition.get())
-                elif path == "/healthz":
-                    ok = healthy()
-                    self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"down\n")
-                elif path == "/":
-                    self._send(200, "text/html", INDEX)
-                else:
-                    self._send(404, "text/plain", b"not found\n")
-
-            def _authorized(self) -> bool:
-                scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
-                if scheme.lower() != "basic":
-                    return False
-                try:
-                    decoded = base64.b64decode(encoded.strip(), validate=True)
-                except (binascii.Error, ValueError):
-                    return False
-                user, sep, password = decoded.decode("utf-8", "surrogateescape").partition(":")
-                return bool(sep) and auth.check(user, password)
-
-            def _send(self, code: int, ctype: str, body: bytes,
-                      headers: dict[str, str] | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for name, value in {**extra_headers, **(headers or {})}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt, *args):  # scrapes every few seconds: debug, not info
-                log.debug("%s %s", self.address_string(), fmt % args)
-
-        server_class = _Server
-        if ":" in host:  # an IPv6 literal such as "::"
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-        self.httpd = server_class((host, port), Handler)
-        self.httpd.web = self.web  # read per connection, after serve_forever starts
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http",
-                                        daemon=True)
+        self.auth = BasicAuth(self.web.users)
+        self.exposition = Exposition(registry, version)
+        self.healthy = healthy
+        self.telemetry_path = telemetry_path
+        self.index = INDEX.format(path=html.escape(telemetry_path, quote=True)).encode()
+        self.extra_headers = dict(self.web.headers)
+        self.failures = RateLimitedLog(log)
+        self.max_connections = _connection_cap()
+        self.evicted = 0
+        self.sock = _listen(host, port)
+        self.server_address = self.sock.getsockname()[:2]
+        self._conns: OrderedDict[_Conn, bool] = OrderedDict()  # -> waiting for a request
+        self._auth_waiting = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._render = concurrent.futures.ThreadPoolExecutor(RENDER_THREADS, "http-render")
+        self._bcrypt = concurrent.futures.ThreadPoolExecutor(AUTH_THREADS, "http-auth")
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     @property
     def scheme(self) -> str:
         return self.web.scheme
 
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
     def start(self) -> None:
         self._thread.start()
-        host, port = self.httpd.server_address[:2]
-        log.info("serving %s://%s:%d/metrics%s%s", self.scheme, host, port,
+        self._started.wait(10)
+        host, port = self.server_address
+        log.info("serving %s://%s:%d%s%s%s", self.scheme, host, port, self.telemetry_path,
                  " (client certificates required)" if self.web.ssl_context is not None
                  and self.web.ssl_context.verify_mode == ssl.CERT_REQUIRED else "",
                  " (basic auth)" if self.auth.enabled else "")
+        for note in self.web.notes:
+            log.warning("--web.config.file %s: %s", self.web.path, note)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(10)
+        else:
+            self.sock.close()
+        self._render.shutdown(wait=False, cancel_futures=True)
+        self._bcrypt.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(self._loop_error)
+        self._stopping = asyncio.Event()
+        try:
+            server = await asyncio.start_server(self._client, sock=self.sock,
+                                                limit=MAX_HEADER_BYTES, backlog=LISTEN_BACKLOG)
+        finally:
+            self._started.set()
+        async with server:
+            await self._stopping.wait()
+            server.close()
+            for conn in list(self._conns):
+                conn.abort()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        # asyncio's own reports (accept() out of descriptors, a transport error): rate-limited.
+        exc = context.get("exception")
+        self.failures.note(f"loop:{type(exc).__name__}", "HTTP event loop: %s: %s",
+                           context.get("message"), exc, level=logging.WARNING)
+
+    def _admit(self, conn: _Conn) -> bool:
+        if len(self._conns) >= self.max_connections:
+            victim = next((c for c, waiting in self._conns.items() if waiting), None)
+            if victim is None:  # every connection is being answered: this one waits its turn
+                self.failures.note("cap", "%d connections open, all busy: closing new ones",
+                                   len(self._conns), level=logging.WARNING)
+                return False
+            self.evicted += 1
+            self.failures.note("evict", "%d connections open (the cap): closing the oldest one "
+                               "still waiting for a request", len(self._conns),
+                               level=logging.WARNING)
+            victim.abort()
+            self._conns.pop(victim, None)
+        self._conns[conn] = True
+        return True
+
+    def _waiting(self, conn: _Conn, waiting: bool) -> None:
+        if conn in self._conns:
+            self._conns[conn] = waiting
+            if waiting:
+                self._conns.move_to_end(conn)  # oldest waiting first in line for eviction
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = (writer.get_extra_info("peername") or ("?",))[0]
+        conn = _Conn(writer, peer)
+        if not self._admit(conn):
+            conn.abort()
+            return
+        try:
+            if self.web.ssl_context is not None and not await self._handshake(conn):
+                return
+            await self._serve(conn, reader, writer)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            self.failures.note(f"gone:{type(e).__name__}", "client %s went away mid-request: "
+                               "%s", peer, type(e).__name__)
+        except Exception:  # noqa: BLE001 (a bug: logged, once a minute, with its traceback)
+            self.failures.note("bug", "answering %s failed", peer, level=logging.ERROR,
+                               exc_info=True)
+        finally:
+            await self._close(conn)
+
+    async def _close(self, conn: _Conn) -> None:
+        """Flush what is still buffered, then close; a client that does not take it within
+        WRITE_TIMEOUT is cut. Counted against the cap (and evictable) until it is gone."""
+        self._waiting(conn, True)
+        try:
+            conn.writer.close()
+            await asyncio.wait_for(conn.writer.wait_closed(), WRITE_TIMEOUT)
+        except Exception:  # noqa: BLE001 (reset, TLS close_notify refused, timeout: all "gone")
+            conn.abort()
+        finally:
+            self._conns.pop(conn, None)
+
+    async def _handshake(self, conn: _Conn) -> bool:
+        ctx = self.web.ssl_context
+        assert ctx is not None
+        try:
+            await conn.writer.start_tls(ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (ssl.SSLError, OSError, TimeoutError) as e:
+            # Wrong version, no or bad client certificate, a port scanner: the client's problem.
+            reason = getattr(e, "verify_message", None) or getattr(e, "reason", None) \
+                or type(e).__name__
+            self.failures.note(f"tls:{reason}", "TLS handshake with %s failed: %s",
+                               conn.peer, e)
+            return False
+        if not peer_san_allowed(conn.writer.get_extra_info("peercert"),
+                                self.web.client_allowed_sans):
+            self.failures.note("san", "client certificate of %s: no SAN in "
+                               "client_allowed_sans", conn.peer)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        first = True
+        while True:
+            self._waiting(conn, True)
+            try:
+                request = await self._read_head(h, reader, first)
+            except h11.RemoteProtocolError as e:
+                status = 431 if e.error_status_hint == 431 else 400
+                self.failures.note(f"bad:{status}", "bad request from %s: %s", conn.peer, e)
+                await self._send_raw(writer, status)
+                return
+            if request is None:
+                return
+            self._waiting(conn, False)
+            first = False
+            if len(request.headers) > MAX_HEADERS or _head_size(request) > MAX_HEADER_BYTES:
+                # h11 bounds a head still arriving; this bounds one that arrived whole.
+                self.failures.note("bad:431", "request from %s: %d headers, %d bytes (bounds: "
+                                   "%d, %d)", conn.peer, len(request.headers),
+                                   _head_size(request), MAX_HEADERS, MAX_HEADER_BYTES)
+                await self._send_raw(writer, 431)
+                return
+            # A request with a body (a GET has none) is answered, then the connection closed:
+            # reading a body nobody asked for is work an attacker would choose.
+            has_body = h.their_state is h11.SEND_BODY \
+                and not isinstance(h.next_event(), h11.EndOfMessage)
+            code, ctype, body, headers = await self._respond(request)
+            await self._send(h, writer, request, code, ctype, body, headers, close=has_body)
+            self._access(conn.peer, request, code, len(body))
+            if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
+                return
+            h.start_next_cycle()
+
+    async def _read_head(self, h: h11.Connection, reader: asyncio.StreamReader,
+                         first: bool) -> h11.Request | None:
+        """The next request's head, None when the client closed or ran out of time. A new
+        connection has HEADER_TIMEOUT for its first request; a kept-alive one may stay idle for
+        IDLE_TIMEOUT, then has HEADER_TIMEOUT from the first byte of the next request."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (HEADER_TIMEOUT if first else IDLE_TIMEOUT)
+        started = first
+        while True:
+            event = h.next_event()
+            if isinstance(event, h11.Request):
+                return event
+            if event is not h11.NEED_DATA:  # ConnectionClosed, or a pause we never cause
+                return None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                if started:
+                    self.failures.note("timeout", "request head not finished in %.0f s: "
+                                       "closing", HEADER_TIMEOUT)
+                return None
+            try:
+                data = await asyncio.wait_for(reader.read(8192), remaining)
+            except TimeoutError:
+                continue
+            if data and not started:
+                started, deadline = True, loop.time() + HEADER_TIMEOUT
+            h.receive_data(data)  # b"" is the end of the stream
+
+    async def _respond(self, request: h11.Request) -> Response:
+        method = request.method.decode("ascii", "replace")
+        path = request.target.split(b"?", 1)[0].decode("latin-1")
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
+        if path != "/healthz" and self.auth.enabled:
+            verdict = await self._authorized(request)
+            if verdict is None:
+                return 429, "text/plain", b"too many password checks at once\n", \
+                    {"Retry-After": "1"}
+            if not verdict:
+                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        if path == self.telemetry_path:
+            loop = asyncio.get_running_loop()
+            rendering = await loop.run_in_executor(
+                self._render, self.exposition.get, _header(request, b"accept"),
+                _header(request, b"accept-encoding"))
+            extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} \
+                if rendering.gzipped else {"Vary": "Accept-Encoding"}
+            return 200, rendering.content_type, rendering.body, extra
+        if path == "/healthz":
+            ok = self.healthy()
+            return (200, "text/plain", b"ok\n", {}) if ok else (503, "text/plain", b"down\n", {})
+        if path == "/":
+            return 200, "text/html; charset=utf-8", self.index, {}
+        return 404, "text/plain", b"not found\n", {}
+
+    async def _authorized(self, request: h11.Request) -> bool | None:
+        """True/False, or None when bcrypt is saturated (the caller answers 429)."""
+        scheme, _, encoded = _header(request, b"authorization").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(encoded.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user, sep, password = decoded.decode("utf-8", "surrogateescape").partition(":")
+        if not sep:
+            return False
+        if self.auth.cached(user, password):  # the common case: no thread, no bcrypt
+            return True
+        if self._auth_waiting >= AUTH_QUEUE:
+            return None
+        self._auth_waiting += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._bcrypt, self.auth.check, user, password)
+        except AuthBusy:
+            return None
+        finally:
+            self._auth_waiting -= 1
+
+    # ------------------------------------------------------------------ writing
+
+    async def _send(self, h: h11.Connection, writer: asyncio.StreamWriter,
+                    request: h11.Request, code: int, ctype: str, body: bytes,
+                    headers: dict[str, str], close: bool) -> None:
+        fields = [("Content-Type", ctype), ("Content-Length", str(len(body))),
+                  *self.extra_headers.items(), *headers.items()]
+        if close:
+            fields.append(("Connection", "close"))
+        writer.write(h.send(h11.Response(status_code=code, headers=fields)))
+        if request.method != b"HEAD":
+            writer.write(h.send(h11.Data(data=body)))
+        writer.write(h.send(h11.EndOfMessage()))
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+
+    async def _send_raw(self, writer: asyncio.StreamWriter, code: int) -> None:
+        """An error answer outside h11's state machine (after h11 gave up on the request)."""
+        reason = {400: "Bad Request", 408: "Request Timeout",
+                  431: "Request Header Fields Too Large"}[code]
+        body = f"{reason}\n".encode()
+        writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        try:
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            pass
+
+    def _access(self, peer: str, request: h11.Request, code: int, size: int) -> None:
+        if log.isEnabledFor(logging.DEBUG):  # scrapes every few seconds: debug, not info
+            log.debug('%s "%s %s HTTP/%s" %d %d', peer, request.method.decode("ascii", "replace"),
+                      request.target[:200].decode("latin-1"),
+                      request.http_version.decode("ascii", "replace"), code, size)
+
+
+def _head_size(request: h11.Request) -> int:
+    """The request head's size on the wire, near enough (": " and CRLF counted per header)."""
+    return len(request.method) + len(request.target) + 12 + sum(
+        len(k) + len(v) + 4 for k, v in request.headers) + 2
+
+
+def _header(request: h11.Request, name: bytes) -> str:
+    return ", ".join(v.decode("latin-1") for k, v in request.headers if k == name)

@@ -12,6 +12,9 @@ Prometheus scrape config) serves the whole fleet:
       client_allowed_sans: [scraper.example]        # optional: client cert SAN allow-list
       min_version: TLS12             # TLS12 (default) or TLS13; below 1.2 is refused
       max_version: TLS13
+      cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, ...]   # Go's names, TLS 1.2
+      prefer_server_cipher_suites: true                              # the default
+      curve_preferences: [CurveP256]                                 # Go's names
     http_server_config:
       headers: {Strict-Transport-Security: max-age=31536000}
     basic_auth_users:
@@ -19,23 +22,24 @@ Prometheus scrape config) serves the whole fleet:
 
 An empty file, or one without cert_file and key_file, serves plain HTTP (basic auth still
 applies), as exporter-toolkit does. Every problem is a ValueError naming the key and the fix:
-the runner exits 2 with it. Keys this implementation cannot honour (cipher_suites,
-curve_preferences, RequireAnyClientCert) are refused rather than silently ignored, because a
-security setting that is quietly dropped is worse than a start-up error.
+the runner exits 2 with it. Without `cipher_suites`, TLS 1.2 offers exporter-toolkit's secure
+default restricted to forward-secret AEAD suites (ECDHE with AES-GCM or ChaCha20-Poly1305);
+TLS 1.3 suites are OpenSSL's (not configurable, as in Go). RequireAnyClientCert (a certificate
+nobody verifies) is refused rather than honoured.
 """
 from __future__ import annotations
 
-import hashlib
-import re
+import os
 import ssl
-import threading
-import time
-from collections import OrderedDict
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
 import yaml
+
+from exporter.webauth import hash_problem
+
+MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; certificates a few KiB
 
 _TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
@@ -53,10 +57,35 @@ _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE,
                 "RequestClientCert": ssl.CERT_NONE,
                 "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
                 "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
-_BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 
-AUTH_CACHE_SECONDS = 60.0  # bcrypt costs ~0.1-0.3 s a check; Prometheus scrapes every 15-60 s
-AUTH_CACHE_SIZE = 100
+# Go's names (crypto/tls CipherSuites(), the ones exporter-toolkit accepts) -> OpenSSL's.
+_TLS12_SUITES = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+}
+# Valid names that only concern TLS 1.3, whose suites neither Go nor OpenSSL lets one choose.
+_TLS13_SUITES = {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+                 "TLS_CHACHA20_POLY1305_SHA256"}
+# Without cipher_suites: forward secrecy (ECDHE) and AEAD only, server's order.
+DEFAULT_TLS12_SUITES = tuple(name for name in _TLS12_SUITES
+                             if name.startswith("TLS_ECDHE_") and "_CBC_" not in name)
+# Go's curve names -> OpenSSL's. Python's ssl can pin one NIST curve (set_ecdh_curve), not a
+# list, and not X25519; OpenSSL's default groups (X25519, P-256, X448, P-521, P-384) hold
+# every curve exporter-toolkit can name.
+_CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1",
+           "X25519": None}
 
 
 def _err(path: str, key: str, problem: str) -> ValueError:
@@ -72,18 +101,45 @@ class WebConfig:
     client_allowed_sans: tuple[str, ...] = ()
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # logged once at start (what was approximated)
 
     @property
     def scheme(self) -> str:
         return "https" if self.ssl_context is not None else "http"
 
 
+def read_bounded(path: str | Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most `limit`; ValueError naming `what` otherwise.
+
+    Opened non-blocking so that a FIFO cannot hang start-up (it is refused after fstat), and
+    read with a bound so that /dev/zero or a huge file cannot fill memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read it: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what} {path}: not a regular file (a FIFO, device or directory); "
+                             "give the path of a file")
+        if st.st_size > limit:
+            raise ValueError(f"{what} {path}: {st.st_size} bytes, more than the {limit} "
+                             "allowed; is it the right file?")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read it: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{what} {path}: more than {limit} bytes; is it the right file?")
+    return data
+
+
 def load_web_config(path: str) -> WebConfig:
     """Read and validate the file; ValueError (naming the key) on anything wrong."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ValueError(f"--web.config.file {path}: cannot read it: {e.strerror or e}") from None
+    text = read_bounded(path, "--web.config.file")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -98,7 +154,7 @@ def load_web_config(path: str) -> WebConfig:
     config = WebConfig(path=path)
     tls = _mapping(path, "tls_server_config", raw.get("tls_server_config"))
     _no_unknown(path, "tls_server_config", tls, _TLS_KEYS)
-    config.ssl_context, config.client_allowed_sans = _tls_context(path, base, tls)
+    config.ssl_context, config.client_allowed_sans = _tls_context(path, base, tls, config.notes)
     http = _mapping(path, "http_server_config", raw.get("http_server_config"))
     _no_unknown(path, "http_server_config", http, _HTTP_KEYS)
     config.headers = _headers(path, http.get("headers"))
@@ -129,6 +185,14 @@ def _string(path: str, key: str, value) -> str:
     return value
 
 
+def _strings(path: str, key: str, value) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _err(path, key, "must be a list of strings")
+    return value
+
+
 def _version(path: str, key: str, value, default: ssl.TLSVersion | None):
     name = _string(path, key, value)
     if not name:
@@ -141,7 +205,48 @@ def _version(path: str, key: str, value, default: ssl.TLSVersion | None):
     return _VERSIONS[name]
 
 
-def _tls_context(path: str, base: Path, tls: dict) -> tuple[ssl.SSLContext | None, tuple]:
+def _pem_file(path: str, base: Path, key: str, name: str) -> Path:
+    """A certificate or key path that is a regular file (a FIFO would hang OpenSSL's read)."""
+    full = base / name
+    read_bounded(full, f"--web.config.file {path}: {key}:")
+    return full
+
+
+def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict, notes: list[str]) -> None:
+    names = _strings(path, "tls_server_config.cipher_suites", tls.get("cipher_suites"))
+    unknown = [n for n in names if n not in _TLS12_SUITES and n not in _TLS13_SUITES]
+    if unknown:
+        raise _err(path, "tls_server_config.cipher_suites", f"unknown cipher {unknown[0]}; "
+                   f"use Go's names: {', '.join(_TLS12_SUITES)}")
+    tls12 = [_TLS12_SUITES[n] for n in names if n in _TLS12_SUITES] if names else \
+        [_TLS12_SUITES[n] for n in DEFAULT_TLS12_SUITES]
+    if not tls12 and ctx.minimum_version < ssl.TLSVersion.TLSv1_3:
+        raise _err(path, "tls_server_config.cipher_suites", "names no TLS 1.2 suite (TLS 1.3 "
+                   "suites are not configurable); add one, or set min_version: TLS13")
+    if tls12:
+        ctx.set_ciphers(":".join(tls12))
+    prefer = tls.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise _err(path, "tls_server_config.prefer_server_cipher_suites", "must be true or false")
+    if prefer:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    curves = _strings(path, "tls_server_config.curve_preferences", tls.get("curve_preferences"))
+    bad = [c for c in curves if c not in _CURVES]
+    if bad:
+        raise _err(path, "tls_server_config.curve_preferences",
+                   f"unknown curve {bad[0]}; one of {', '.join(_CURVES)}")
+    if len(curves) == 1 and _CURVES[curves[0]] is not None:
+        ctx.set_ecdh_curve(_CURVES[curves[0]])
+    elif curves:
+        notes.append(f"tls_server_config.curve_preferences {curves}: Python's ssl can pin one "
+                     "NIST curve only; OpenSSL's default groups are offered (X25519, P-256, "
+                     "X448, P-521, P-384), which include every curve listed")
+
+
+def _tls_context(path: str, base: Path, tls: dict,
+                 notes: list[str]) -> tuple[ssl.SSLContext | None, tuple]:
     cert = _string(path, "tls_server_config.cert_file", tls.get("cert_file"))
     key = _string(path, "tls_server_config.key_file", tls.get("key_file"))
     if not cert and not key:
@@ -153,10 +258,6 @@ def _tls_context(path: str, base: Path, tls: dict) -> tuple[ssl.SSLContext | Non
         missing = "cert_file" if not cert else "key_file"
         raise _err(path, f"tls_server_config.{missing}", "missing: TLS needs both cert_file "
                                                          "and key_file")
-    for unsupported in ("cipher_suites", "curve_preferences"):
-        if tls.get(unsupported):
-            raise _err(path, f"tls_server_config.{unsupported}", "not supported by this "
-                       "exporter (OpenSSL's defaults for TLS 1.2+ apply); remove the key")
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _version(path, "tls_server_config.min_version", tls.get("min_version"),
@@ -166,7 +267,9 @@ def _tls_context(path: str, base: Path, tls: dict) -> tuple[ssl.SSLContext | Non
         if maximum < ctx.minimum_version:
             raise _err(path, "tls_server_config.max_version", "is below min_version")
         ctx.maximum_version = maximum
-    cert_path, key_path = base / cert, base / key
+    _ciphers(path, ctx, tls, notes)
+    cert_path = _pem_file(path, base, "tls_server_config.cert_file", cert)
+    key_path = _pem_file(path, base, "tls_server_config.key_file", key)
     try:
         ctx.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError) as e:
@@ -188,18 +291,17 @@ def _tls_context(path: str, base: Path, tls: dict) -> tuple[ssl.SSLContext | Non
         if ctx.verify_mode == ssl.CERT_NONE:
             raise _err(path, "tls_server_config.client_ca_file", f"given but client_auth_type "
                        f"is {auth_name}: set client_auth_type to RequireAndVerifyClientCert")
+        ca_path = _pem_file(path, base, "tls_server_config.client_ca_file", ca)
         try:
-            ctx.load_verify_locations(cafile=base / ca)
+            ctx.load_verify_locations(cafile=ca_path)
         except (OSError, ssl.SSLError) as e:
             raise _err(path, "tls_server_config.client_ca_file",
-                       f"cannot load {base / ca}: {e}") from None
+                       f"cannot load {ca_path}: {e}") from None
     elif ctx.verify_mode != ssl.CERT_NONE:
         raise _err(path, "tls_server_config.client_ca_file", f"missing: client_auth_type "
                    f"{auth_name} verifies client certificates against it")
 
-    sans = tls.get("client_allowed_sans") or []
-    if not isinstance(sans, list) or not all(isinstance(s, str) for s in sans):
-        raise _err(path, "tls_server_config.client_allowed_sans", "must be a list of strings")
+    sans = _strings(path, "tls_server_config.client_allowed_sans", tls.get("client_allowed_sans"))
     if sans and ctx.verify_mode == ssl.CERT_NONE:
         raise _err(path, "tls_server_config.client_allowed_sans",
                    "needs a client_auth_type that verifies client certificates")
@@ -223,9 +325,10 @@ def _users(path: str, raw) -> dict[str, bytes]:
         if not isinstance(name, str) or not name or ":" in name:
             raise _err(path, f"basic_auth_users.{name}", "a user name is a non-empty string "
                                                          "without ':'")
-        if not isinstance(hashed, str) or not _BCRYPT_HASH.match(hashed):
-            raise _err(path, f"basic_auth_users.{name}", "must be a bcrypt hash ($2b$...), "
-                       "for example from: htpasswd -nBC 12 '' | tr -d ':\\n'")
+        problem = hash_problem(hashed) if isinstance(hashed, str) else \
+            f"must be a bcrypt hash string, got {type(hashed).__name__}"
+        if problem:
+            raise _err(path, f"basic_auth_users.{name}", problem)
         out[name] = hashed.encode()
     return out
 
@@ -236,52 +339,3 @@ def peer_san_allowed(peercert: dict | None, allowed: tuple[str, ...]) -> bool:
         return True
     sans = {value for _kind, value in (peercert or {}).get("subjectAltName", ())}
     return bool(sans.intersection(allowed))
-
-
-class BasicAuth:
-    """bcrypt checks with a short cache of successes, as exporter-toolkit does.
-
-    The cache key is a SHA-256 over user, stored hash and password, so the cache holds no
-    password and a changed hash misses. An unknown user still costs one bcrypt check, against a
-    fixed dummy hash, so response time does not tell which user names exist.
-    """
-
-    def __init__(self, users: dict[str, bytes], ttl: float = AUTH_CACHE_SECONDS,
-                 size: int = AUTH_CACHE_SIZE, clock=time.monotonic) -> None:
-        self.users = users
-        self.ttl = ttl
-        self.size = size
-        self.clock = clock
-        self._cache: OrderedDict[bytes, float] = OrderedDict()
-        self._lock = threading.Lock()
-        self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=4)) \
-            if users else b""
-        self.bcrypt_checks = 0  # counted so tests can see the cache work
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.users)
-
-    def check(self, user: str, password: str) -> bool:
-        hashed = self.users.get(user)
-        key = hashlib.sha256(b"\0".join([user.encode("utf-8", "surrogateescape"),
-                                         hashed or b"", password.encode("utf-8",
-                                                                        "surrogateescape")])
-                             ).digest()
-        now = self.clock()
-        with self._lock:
-            expiry = self._cache.get(key)
-            if expiry is not None and expiry > now:
-                return True
-        secret = password.encode("utf-8", "surrogateescape")
-        if len(secret) > 72:  # bcrypt's limit; the library refuses rather than truncates
-            return False
-        self.bcrypt_checks += 1
-        ok = bcrypt.checkpw(secret, hashed or self._dummy) and hashed is not None
-        if ok:
-            with self._lock:
-                self._cache[key] = now + self.ttl
-                self._cache.move_to_end(key)
-                while len(self._cache) > self.size:
-                    self._cache.popitem(last=False)
-        return ok
