@@ -18,13 +18,14 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from exporter.agent import Agent
 from exporter.clock import MonotonicWallClock
-from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
 from exporter.events import SourceStatus
 from exporter.options import Options
 from exporter.sources import registry
@@ -110,18 +111,34 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
 
 
 def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
-    """The journal sink. At the default path a failure degrades (logged, counted, retried);
-    a path the user named explicitly must work at start-up, or it is an error."""
+    """The journal sink. A path the user named must be writable at start-up, or it is an
+    error; otherwise failures degrade (logged, counted, retried: a full disk may be freed)."""
     if options.no_journal:
         return None
     from exporter.sinks.journal import Journal, default_journal_path
-    journal = Journal(options.journal or default_journal_path(), clock=clock)
-    if options.journal and journal.errors:
-        journal.close()
-        raise StartupError(f"--journal {options.journal}: cannot open or write it (see the log "
-                           "line above). Fix: a writable path on a local filesystem, or "
-                           "--no-journal")
-    return journal
+    if options.journal:
+        problem = unwritable(Path(options.journal))
+        if problem:
+            raise StartupError(f"--journal {options.journal}: {problem}. Fix: a writable path "
+                               "on a local filesystem, or --no-journal")
+    return Journal(options.journal or default_journal_path(), clock=clock)
+
+
+def unwritable(path: Path) -> str:
+    """Why `path` cannot become a writable file ("" when it can): the directory it would be
+    created in, or the file itself."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return "" if os.access(path, os.W_OK) else "not writable"
+    parent = path.parent
+    while not parent.exists():  # created on open: the first existing ancestor decides
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create files in {parent}"
+    return ""
 
 
 def preflight_kubernetes(options: Options, node: str) -> None:
@@ -147,22 +164,32 @@ def preflight_kubernetes(options: Options, node: str) -> None:
 
 def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = None,
                 sinks: tuple[Any, ...] = ()) -> Agent:
-    """The agent without the HTTP side: correlator (resumed from the journal), opened
-    sources, sinks (the journal first). Raises StartupError with the fix."""
+    """The agent without the HTTP side: the correlator with its ledger and node view, the
+    opened sources, the sinks (the journal first, then the metrics sink, then `sinks`), and the
+    episodes the journal kept open, resumed through every sink. Raises StartupError."""
+    from exporter.sinks.metrics import MetricsSink
     kubernetes = kubernetes_enabled(options)
-    correlator = Correlator(correlator_config(options, kubernetes), clock)
-    if journal is not None:
-        resumed = journal.open_episodes()
-        if resumed:
-            correlator.resume(resumed)
-            log.info("resumed %d open episode(s) from the journal", len(resumed))
+    config = correlator_config(options, kubernetes)
+    ledger, view = KernelLedger(), NodeView(config, clock)
+    correlator = Correlator(config, clock, ledger=ledger, view=view)
     ctx = registry.SourceContext(options, clock, resolve_node_name(options))
     opened = open_sources(ctx, kubernetes)
     log.info("sources: %s", ", ".join(s.name for s in opened.running))
     _log_unattached(opened.running)
-    all_sinks = ([journal] if journal is not None else []) + list(sinks)
-    return Agent(correlator, opened.running, all_sinks, clock, reconciler=opened.reconciler,
-                 down=tuple(opened.down))
+    agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
+                  reconciler=opened.reconciler, down=tuple(opened.down))
+    agent.metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
+    agent.add_sink(agent.metrics)
+    for sink in sinks:
+        agent.add_sink(sink)
+    if journal is not None:
+        updates = correlator.resume(journal.open_episodes())
+        if updates:
+            log.info("resumed %d open episode(s) from the journal", len(updates))
+        for update in updates:
+            for sink in agent.sinks:
+                sink.on_update(update)
+    return agent
 
 
 def _fail(message: str) -> int:
@@ -173,7 +200,6 @@ def _fail(message: str) -> int:
 def serve(options: Options) -> int:
     """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
     from exporter.http import MetricsServer
-    from exporter.sinks.metrics import ExporterCollector
     from exporter.sinks.traces import TraceSink, trace_config_from_env
 
     clock = MonotonicWallClock()
@@ -216,8 +242,7 @@ def serve(options: Options) -> int:
             agent.add_sink(KubeEventsSink(node, lightkube_poster(options.kubeconfig)))
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
-    registry_.register(ExporterCollector(agent.lock, agent.correlator.ledger,
-                                         agent.correlator.tracker, agent.sinks))
+    registry_.register(agent.metrics)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
