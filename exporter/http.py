@@ -33,6 +33,7 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from exporter.exposition import Exposition
+from exporter.httpstream import Plain, Tls
 from exporter.ratelog import RateLimitedLog
 from exporter.webauth import AuthBusy, BasicAuth
 from exporter.webconfig import WebConfig, load_web_config, peer_san_allowed
@@ -75,8 +76,9 @@ def _listen(host: str, port: int) -> socket.socket:
 class _Conn:
     """One client connection, as the cap and the eviction see it."""
 
-    def __init__(self, writer: asyncio.StreamWriter, peer: str):
-        self.writer = writer
+    def __init__(self, stream: Plain, peer: str):
+        self.stream = stream
+        self.writer = stream.writer
         self.peer = peer
 
     def abort(self) -> None:
@@ -198,14 +200,15 @@ class MetricsServer:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = (writer.get_extra_info("peername") or ("?",))[0]
-        conn = _Conn(writer, peer)
+        ctx = self.web.ssl_context
+        conn = _Conn(Plain(reader, writer) if ctx is None else Tls(reader, writer, ctx), peer)
         if not self._admit(conn):
             conn.abort()
             return
         try:
-            if self.web.ssl_context is not None and not await self._handshake(conn):
+            if isinstance(conn.stream, Tls) and not await self._handshake(conn, conn.stream):
                 return
-            await self._serve(conn, reader, writer)
+            await self._serve(conn, conn.stream)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
             self.failures.note(f"gone:{type(e).__name__}", "client %s went away mid-request: "
                                "%s", peer, type(e).__name__)
@@ -220,6 +223,7 @@ class MetricsServer:
         WRITE_TIMEOUT is cut. Counted against the cap (and evictable) until it is gone."""
         self._waiting(conn, True)
         try:
+            conn.stream.goodbye()
             conn.writer.close()
             await asyncio.wait_for(conn.writer.wait_closed(), WRITE_TIMEOUT)
         except Exception:  # noqa: BLE001 (reset, TLS close_notify refused, timeout: all "gone")
@@ -227,11 +231,9 @@ class MetricsServer:
         finally:
             self._conns.pop(conn, None)
 
-    async def _handshake(self, conn: _Conn) -> bool:
-        ctx = self.web.ssl_context
-        assert ctx is not None
+    async def _handshake(self, conn: _Conn, stream: Tls) -> bool:
         try:
-            await conn.writer.start_tls(ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            await asyncio.wait_for(stream.handshake(), HANDSHAKE_TIMEOUT)
         except (ssl.SSLError, OSError, TimeoutError) as e:
             # Wrong version, no or bad client certificate, a port scanner: the client's problem.
             reason = getattr(e, "verify_message", None) or getattr(e, "reason", None) \
@@ -239,8 +241,7 @@ class MetricsServer:
             self.failures.note(f"tls:{reason}", "TLS handshake with %s failed: %s",
                                conn.peer, e)
             return False
-        if not peer_san_allowed(conn.writer.get_extra_info("peercert"),
-                                self.web.client_allowed_sans):
+        if not peer_san_allowed(stream.getpeercert(), self.web.client_allowed_sans):
             self.failures.note("san", "client certificate of %s: no SAN in "
                                "client_allowed_sans", conn.peer)
             return False
@@ -248,18 +249,17 @@ class MetricsServer:
 
     # ------------------------------------------------------------------ one connection
 
-    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: _Conn, stream: Plain) -> None:
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         first = True
         while True:
             self._waiting(conn, True)
             try:
-                request = await self._read_head(h, reader, first)
+                request = await self._read_head(h, stream, first)
             except h11.RemoteProtocolError as e:
                 status = 431 if e.error_status_hint == 431 else 400
                 self.failures.note(f"bad:{status}", "bad request from %s: %s", conn.peer, e)
-                await self._send_raw(writer, status)
+                await self._send_raw(stream, status)
                 return
             if request is None:
                 return
@@ -270,20 +270,20 @@ class MetricsServer:
                 self.failures.note("bad:431", "request from %s: %d headers, %d bytes (bounds: "
                                    "%d, %d)", conn.peer, len(request.headers),
                                    _head_size(request), MAX_HEADERS, MAX_HEADER_BYTES)
-                await self._send_raw(writer, 431)
+                await self._send_raw(stream, 431)
                 return
             # A request with a body (a GET has none) is answered, then the connection closed:
             # reading a body nobody asked for is work an attacker would choose.
             has_body = h.their_state is h11.SEND_BODY \
                 and not isinstance(h.next_event(), h11.EndOfMessage)
             code, ctype, body, headers = await self._respond(request)
-            await self._send(h, writer, request, code, ctype, body, headers, close=has_body)
+            await self._send(h, stream, request, code, ctype, body, headers, close=has_body)
             self._access(conn.peer, request, code, len(body))
             if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
                 return
             h.start_next_cycle()
 
-    async def _read_head(self, h: h11.Connection, reader: asyncio.StreamReader,
+    async def _read_head(self, h: h11.Connection, stream: Plain,
                          first: bool) -> h11.Request | None:
         """The next request's head, None when the client closed or ran out of time. A new
         connection has HEADER_TIMEOUT for its first request; a kept-alive one may stay idle for
@@ -304,7 +304,7 @@ class MetricsServer:
                                        "closing", HEADER_TIMEOUT)
                 return None
             try:
-                data = await asyncio.wait_for(reader.read(8192), remaining)
+                data = await asyncio.wait_for(stream.read(), remaining)
             except TimeoutError:
                 continue
             if data and not started:
@@ -365,29 +365,29 @@ class MetricsServer:
 
     # ------------------------------------------------------------------ writing
 
-    async def _send(self, h: h11.Connection, writer: asyncio.StreamWriter,
+    async def _send(self, h: h11.Connection, stream: Plain,
                     request: h11.Request, code: int, ctype: str, body: bytes,
                     headers: dict[str, str], close: bool) -> None:
         fields = [("Content-Type", ctype), ("Content-Length", str(len(body))),
                   *self.extra_headers.items(), *headers.items()]
         if close:
             fields.append(("Connection", "close"))
-        writer.write(h.send(h11.Response(status_code=code, headers=fields)))
+        data = h.send(h11.Response(status_code=code, headers=fields))
         if request.method != b"HEAD":
-            writer.write(h.send(h11.Data(data=body)))
-        writer.write(h.send(h11.EndOfMessage()))
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+            data += h.send(h11.Data(data=body))
+        stream.write(data + h.send(h11.EndOfMessage()))
+        await asyncio.wait_for(stream.drain(), WRITE_TIMEOUT)
 
-    async def _send_raw(self, writer: asyncio.StreamWriter, code: int) -> None:
+    async def _send_raw(self, stream: Plain, code: int) -> None:
         """An error answer outside h11's state machine (after h11 gave up on the request)."""
         reason = {400: "Bad Request", 408: "Request Timeout",
                   431: "Request Header Fields Too Large"}[code]
         body = f"{reason}\n".encode()
-        writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+        stream.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
         try:
-            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
-        except (ConnectionError, TimeoutError):
+            await asyncio.wait_for(stream.drain(), WRITE_TIMEOUT)
+        except (OSError, TimeoutError):
             pass
 
     def _access(self, peer: str, request: h11.Request, code: int, size: int) -> None:

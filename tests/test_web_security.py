@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from exporter.webconfig import BasicAuth, load_web_config
+from exporter.webauth import AuthBusy, BasicAuth
+from exporter.webconfig import DEFAULT_TLS12_SUITES, load_web_config
 from testkit.exporter_proc import REPO, RunningExporter, Scrape
 
 QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are about HTTP
@@ -336,6 +337,19 @@ def test_default_is_plain_http_without_auth():
     ("tls_server_confg: {}\n", ["unknown key tls_server_confg"]),
     ("- a list\n", ["must be a mapping"]),
     ("tls_server_config: [\n", ["not valid YAML"]),
+    # issue 16 item 8: these passed the check, then printed a traceback on every request
+    ("basic_auth_users:\n  prometheus: '$2b$99$" + "a" * 53 + "'\n",
+     ["basic_auth_users.prometheus", "cost 99 is outside 4..31"]),
+    ("basic_auth_users:\n  prometheus: '$2b$03$" + "a" * 53 + "'\n",
+     ["basic_auth_users.prometheus", "cost 03 is outside 4..31"]),
+    ("basic_auth_users:\n  prometheus: '$2b$10$" + "a" * 53 + "'\n",
+     ["basic_auth_users.prometheus", "malformed bcrypt salt"]),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+     "  cipher_suites: [TLS_RSA_WITH_RC4_128_SHA]\n",
+     ["tls_server_config.cipher_suites", "unknown cipher TLS_RSA_WITH_RC4_128_SHA"]),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+     "  curve_preferences: [CurveP999]\n",
+     ["tls_server_config.curve_preferences", "unknown curve CurveP999"]),
 ])
 def test_bad_web_config_exits_2_naming_the_key(pki, tmp_path, body, words):
     # The server certificate sits next to the config so relative names resolve.
@@ -360,6 +374,119 @@ def test_min_version_is_tls12_by_default(pki):
     config = load_web_config(str(write_config(
         pki.dir, "default.yml", "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
     assert config.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "cert-fifo"])
+def test_a_web_config_that_is_not_a_small_regular_file_exits_2(pki, tmp_path, kind):
+    """Issue 16 item 11: a FIFO hung start-up; /dev/zero reached 1.17 GiB RSS in a second."""
+    import os
+    config = tmp_path / "web.yml"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    elif kind == "huge":
+        config.write_text("# padding\n" * 300_000)  # 3 MB of valid YAML
+    else:
+        os.mkfifo(tmp_path / "server.crt")
+        (tmp_path / "server.key").write_bytes((pki.dir / "server.key").read_bytes())
+        config.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
+    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen", "127.0.0.1:1",
+                        "--no-journal", *QUICK, "--web.config.file", str(config)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert ("not a regular file" if kind != "huge" else "more than") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ TLS 1.2 cipher suites
+
+
+def _tls12_suites_accepted(server_ctx: ssl.SSLContext) -> set[str]:
+    """Every TLS 1.2 suite OpenSSL knows, offered alone by a client: those the server takes."""
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    probe.set_ciphers("ALL:@SECLEVEL=0")
+    names = {c["name"] for c in probe.get_ciphers() if c["protocol"] in ("TLSv1.2", "TLSv1.0",
+                                                                           "SSLv3")}
+    accepted = set()
+    for name in sorted(names):
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+        client.minimum_version = client.maximum_version = ssl.TLSVersion.TLSv1_2
+        client.set_ciphers(f"{name}:@SECLEVEL=0")
+        a, b = socket.socketpair()
+        result = []
+
+        def serve():
+            try:
+                with server_ctx.wrap_socket(b, server_side=True) as tls:
+                    result.append(tls.cipher()[0])
+            except OSError:
+                pass
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            with client.wrap_socket(a) as c:
+                accepted.add(c.cipher()[0])
+        except OSError:
+            pass
+        finally:
+            a.close()
+            t.join(10)
+    assert len(names) > 20  # the probe really offered the legacy suites too
+    return accepted
+
+
+def test_tls12_offers_only_forward_secret_aead_suites_by_default(pki):
+    """Issue 16 item 10: 13 suites were accepted, 6 without forward secrecy, some CBC/SHA-1."""
+    config = load_web_config(str(write_config(
+        pki.dir, "default.yml", "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
+    accepted = _tls12_suites_accepted(config.ssl_context)
+    # The server key is ECDSA: the ECDSA half of the default list.
+    assert accepted == {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+                        "ECDHE-ECDSA-CHACHA20-POLY1305"}
+    assert all(n.startswith("TLS_ECDHE_") and "_CBC_" not in n for n in DEFAULT_TLS12_SUITES)
+
+
+def test_cipher_suites_in_the_file_are_what_tls12_offers(pki):
+    config = load_web_config(str(write_config(pki.dir, "ciphers.yml", """\
+tls_server_config:
+  cert_file: server.crt
+  key_file: server.key
+  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                  TLS_AES_128_GCM_SHA256]
+  prefer_server_cipher_suites: false
+  curve_preferences: [CurveP384]
+""")))
+    assert _tls12_suites_accepted(config.ssl_context) == {"ECDHE-ECDSA-AES128-SHA",
+                                                          "ECDHE-ECDSA-AES256-GCM-SHA384"}
+    assert not config.ssl_context.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def test_a_running_exporter_takes_cipher_suites_and_curves(pki):
+    """These keys used to stop start-up with exit 2; node_exporter's files carry them."""
+    config = write_config(pki.dir, "fleet.yml", """\
+tls_server_config:
+  cert_file: server.crt
+  key_file: server.key
+  min_version: TLS12
+  max_version: TLS12
+  cipher_suites: [TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256]
+  prefer_server_cipher_suites: true
+  curve_preferences: [X25519, CurveP256]
+""")
+    with WebExporter(config, pki.client_context()) as exp:
+        conn = http.client.HTTPSConnection("127.0.0.1", exp.port, context=pki.client_context(),
+                                           timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            assert r.status == 200 and b"node_hotplug_cpus" in r.read()
+            assert conn.sock.cipher()[0] == "ECDHE-ECDSA-CHACHA20-POLY1305"
+        finally:
+            conn.close()
+        assert "curve_preferences" in exp.logs()  # the approximation is said, once, at start
 
 
 # ------------------------------------------------------------------ the bcrypt cache
@@ -387,6 +514,54 @@ def test_successful_checks_are_cached_briefly_failures_never():
     # A changed hash (config reloaded with a new password) must not hit the old entry.
     auth.users["prometheus"] = bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4))
     assert not auth.check("prometheus", "secret")
+
+
+def test_an_unknown_user_costs_a_check_of_the_same_cost():
+    """Issue 16 item 10: the dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
+    seen = []
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        seen.append(hashed[:7])
+        return bcrypt.checkpw(password, hashed)
+
+    users = {"prometheus": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=6)),
+             "grafana": bcrypt.hashpw(b"other", bcrypt.gensalt(rounds=5))}
+    auth = BasicAuth(users, checkpw=checkpw)
+    assert not auth.check("ghost", "secret")
+    assert not auth.check("prometheus", "wrong")
+    assert seen == [b"$2b$06$", b"$2b$06$"]  # the dummy: the highest cost of the real ones
+
+
+def test_concurrent_bcrypt_checks_are_bounded():
+    """Issue 16 item 10: 16 password guessers ran 16 bcrypt checks at once (174% CPU)."""
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return False
+
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))},
+                     checkpw=checkpw, concurrency=2, wait=0.3)
+    outcomes = []
+
+    def guess(i: int) -> None:
+        try:
+            outcomes.append(auth.check("prometheus", f"guess{i}"))
+        except AuthBusy:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert peak[0] == 2
+    assert outcomes.count("busy") > 0 and outcomes.count(False) >= 2
 
 
 def _version() -> str:
