@@ -243,6 +243,10 @@ def serve(options: Options) -> int:
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
     registry_.register(agent.metrics)
+    # Issue 13: the kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
+    # a sink of the agent: it sees every event and pokes the sources that re-read after them.
+    from exporter.sinks.kubelet_collector import KubeletSink
+    registry_.register(KubeletSink.attach(agent))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -144,7 +144,46 @@ def run_checks(options: Options | None = None) -> list[Check]:
               check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs(options.sysfs_root)]
     ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
     checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
-    return checks + kubernetes_checks(options)
+    return checks + [check_kubelet_restart(options)] + kubernetes_checks(options)
+
+
+def check_kubelet_restart(options: Options) -> Check:
+    """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
+    what the kernel has online now, judged as the kubelet judges them at start (issue 13)."""
+    from exporter.correlate.kubelet_view import KubeletView, cpu_list
+    from exporter.sources.kubelet_checkpoint import (read_cpu_manager_state,
+                                                     read_memory_manager_state)
+    from exporter.sources.sysfs import SysfsReader
+    name = "kubelet restart"
+    root = options.kubelet_root_dir
+    if not root:
+        return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
+                     "pass the kubelet's --root-dir (default /var/lib/kubelet)")
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+    view = KubeletView()
+    for event in (snap, cpu, memory):
+        view.handle(event)
+    problems = view.restart_problems()
+    if problems["cpu_manager_state"]:
+        offline = (cpu.default_cpus | cpu.assigned_cpus) - snap.cpus_online
+        first = f"online {cpu_list(offline)} again before the kubelet restarts, or " \
+            if offline and not cpu.error else ""
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["cpu_manager_state"],
+                     f"{first}drain the node, stop the kubelet, delete {cpu.path} and start it "
+                     "(it writes a new checkpoint for the CPUs online)")
+    if problems["memory_manager_state"]:
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["memory_manager_state"],
+                     f"drain the node, stop the kubelet, delete {memory.path} and start it")
+    found = [p.path for p in (cpu, memory) if p.present]
+    return Check(name, "ok", ("checkpoints match the CPUs and memory online: "
+                              + ", ".join(found)) if found else f"no checkpoints in {root}")
 
 
 # ---------------------------------------------------------------- the Kubernetes side

@@ -28,6 +28,14 @@ PODRESOURCES_INTERVAL = 30.0
 KUBELET_METRICS_INTERVAL = 60.0
 BALLOON_SELECTOR = "node-resize-exporter.io/balloon=true"
 
+# The kubelet's local state (issue 13)
+KUBELET_ROOT_DIR = "/var/lib/kubelet"  # the kubelet's --root-dir default
+CGROUP_ROOT = "/sys/fs/cgroup"
+# s between re-reads when nothing pokes: checkpoints are also re-read on inotify and every
+# kernel event, so this only bounds what a missed notification can cost
+KUBELET_STATE_INTERVAL = 30.0
+KUBELET_PROCESS_INTERVAL = 5.0  # s between checks that the kubelet process is the same one
+
 # Episodes (the correlator)
 COALESCE_WINDOW = 2.0  # s: transitions of one resource and direction this close are one episode
 RESYNC_DEADLINE = 600.0  # s after the kernel is done -> resync_timeout

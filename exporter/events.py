@@ -225,6 +225,85 @@ class KubeletFeatures:
     native_metrics: frozenset[str] = frozenset()
 
 
+# ---------------------------------------------------------------- the kubelet's local state
+# (issue 13: what a kubelet restart would find on this node; read from files, not the API)
+
+
+@dataclass(frozen=True)
+class CpuManagerCheckpoint:
+    """<kubelet root>/cpu_manager_state as the kubelet wrote it (CPUManagerCheckpointV2).
+
+    `present` False: no file (no kubelet yet, or one that never ran a CPU manager). `error`
+    set: the file is there but unreadable, not the kubelet's JSON, or its checksum is wrong;
+    the kubelet refuses to start on such a file too ("checkpoint is corrupted").
+    """
+
+    time: float
+    path: str
+    present: bool
+    policy: str = ""  # "none" or "static"
+    default_cpus: frozenset[int] = frozenset()
+    assigned_cpus: frozenset[int] = frozenset()  # union of every container's exclusive cpuset
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryManagerCheckpoint:
+    """<kubelet root>/memory_manager_state: its policy and the memory it recorded per
+    resource (summed over NUMA nodes), which the Static policy re-checks at start."""
+
+    time: float
+    path: str
+    present: bool
+    policy: str = ""  # "None" or "Static"
+    total_bytes: Mapping[str, int] = field(default_factory=dict)  # "memory", "hugepages-2Mi"
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class KubepodsCpuset:
+    """The CPUs of the kubepods cgroup's cpuset (v1 cpuset.cpus, v2 cpuset.cpus.effective);
+    `path` empty when no kubepods cgroup was found."""
+
+    time: float
+    path: str
+    cpus: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class MemoryAutoOnline:
+    """/sys/devices/system/memory/auto_online_blocks: what the kernel does with a hot-added
+    memory block (offline: it stays offline until something onlines it)."""
+
+    time: float
+    policy: str  # offline, online, online_kernel, online_movable
+
+
+@dataclass(frozen=True)
+class KubeletProcess:
+    """The kubelet process as seen from this host's PID namespace; `start_time` (wall
+    seconds) None when no kubelet process is visible."""
+
+    time: float
+    start_time: float | None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeCapacityConfigured:
+    """KEP-3953's Node condition CapacityConfigured (Accepted, InProgress, Infeasible,
+    EmergencyReduced) and spec.configuredCapacity, as a Node watch delivers them."""
+
+    time: float
+    node: str
+    status: str  # the condition's status: True, False, Unknown; "" when absent
+    reason: str = ""
+    configured: Mapping[Resource, float] = field(default_factory=dict)
+
+
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
-Event = KernelEvent | KubeEvent | SourceStatus | ProgramStatus | EventsLost | MalformedInput
+KubeletLocalEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
+                     | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured)
+Event = (KernelEvent | KubeEvent | KubeletLocalEvent | SourceStatus | ProgramStatus | EventsLost
+         | MalformedInput)

@@ -232,6 +232,13 @@ _DEFINITIONS = (
         "Scrape the kubelet's /metrics for resize feature gates (optional)."),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
+    # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
+    Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
+        "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are "
+        "(empty: do not read them)."),
+    Opt("cgroup_root", ("--cgroup-root",), defaults.CGROUP_ROOT,
+        "Where the host's cgroup hierarchy is mounted (the kubepods cpuset is read there; "
+        "empty: do not read it)."),
     Opt("kube_events", ("--kube-events",), False,
         "Post each episode's start and end as a Kubernetes Event on the Node (needs create "
         "on events: deploy/components/kube-events).", is_flag=True),
@@ -259,7 +266,7 @@ ALL: dict[str, Opt] = {o.dest: o for o in _DEFINITIONS}
 RUN = tuple(ALL)
 REPLAY = ("coalesce_window", "resync_deadline", "readmission_settle", "memory_tolerance")
 CHECK = ("sysfs_root", "procfs_root", "kubernetes", "kubeconfig", "node_name",
-         "podresources_socket", "kubelet_metrics_url")
+         "podresources_socket", "kubelet_metrics_url", "kubelet_root_dir", "cgroup_root")
 
 
 def apply(names: tuple[str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -301,6 +308,8 @@ class Options:
     podresources_interval: float = defaults.PODRESOURCES_INTERVAL
     kubelet_metrics_url: str | None = None
     balloon_selector: str = defaults.BALLOON_SELECTOR
+    kubelet_root_dir: str = defaults.KUBELET_ROOT_DIR
+    cgroup_root: str = defaults.CGROUP_ROOT
     kube_events: bool = False
     coalesce_window: float = defaults.COALESCE_WINDOW
     resync_deadline: float = defaults.RESYNC_DEADLINE

@@ -1,0 +1,116 @@
+"""The kubelet's local state as Prometheus gauges (issue 13), beside the exporter's Collector.
+
+A sink and a Collector in one: the agent hands it every raw event (`on_event`, in the agent's
+thread), it feeds them to the pure KubeletView under its own lock, and /metrics renders the
+view under that lock. It also pokes the sources that must re-read after a kernel event (the
+kubepods cpuset, the checkpoints, auto_online_blocks): the kernel changes a cpuset without
+any notification, so "after every kernel event" is the only prompt moment.
+
+The composition root wires it (exporter/app.py):
+
+    kubelet = KubeletSink.attach(agent)     # an agent sink; pokes the agent's sources
+    registry.register(kubelet)
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.correlate.kubelet_view import KubeletView
+from exporter.correlate.model import EpisodeUpdate
+from exporter.events import DeviceChange, Event, KernelSnapshot, Transition
+
+# Sources that re-read when poked (by name, from the registry)
+POKED = ("kubelet_checkpoint", "kubepods_cgroup", "memory_auto_online")
+
+
+class KubeletSink(Collector):
+    def __init__(self, pokes: Iterable[Callable[[], None]] = ()) -> None:
+        self.view = KubeletView()
+        self.lock = threading.Lock()
+        self._pokes = list(pokes)
+        self.errors = 0  # shown as node_resize_exporter_sink_errors_total{sink="kubelet"}
+
+    @classmethod
+    def attach(cls, agent: Any) -> "KubeletSink":
+        """Built for a running agent: pokes its re-reading sources, and is one of its sinks."""
+        sink = cls([s.poke for s in agent.sources if s.name in POKED])
+        agent.add_sink(sink)
+        return sink
+
+    # ------------------------------------------------------------ Sink
+
+    def on_event(self, event: Event) -> None:
+        with self.lock:
+            self.view.handle(event)
+        if isinstance(event, (Transition, DeviceChange, KernelSnapshot)):
+            for poke in self._pokes:
+                poke()
+
+    def on_update(self, update: EpisodeUpdate) -> None:
+        pass  # nothing here depends on episodes
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ Collector
+
+    def collect(self) -> Iterable[Metric]:
+        with self.lock:
+            view = self.view
+            cpus = view.cpu_manager_cpus()
+            blocked = view.restart_blocked()
+            cgroup = view.cgroup_cpuset()
+            auto_online = view.memory_auto_online()
+            features = view.features()
+            configured = view.capacity_configured()
+            restarts = view.restarts
+        fam = GaugeMetricFamily(
+            "node_kubelet_cpu_manager_cpus",
+            "CPUs in the kubelet's CPU manager checkpoint (default set, exclusively assigned), "
+            "by whether the kernel has them online now.", labels=["set", "state"])
+        for (name, state), n in sorted(cpus.items()):
+            fam.add_metric([name, state], n)
+        yield fam
+        fam = GaugeMetricFamily(
+            "node_kubelet_restart_blocked",
+            "1 when a kubelet restart now would fail on this checkpoint (its CPUs or memory "
+            "differ from the kernel's, or it is corrupted): run `node-resize-exporter check`.",
+            labels=["reason"])
+        for reason, value in sorted(blocked.items()):
+            fam.add_metric([reason], value)
+        yield fam
+        fam = GaugeMetricFamily(
+            "node_kubelet_cgroup_cpuset_cpus",
+            "CPUs of the kubepods cgroup's cpuset that are online or offline, and online CPUs "
+            "missing from it (pods cannot run there).", labels=["state"])
+        for state, n in sorted(cgroup.items()):
+            fam.add_metric([state], n)
+        yield fam
+        fam = GaugeMetricFamily(
+            "node_hotplug_memory_auto_online",
+            "1 for the kernel's policy for hot-added memory blocks (auto_online_blocks); "
+            "offline: they stay offline until something onlines them.", labels=["policy"])
+        for policy, value in sorted(auto_online.items()):
+            fam.add_metric([policy], value)
+        yield fam
+        yield CounterMetricFamily(
+            "node_kubelet_restarts", "Kubelet restarts seen (a new process start time).",
+            value=restarts)
+        fam = GaugeMetricFamily(
+            "node_kubelet_feature_enabled",
+            "Resize feature gates as the kubelet's /metrics reports them.", labels=["gate"])
+        for gate, value in features.items():
+            fam.add_metric([gate], value)
+        yield fam
+        fam = GaugeMetricFamily(
+            "node_kubelet_capacity_configured",
+            "KEP-3953's Node condition CapacityConfigured: 1 for its current reason.",
+            labels=["reason"])
+        for reason, value in configured.items():
+            fam.add_metric([reason], value)
+        yield fam

@@ -1,0 +1,57 @@
+"""Waiting without spinning, for sources that re-read small files when told to.
+
+A source that reads state the kernel or the kubelet changes (a checkpoint, a cgroup's cpuset)
+sleeps in poll(2) on an eventfd (another thread's `poke()`: a kernel event arrived), optionally
+an inotify descriptor (the file changed) and a timeout (the slow safety re-read). One wake-up
+per reason, however many pokes came in between: never a busy loop. Not a source itself (the
+leading underscore keeps the registry from loading it as one).
+"""
+from __future__ import annotations
+
+import os
+import select
+
+
+class Waker:
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+        self._extra: int | None = None
+
+    def watch(self, fd: int) -> None:
+        """Also wake when `fd` (an inotify descriptor) is readable."""
+        self._extra = fd
+        self._poll.register(fd, select.POLLIN)
+
+    def unwatch(self) -> None:
+        """Stop watching the fd given to watch() (call before closing it)."""
+        if self._extra is not None:
+            self._poll.unregister(self._extra)
+            self._extra = None
+
+    def poke(self) -> None:
+        """Wake the waiting thread (any thread may call this, any number of times)."""
+        if self._fd < 0:  # closed: a poke while the agent drains its queue at shutdown
+            return
+        try:
+            os.eventfd_write(self._fd, 1)
+        except OSError:  # closed during shutdown, or the counter is full: a wake-up is pending
+            pass
+
+    def wait(self, timeout: float) -> tuple[bool, bool]:
+        """Sleep up to `timeout` seconds. Returns (poked, fd_ready); both False on timeout.
+        The poke counter is drained; reading the watched fd is the caller's job."""
+        ready = {fd for fd, _ in self._poll.poll(max(0, int(timeout * 1000)))}
+        poked = self._fd in ready
+        if poked:
+            try:
+                os.eventfd_read(self._fd)
+            except BlockingIOError:
+                pass
+        return poked, self._extra is not None and self._extra in ready
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)

@@ -1,0 +1,75 @@
+"""/sys/devices/system/memory/auto_online_blocks: does a hot-added memory block come online?
+
+"offline" (the kernel default without CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE) means a hot-added
+DIMM stays offline until a udev rule or an agent onlines it: present, but not capacity. Read at
+start, after every kernel event (the kubelet sink pokes this source) and on a slow timer: sysfs
+gives no notification when root changes the policy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.clock import Clock
+from exporter.defaults import KUBELET_STATE_INTERVAL
+from exporter.events import MalformedInput, MemoryAutoOnline, SourceStatus
+from exporter.sources._wake import Waker
+from exporter.sources.base import Emit, Source
+from exporter.sources.registry import KERNEL, SourceSpec, register
+
+POLICIES = frozenset({"offline", "online", "online_kernel", "online_movable"})
+
+
+def parse_auto_online(text: str, now: float) -> MemoryAutoOnline:
+    policy = text.strip()
+    if policy not in POLICIES:
+        raise ValueError(f"unknown auto_online_blocks policy {policy[:40]!r}")
+    return MemoryAutoOnline(now, policy)
+
+
+class MemoryAutoOnlineSource(Source):
+    name = "memory_auto_online"
+
+    def __init__(self, clock: Clock, sysfs: str = "/sys",
+                 interval: float = KUBELET_STATE_INTERVAL):
+        super().__init__(clock)
+        self.path = Path(sysfs) / "devices/system/memory/auto_online_blocks"
+        self.interval = interval
+        self.waker = Waker()
+        self._last = ""
+
+    def poke(self) -> None:
+        self.waker.poke()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self.waker.poke()
+        super().stop(timeout)
+
+    def close(self) -> None:
+        self.waker.close()
+
+    def loop(self, emit: Emit) -> None:
+        # Up even without the file (no memory hotplug in this kernel): then there is no policy.
+        emit(SourceStatus(self.name, True, self.clock.now(), str(self.path)))
+        while not self.stopping.is_set():
+            self.read(emit)
+            self.waker.wait(self.interval)
+
+    def read(self, emit: Emit) -> None:
+        now = self.clock.now()
+        try:
+            with open(self.path) as f:
+                event = parse_auto_online(f.read(64), now)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            emit(MalformedInput(self.name, f"{self.path}: {e}", now))
+            return
+        if event.policy != self._last:
+            self._last = event.policy
+            emit(event)
+
+
+register(SourceSpec(
+    "memory_auto_online", KERNEL, "sysfs auto_online_blocks (hot-added memory policy)",
+    lambda ctx: MemoryAutoOnlineSource(ctx.clock, ctx.options.sysfs_root), order=70))

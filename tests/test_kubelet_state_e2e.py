@@ -1,0 +1,66 @@
+"""Issue 13 end to end on the real kernel: a running exporter reads a static-policy CPU manager
+checkpoint naming CPUs 0-1 (the one a real kubelet v1.36 wrote) and a real kubepods cpuset
+cgroup; cpu1 goes offline and comes back."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from testkit.exporter_proc import RunningExporter
+from tests.fake_apiserver import FakeApiServer
+from tests.kubepods import cgroup_version, kubepods_cgroup
+
+pytestmark = pytest.mark.kernel
+NODE = "kubelet-state-node"
+FIXTURES = Path(__file__).parent / "fixtures" / "kubelet-v1.36"
+BLOCKED = {"name": "node_kubelet_restart_blocked", "reason": "cpu_manager_state"}
+
+
+def blocked(s) -> float | None:
+    return s.value(BLOCKED["name"], reason=BLOCKED["reason"])
+
+
+def kernel_offline(s) -> float | None:
+    return s.value("node_hotplug_cpus", state="offline")
+
+
+def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
+    root = tmp_path / "kubelet"
+    root.mkdir()
+    shutil.copy(FIXTURES / "cpu_manager_state.static-0-1", root / "cpu_manager_state")
+    with FakeApiServer() as api, kubepods_cgroup("0-1") as (cgroup_root, _):
+        api.set_node(NODE, cpu="2", memory="8Gi")
+        kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
+                             "--podresources-socket", "", "--kubelet-root-dir", str(root),
+                             "--cgroup-root", cgroup_root) as exp:
+            s = exp.wait_for(lambda s: blocked(s) == 0 and s.value(
+                "node_kubelet_cgroup_cpuset_cpus", state="online") == 2, timeout=15)
+            assert s.value("node_kubelet_cpu_manager_cpus", set="default", state="online") == 2
+            assert s.value("node_resize_exporter_source_up", source="kubelet_checkpoint") == 1
+
+            cpu1.set_online(False)
+            # The first scrape that shows the kernel's snapshot with cpu1 offline already shows
+            # the restart blocked: the same event updated both (no second read needed).
+            s = exp.wait_for(lambda s: kernel_offline(s) == 1, timeout=10)
+            assert blocked(s) == 1
+            assert s.value("node_kubelet_cpu_manager_cpus", set="default", state="offline") == 1
+            s = exp.wait_for(lambda s: s.value("node_kubelet_cgroup_cpuset_cpus",
+                                               state="online") == 1, timeout=10)
+            assert s.value("node_kubelet_cgroup_cpuset_cpus", state="offline") == 0
+
+            cpu1.set_online(True)
+            s = exp.wait_for(lambda s: kernel_offline(s) == 0, timeout=10)
+            assert blocked(s) == 0
+            # cgroup v1 keeps cpu1 out of the kubepods cpuset: pods cannot use it again.
+            missing = 1 if cgroup_version() == 1 else 0
+            exp.wait_for(lambda s: s.value("node_kubelet_cgroup_cpuset_cpus",
+                                           state="missing") == missing, timeout=10)
+
+            # The operator's fix (drain, remove the checkpoint) is seen through inotify.
+            cpu1.set_online(False)
+            exp.wait_for(lambda s: blocked(s) == 1, timeout=10)
+            (root / "cpu_manager_state").unlink()
+            exp.wait_for(lambda s: blocked(s) == 0, timeout=10)
