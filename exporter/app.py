@@ -121,7 +121,11 @@ def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
         if problem:
             raise StartupError(f"--journal {options.journal}: {problem}. Fix: a writable path "
                                "on a local filesystem, or --no-journal")
-    return Journal(options.journal or default_journal_path(), clock=clock)
+    from exporter.sinks.journal import JournalRefused
+    try:
+        return Journal(options.journal or default_journal_path(), clock=clock)
+    except JournalRefused as e:  # a link, a FIFO, a loose directory, a newer schema (#16)
+        raise StartupError(str(e)) from None
 
 
 def unwritable(path: Path) -> str:

@@ -3,9 +3,13 @@ process) where the issue found it that way; the API server is tests/fake_apiserv
 the real list/watch protocol on loopback."""
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
+
 import pytest
 
-from testkit.exporter_proc import RunningExporter, free_port
+from testkit.exporter_proc import REPO, RunningExporter, free_port
 from tests.fake_apiserver import FakeApiServer
 
 NODE = "hostile-test-node"
@@ -50,3 +54,51 @@ def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
                          and s.value("node_capacity_kubelet", resource="cpu",
                                      unit="core") == 2, timeout=60)
         assert s.value("node_resize_exporter_source_up", source="kube_pods") == 1
+
+
+def _run_exit(*args: str) -> subprocess.CompletedProcess:
+    """`run` that must refuse to start: its exit status and what it said."""
+    return subprocess.run([sys.executable, "-m", "exporter", "run", "--listen",
+                           f"127.0.0.1:{free_port()}", "--kubernetes", "off", "--source",
+                           "sysfs", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_journal_path_that_is_a_symlink_exits_2_and_leaves_the_target(tmp_path):
+    """Item 3: as root, a journal link to another file chmodded that file 0600 and made it a
+    database; now `run` refuses with exit 2 and the reason."""
+    target = tmp_path / "victim"
+    target.write_text("keep me\n")
+    target.chmod(0o644)
+    link = tmp_path / "journal.db"
+    link.symlink_to(target)
+    done = _run_exit("--journal", str(link))
+    assert done.returncode == 2, done.stderr
+    assert "is a symbolic link" in done.stderr and "Fix: remove the link" in done.stderr
+    assert target.read_text() == "keep me\n" and target.stat().st_mode & 0o777 == 0o644
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "created-by-nobody")
+    assert _run_exit("--journal", str(dangling)).returncode == 2
+    assert not (tmp_path / "created-by-nobody").exists()
+
+
+def test_journal_in_a_directory_writable_by_others_exits_2(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    done = _run_exit("--journal", str(loose / "journal.db"))
+    assert done.returncode == 2, done.stderr
+    assert "writable by others" in done.stderr and "chmod 0700" in done.stderr
+
+
+def test_journal_of_a_future_schema_exits_2(tmp_path):
+    """Item 12."""
+    path = tmp_path / "journal.db"
+    with sqlite3.connect(path) as c:
+        c.execute("PRAGMA user_version=2")
+        c.execute("CREATE TABLE t(x)")
+    done = _run_exit("--journal", str(path))
+    assert done.returncode == 2, done.stderr
+    assert "schema version 2, newer than this exporter's 1" in done.stderr
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -245,3 +245,72 @@ def test_full_disk_is_logged_once_counted_and_recovers(tiny_mount, caplog):
     assert len(events) >= stored_before + 1
     assert "writes succeed again" in caplog.records[-1].getMessage()
     j.close()
+
+
+# ------------------------------------------------------------ issue 16: the journal's path
+
+
+def test_a_symlink_journal_is_refused_and_its_target_untouched(tmp_path):
+    from exporter.sinks.journal import JournalRefused
+    target = tmp_path / "passwd-like"
+    target.write_text("root:x:0:0\n")
+    target.chmod(0o644)
+    link = tmp_path / "journal.db"
+    link.symlink_to(target)
+    with pytest.raises(JournalRefused, match="symbolic link"):
+        Journal(link, clock=FakeClock(T0))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert target.read_text() == "root:x:0:0\n"
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "not-there")
+    with pytest.raises(JournalRefused, match="symbolic link"):
+        Journal(dangling, clock=FakeClock(T0))
+    assert not (tmp_path / "not-there").exists()
+    (tmp_path / "wal-link.db-wal").symlink_to(target)  # a planted -wal link counts too
+    with pytest.raises(JournalRefused, match="wal-link.db-wal is a symbolic link"):
+        Journal(tmp_path / "wal-link.db", clock=FakeClock(T0))
+
+
+def test_a_fifo_or_a_directory_as_journal_is_refused(tmp_path):
+    from exporter.sinks.journal import JournalRefused
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    with pytest.raises(JournalRefused, match="not a regular file \\(a FIFO\\)"):
+        Journal(fifo, clock=FakeClock(T0))
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(JournalRefused, match="a directory"):
+        Journal(tmp_path / "dir.db", clock=FakeClock(T0))
+
+
+def test_a_directory_writable_by_others_is_refused_or_tightened(tmp_path):
+    from exporter.sinks.journal import JournalRefused
+    loose = tmp_path / "shared"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with pytest.raises(JournalRefused, match="writable by others \\(mode 777\\)"):
+        Journal(loose / "journal.db", clock=FakeClock(T0))
+    assert not (loose / "journal.db").exists()
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o777  # not ours to change
+    own = tmp_path / "node-resize-exporter"  # the exporter's own directory: tightened
+    own.mkdir()
+    own.chmod(0o777)
+    j = Journal(own / "journal.db", clock=FakeClock(T0))
+    j.on_event(lost(T0))
+    j.close()
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    assert j.errors == 0
+
+
+def test_a_journal_of_a_newer_schema_is_refused_not_relabelled(tmp_path):
+    """Item 12: user_version 2 stays 2, and nothing is written into it."""
+    from exporter.sinks.journal import SCHEMA_VERSION, JournalRefused
+    path = tmp_path / "journal.db"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE future(x)")
+        c.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(JournalRefused, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
+        Journal(path, clock=FakeClock(T0))
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"future"}

@@ -25,6 +25,7 @@ from exporter import codec
 from exporter.clock import Clock
 from exporter.correlate.model import Episode, EpisodeUpdate
 from exporter.events import Event
+from exporter.sinks.journal_path import JournalPathError, check_journal_path, open_private
 
 log = logging.getLogger("exporter.sinks.journal")
 
@@ -63,6 +64,11 @@ class JournalError(Exception):
     """The journal cannot be read (missing, not a journal, no permission): the CLI exits 2."""
 
 
+class JournalRefused(JournalError):
+    """The journal must not be opened for writing (an unsafe path, a newer schema): `run`
+    exits 2 with this message instead of journaling into the wrong thing."""
+
+
 def default_journal_path() -> Path:
     """/var/lib/node-resize-exporter/journal.db for root, the XDG state directory otherwise."""
     if os.geteuid() == 0:
@@ -76,6 +82,17 @@ def default_journal_path() -> Path:
 def event_time(event: Event) -> float:
     t = getattr(event, "time", None)
     return float(t if t is not None else event.end)  # Transition carries start/end, no time
+
+
+def _refuse_newer_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """A journal a newer exporter wrote is not relabelled as ours (its rows would be misread);
+    JournalRefused instead, which `run` turns into exit 2."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise JournalRefused(f"journal {path} has schema version {version}, newer than this "
+                             f"exporter's {SCHEMA_VERSION}: it was written by a newer "
+                             "node-resize-exporter. Fix: run that version, or move the file "
+                             "away (a new journal is made), or pass --journal PATH")
 
 
 @dataclass(frozen=True)
@@ -104,11 +121,17 @@ class Journal:
         self._writes = 0
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._started = False  # JournalRefused raises out of __init__, later it is counted
         if readonly:
             self._conn = self._connect_readonly()
         else:
+            try:
+                check_journal_path(self.path)
+            except JournalPathError as e:
+                raise JournalRefused(str(e)) from None
             self._write(lambda conn: None)  # opening: logged and counted if it fails, retried
             self._write(self._prune)
+        self._started = True
 
     @classmethod
     def open_existing(cls, path: str | os.PathLike | None = None) -> "Journal":
@@ -144,18 +167,20 @@ class Journal:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
         # Create the file 0600 ourselves: SQLite gives -wal and -shm the main file's mode.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link, never a FIFO (exporter/sinks/journal_path.py).
+        fd = open_private(self.path)
         try:
             os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
         for suffix in ("-wal", "-shm"):
             side = Path(f"{self.path}{suffix}")
-            if side.exists():
+            if side.exists() and not side.is_symlink():
                 os.chmod(side, 0o600)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=5)
         try:
+            _refuse_newer_schema(conn, self.path)  # before any pragma changes the file
             # auto_vacuum only takes effect before the first table exists: set it first, so
             # pruning can give pages back to the file system (incremental_vacuum).
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -179,7 +204,9 @@ class Journal:
             try:
                 conn = self._ensure_open()
                 result = fn(conn)
-            except (sqlite3.Error, OSError) as e:
+            except (sqlite3.Error, OSError, JournalRefused) as e:
+                if isinstance(e, JournalRefused) and not self._started:
+                    raise  # at start-up: `run` exits 2 with the reason
                 self.errors += 1
                 if self._conn is not None and self._conn.in_transaction:
                     try:
