@@ -8,6 +8,7 @@ Deadlines are off: a slow machine must not turn into a failure (no timed asserti
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import re
@@ -18,6 +19,7 @@ import click
 import pytest
 from hypothesis import strategies as st
 
+from exporter import codec
 from exporter.clock import MonotonicWallClock
 from exporter.options import ListenAddress, SourceList
 from exporter.events import DeviceChange, Direction, MalformedInput, PodStatus, Resource, \
@@ -253,7 +255,8 @@ _JSON = st.recursive(
                                                                  max_size=3),
     max_leaves=8)
 _QUANTITY = st.one_of(st.sampled_from(["2", "1500m", "8Gi", "129e6", "0.5", "", "-1", "1e99",
-                                       "10Qi", "NaN"]), _JSON)
+                                       "10Qi", "NaN", "-4", "1" * 400]), _JSON,
+                      st.integers(min_value=10**18, max_value=10**400))  # issue 16 item 6
 _RESOURCE_LIST = st.one_of(_JSON, st.dictionaries(
     st.sampled_from(["cpu", "memory", "hugepages-2Mi", "hugepages-1Gi", "pods", "x"]),
     _QUANTITY, max_size=5))
@@ -329,6 +332,33 @@ def test_label_selector_garbage_is_value_error(text, labels):
     except ValueError:
         return
     assert selector.matches(labels) in (True, False)
+
+
+# ------------------------------------------------------------------ JSONL lines (replay, journal)
+
+
+_TAGS = st.sampled_from(sorted(codec.TAGGED) + ["Nope", ""])
+_LINE = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+    st.builds(lambda tag, body: json.dumps({"type": tag, **body}), _TAGS,
+              st.dictionaries(st.sampled_from(["source", "time", "end", "unit", "count",
+                                               "resource", "direction", "result", "cpus_online",
+                                               "capacity", "episode", "kind", "transitions"]),
+                              _JSON, max_size=6)),
+)
+
+
+@FUZZ
+@given(_LINE)
+def test_codec_line_is_an_event_or_a_codec_error(line):
+    # `replay` and the journal read lines someone else may have written: CodecError only.
+    try:
+        obj = codec.loads(line)
+    except codec.CodecError:
+        return
+    assert type(obj).__name__ in codec.TAGGED
+    assert codec.loads(codec.dumps(obj)) == obj
 
 
 # ------------------------------------------------------------------ podresources answers
