@@ -10,12 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
+from testkit.exporter_proc import free_port
 from tests.test_alerts import _dashboard_exprs, _recorded
+from tests.test_prometheus_e2e import Daemon, _get_json, _wait
 
 REPO = Path(__file__).resolve().parent.parent
 INHIBIT = REPO / "alerts" / "alertmanager-inhibit.yml"
@@ -189,3 +192,49 @@ def test_fleet_overview_answers_the_operator_questions():
     rejected = panels["Pods rejected at readmission, by node and reason (time range)"]
     assert 'outcome="rejected"' in rejected["targets"][0]["expr"]
     assert "episodes show" in rejected["description"]
+
+
+def test_a_real_alertmanager_applies_the_inhibit_rules(tmp_path):
+    """The shipped inhibit rules loaded into Debian's Alertmanager: an exporter that cannot be
+    scraped mutes what it said about that node, and a stale node mutes its own info notices,
+    while another node's alerts stay active."""
+    port = free_port()
+    (tmp_path / "am-data").mkdir()
+    am = Daemon("prometheus-alertmanager", [
+        f"--config.file={INHIBIT}", f"--storage.path={tmp_path / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], port, tmp_path)
+    try:
+        am.wait_ready()
+
+        def alert(name, node, severity, **labels):
+            return {"labels": {"alertname": name, "cluster": "prod", "node": node,
+                               "severity": severity, **labels}}
+        posted = [
+            alert("NodeResizeExporterDown", "node-a", "warning", instance="10.0.0.1:9862"),
+            alert("NodeResizeKernelRefused", "node-a", "warning", resource="cpu"),
+            alert("NodeResizeCapacityStale", "node-b", "warning", resource="cpu"),
+            alert("NodeResizeHotAddedOffline", "node-b", "info", resource="memory"),
+            alert("NodeResizePodresourcesOfflineCPUs", "node-b", "critical"),
+            alert("NodeResizeKernelRefused", "node-c", "warning", resource="cpu"),
+        ]
+        request = urllib.request.Request(am.url + "/api/v2/alerts", method="POST",
+                                         data=json.dumps(posted).encode(),
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).close()
+
+        def states():
+            got = {(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"]
+                   for a in _get_json(am.url + "/api/v2/alerts")}
+            return got if len(got) == len(posted) and "unprocessed" not in got.values() \
+                else None
+        got = _wait("Alertmanager to process the alerts", states, timeout=30, logs=am.logs)
+        assert got == {
+            ("NodeResizeExporterDown", "node-a"): "active",
+            ("NodeResizeKernelRefused", "node-a"): "suppressed",  # exporter down there
+            ("NodeResizeCapacityStale", "node-b"): "active",
+            ("NodeResizeHotAddedOffline", "node-b"): "suppressed",  # info on a stale node
+            ("NodeResizePodresourcesOfflineCPUs", "node-b"): "suppressed",  # same cause
+            ("NodeResizeKernelRefused", "node-c"): "active",
+        }
+    finally:
+        am.stop()
