@@ -17,7 +17,9 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   requests but answers none until set_silent(False); hang_watches() makes open watches send no
   byte more (no event, no bookmark) while keeping the connection open; send_raw(bytes) writes
   bytes as they are into open watches (half an event line, a line of 10 MiB without a newline);
-  set_endless_continue(True) answers every list page with a `continue` token.
+  set_endless_continue(True) answers every list page with a `continue` token;
+  set_watch_error(500) answers every watch with that HTTP status and a Status body (lists
+  still work: a list followed by the same failure, again and again).
 
 Objects are shaped as the real API returns them (apiVersion, kind, metadata.uid and
 resourceVersion, quantity strings, conditions). Usage:
@@ -110,6 +112,7 @@ class FakeApiServer:
         self.gone_as_http = False
         self._silent = threading.Event()  # set: requests are read and never answered
         self.endless_continue = False
+        self.watch_error: int | None = None
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
         self._host, self._port = host, port
         self._httpd: ThreadingHTTPServer | None = None
@@ -215,6 +218,9 @@ class FakeApiServer:
                 if then_hang:
                     watch.queue.put(_HANG)
             return len(self._watches)
+
+    def set_watch_error(self, code: int | None) -> None:
+        self.watch_error = code
 
     def set_endless_continue(self, endless: bool) -> None:
         """Every list page says there is another (a `continue` token that never ends)."""
@@ -590,6 +596,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, collection: str, matches, query: dict[str, str]) -> None:
         api = self.api
+        if api.watch_error is not None:
+            self._send_json(api.watch_error, status_object(
+                api.watch_error, "InternalError", "an error on the server (\"etcdserver: "
+                "request timed out\") has prevented the request from succeeding"))
+            return
         while not api._admit_watches.wait(0.05):
             if api._stopping.is_set():
                 return

@@ -102,3 +102,31 @@ def test_journal_of_a_future_schema_exits_2(tmp_path):
     assert "schema version 2, newer than this exporter's 1" in done.stderr
     with sqlite3.connect(path) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_64_mib_watch_line_does_not_grow_the_heap(api):
+    """Item 7: a watch line without a newline was held whole (512 MiB -> RSS +514 MiB). Now
+    it is refused at MAX_LINE_BYTES: the peak RSS grows by far less than the line."""
+    from exporter.kube.client import MAX_LINE_BYTES
+    with _exporter(api) as exp:
+        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+                                       unit="core") == 2, timeout=30)
+        api.wait_for_watches(1, "nodes")
+        before = _peak_rss_mib(exp.proc.pid)
+        piece = b"x" * 2**20
+        for _ in range(64):
+            api.send_raw(piece)
+        exp.wait_for(lambda s: f"watch event line longer than {MAX_LINE_BYTES} bytes"
+                     in exp.logs(), timeout=60)
+        api.update_node(NODE, cpu="3")
+        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+                                       unit="core") == 3, timeout=60)  # relisted, working
+        grown = _peak_rss_mib(exp.proc.pid) - before
+        assert grown < 32, f"peak RSS grew {grown:.0f} MiB for a 64 MiB line"

@@ -308,3 +308,80 @@ def test_watch_stalled_mid_event_line_is_bounded(api, running):
     down = log.wait_for(SourceStatus, lambda e: not e.up)
     assert "watch event line took more than 1 s" in down.reason
     assert log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 4.0)
+
+
+def test_poison_quantities_are_counted_and_skipped_without_a_relist_loop(api, running):
+    """Item 6: a bare 400-digit JSON integer once raised OverflowError outside the
+    malformed-input path (89 relists in 45 s); "-4" and huge strings were accepted."""
+    api.put_raw("nodes", {
+        "kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1", "uid": "u1"},
+        "status": {"capacity": {"cpu": 10**400, "memory": "-4", "hugepages-2Mi": "9" * 400},
+                   "allocatable": {"cpu": "2", "memory": "8Gi"}}})
+    source, log = running()
+    status = log.wait_for(NodeStatus)
+    assert status.capacity == {}  # none of the three made up a value
+    assert status.allocatable[Resource.CPU] == 2.0
+    details = [m.detail for m in log.of(MalformedInput)]
+    assert len(details) == 3
+    assert any("negative" in d and "memory" in d for d in details)
+    assert any("out of range" in d and "cpu" in d for d in details)
+    assert any("longer than" in d and "hugepages-2Mi" in d for d in details)
+    assert all(len(d) < 400 for d in details)  # the 400 digits are not logged
+    api.wait_for_watches(1, "nodes")
+    rv = api.bookmark()  # a round trip through the watch: nothing relisted meanwhile
+    wait_until(lambda: source.resource_version == str(rv), "the bookmark")
+    assert source.lists == 1
+    assert [e.up for e in log.of(SourceStatus)] == [True]
+
+
+def test_a_list_followed_by_the_same_failure_backs_off(api, running):
+    """Item 6: the backoff was reset by every successful list, so list-then-fail looped at
+    the initial delay. Only a watch that delivers resets it now."""
+    api.set_node("n1", cpu="2")
+    api.set_watch_error(500)
+    source, log = running()  # backoff 0.05 s doubling to 0.5 s
+    wait_until(lambda: source.lists >= 6, "six list-then-fail rounds")
+    assert source.backoff._next == source.backoff.maximum  # grew to the cap, never reset
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert "answered 500" in down.reason
+    api.set_watch_error(None)
+    api.wait_for_watches(1, "nodes")
+    api.update_node("n1", cpu="3")
+    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 3.0)
+    assert source.backoff._next == source.backoff.initial  # a delivered event resets it
+
+
+def test_a_watch_line_past_the_bound_is_refused_down_and_relisted(api, running):
+    """Item 7: a 512 MiB line without a newline grew RSS by 514 MiB; now a line is bounded
+    (MAX_LINE_BYTES) and refused with the bound named."""
+    from exporter.kube.client import MAX_LINE_BYTES
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    piece = b"x" * 2**20
+    for _ in range(MAX_LINE_BYTES // len(piece) + 2):
+        api.send_raw(piece)
+    api.update_node("n1", cpu="6")
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert f"watch event line longer than {MAX_LINE_BYTES} bytes" in down.reason
+    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 6.0)  # relisted
+    assert log.of(SourceStatus)[-1].up
+
+
+def test_a_list_whose_continue_never_ends_is_refused(api, running):
+    """Item 7: a `continue` that never ends reached 596k pods and 1,981 MiB."""
+    from exporter.kube.client import MAX_LIST_PAGES
+    api.set_node("n1", cpu="2")
+    api.set_endless_continue(True)
+    source, log = running()
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert f"still not done after {MAX_LIST_PAGES} pages" in down.reason
+    assert not log.of(NodeStatus)  # nothing of the endless list was used
+    wait_until(lambda: len(api.requests_for("nodes", watch=False)) > MAX_LIST_PAGES,
+               "the first list given up")
+    starts = [i for i, q in enumerate(api.requests_for("nodes", watch=False))
+              if "continue" not in q]
+    assert starts[1] - starts[0] == MAX_LIST_PAGES  # no page asked past the bound
+    api.set_endless_continue(False)
+    assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0

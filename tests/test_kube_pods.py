@@ -210,3 +210,42 @@ def test_registry_builds_the_kube_sources_the_options_ask_for(monkeypatch):
     assert resolve_node_name(Options()) == "from-env"
     monkeypatch.delenv("NODE_NAME")
     assert resolve_node_name(Options())  # the hostname
+
+
+def test_a_list_of_more_objects_than_the_bound_is_refused_then_recovers(api, running,
+                                                                          monkeypatch):
+    """Item 7: a pod list is bounded in objects (LIST_MAX_OBJECTS; 20 here instead of 10,000
+    so the test stays small): past it, down naming the bound, nothing of it used."""
+    from exporter.sources import listwatch
+    from tests.event_log import wait_until
+    monkeypatch.setattr(listwatch, "LIST_MAX_OBJECTS", 20)
+    for i in range(21):
+        api.put_pod(f"p{i}", node="n1")
+    source, log = running()
+    down = log.wait_for(SourceStatus, lambda e: not e.up)
+    assert "list of pods has more than 20 objects" in down.reason
+    assert not log.of(PodStatus) and not log.of(PodsRelisted)
+    api.delete_pod("p20")
+    relisted = log.wait_for(PodsRelisted)
+    assert len(relisted.uids) == 20
+    wait_until(lambda: log.of(SourceStatus)[-1].up, "up again")
+
+
+def test_poison_pod_is_counted_and_the_others_flow(api, running):
+    """Item 6: one pod with a 400-digit request and one with a negative one are counted in
+    MalformedInput; every pod still arrives, without the bad values."""
+    api.put_pod("huge", node="n1", requests={"cpu": "9" * 400})
+    api.put_pod("negative", node="n1", requests={"memory": "-4Gi"})
+    api.put_pod("fine", node="n1", requests={"cpu": "1"})
+    source, log = running()
+    log.wait_for(PodsRelisted)
+    assert {p.name for p in log.of(PodStatus)} == {"huge", "negative", "fine"}
+    assert by_name(log, "huge")[0].requests.get(Resource.CPU) is None
+    assert by_name(log, "negative")[0].requests.get(Resource.MEMORY) is None
+    assert by_name(log, "fine")[0].requests[Resource.CPU] == 1.0
+    # Each bad value is reported where it is (spec requests and status resources), never
+    # with all 400 digits.
+    details = [m.detail for m in log.of(MalformedInput)]
+    assert details and all(len(d) < 400 for d in details)
+    assert any("huge" in d for d in details) and any("negative" in d for d in details)
+    assert source.lists == 1
