@@ -4,6 +4,8 @@ cgroup; cpu1 goes offline and comes back."""
 from __future__ import annotations
 
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,55 @@ def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
             exp.wait_for(lambda s: blocked(s) == 1, timeout=10)
             (root / "cpu_manager_state").unlink()
             exp.wait_for(lambda s: blocked(s) == 0, timeout=10)
+
+
+GATES_TEXT = (b'# TYPE kubernetes_feature_enabled gauge\n'
+              b'kubernetes_feature_enabled{name="InPlaceNodeResourceResize",stage="ALPHA"} 1\n'
+              b'kubernetes_feature_enabled{name="NodeResourceHotUnPlug",stage="ALPHA"} 0\n')
+
+
+class _Kubelet(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(GATES_TEXT)))
+        self.end_headers()
+        self.wfile.write(GATES_TEXT)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_feature_gates_and_kep3953_condition_through_a_running_exporter(tmp_path):
+    """The kubelet's /metrics (a real HTTP server on loopback) and the Node watch (the test API
+    server) carry KEP-3953's objects to node_kubelet_feature_enabled and _capacity_configured."""
+    kubelet = ThreadingHTTPServer(("127.0.0.1", 0), _Kubelet)
+    threading.Thread(target=kubelet.serve_forever, daemon=True).start()
+    try:
+        with FakeApiServer() as api:
+            api.set_node(NODE, cpu="2", memory="8Gi")
+            kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+            url = f"http://127.0.0.1:{kubelet.server_address[1]}/metrics"
+            with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
+                                 "--node-name", NODE, "--podresources-socket", "",
+                                 "--kubelet-metrics-url", url,
+                                 "--kubelet-root-dir", str(tmp_path / "none")) as exp:
+                s = exp.wait_for(lambda s: s.series("node_kubelet_feature_enabled")
+                                 and s.series("node_capacity_kubelet"), timeout=15)
+                assert s.series("node_kubelet_feature_enabled") == {
+                    frozenset({("gate", "InPlaceNodeResourceResize")}): 1.0,
+                    frozenset({("gate", "NodeResourceHotUnPlug")}): 0.0}
+                assert not s.series("node_kubelet_capacity_configured")  # today's kubelets
+
+                node = api.get("nodes", NODE)
+                node["spec"]["configuredCapacity"] = {"cpu": "1", "memory": "8Gi"}
+                node["status"]["conditions"].append(
+                    {"type": "CapacityConfigured", "status": "False", "reason": "InProgress",
+                     "message": "applying cpu 1", "lastTransitionTime": "2026-11-23T10:00:00Z"})
+                api.put_raw("nodes", node)
+                s = exp.wait_for(lambda s: s.value("node_kubelet_capacity_configured",
+                                                   reason="InProgress") == 1, timeout=10)
+                assert s.value("node_kubelet_capacity_configured", reason="Accepted") == 0
+    finally:
+        kubelet.shutdown()
+        kubelet.server_close()

@@ -11,6 +11,7 @@ import dataclasses
 
 from exporter.clock import Clock
 from exporter.events import MalformedInput, NodeStatus
+from exporter.kube.capacity_configured import CapacityConfiguredFilter
 from exporter.kube.client import RawNode
 from exporter.kube.convert import node_status
 from exporter.sources.listwatch import ListWatchSource
@@ -27,6 +28,7 @@ class KubeNodeSource(ListWatchSource):
         super().__init__(clock, **kwargs)
         self.node_name = node_name
         self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
+        self._configured = CapacityConfiguredFilter()  # issue 13: KEP-3953's condition
 
     def field_selector(self) -> dict[str, str]:
         return {"metadata.name": self.node_name}
@@ -54,6 +56,12 @@ class KubeNodeSource(ListWatchSource):
 
     def _deliver(self, obj: dict, emit: Emit) -> None:
         now = self.clock.now()
+        problems: list[str] = []  # issue 13: KEP-3953's CapacityConfigured, when it changes
+        configured = self._configured.feed(obj, now, problems)
+        if configured is not None:
+            for problem in problems:
+                emit(MalformedInput(self.name, problem, now))
+            emit(configured)
         converted = node_status(obj, now)
         event = converted.event
         if not isinstance(event, NodeStatus):

@@ -1,0 +1,74 @@
+"""The kubelet process and its start time, to see kubelet restarts (issue 13).
+
+Restarting the kubelet is today's only way to make it resync capacity after a hotplug (no
+released kubelet resyncs live), and a restart can fail (see kubelet_checkpoint.py). The kubelet
+is found by its process name through psutil where the exporter shares the host's PID namespace
+(hostPID: true, as deploy/ runs it); a new start time is a restart. A check is one stat of
+/proc/<pid>; the whole process table is scanned only while no kubelet is known.
+"""
+from __future__ import annotations
+
+import psutil
+
+from exporter.clock import Clock
+from exporter.defaults import KUBELET_PROCESS_INTERVAL
+from exporter.events import KubeletProcess, SourceStatus
+from exporter.sources.base import Emit, Source
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+
+KUBELET = "kubelet"
+
+
+def find_process(name: str) -> tuple[int, float] | None:
+    """(pid, start time in wall seconds) of the oldest process called `name`, or None."""
+    found: list[tuple[float, int]] = []
+    for proc in psutil.process_iter(["name", "create_time"]):
+        info = proc.info
+        if info.get("name") == name and info.get("create_time") is not None:
+            found.append((float(info["create_time"]), proc.pid))
+    if not found:
+        return None
+    start, pid = min(found)
+    return pid, start
+
+
+def start_time_of(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+class KubeletProcessSource(Source):
+    name = "kubelet_process"
+
+    def __init__(self, clock: Clock, *, process_name: str = KUBELET,
+                 interval: float = KUBELET_PROCESS_INTERVAL) -> None:
+        super().__init__(clock)
+        self.process_name = process_name
+        self.interval = interval
+        self._pid: int | None = None
+        self._start: float | None = None
+        self._emitted = False
+
+    def loop(self, emit: Emit) -> None:
+        emit(SourceStatus(self.name, True, self.clock.now(),
+                          f"looking for a {self.process_name!r} process"))
+        while not self.stopping.is_set():
+            self.poll(emit)
+            self.stopping.wait(self.interval)
+
+    def poll(self, emit: Emit) -> None:
+        start = start_time_of(self._pid) if self._pid is not None else None
+        if start is None or start != self._start:  # gone, or the pid was reused
+            found = find_process(self.process_name)
+            self._pid, start = found if found else (None, None)
+        if self._emitted and start == self._start:
+            return
+        self._start, self._emitted = start, True
+        emit(KubeletProcess(self.clock.now(), start, self._pid))
+
+
+register(SourceSpec(
+    "kubelet_process", KUBERNETES, "the kubelet process's start time (psutil, hostPID)",
+    lambda ctx: KubeletProcessSource(ctx.clock), order=62))

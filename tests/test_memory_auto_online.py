@@ -1,0 +1,47 @@
+"""auto_online_blocks: the kernel's policy for hot-added memory, read from the real sysfs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.clock import MonotonicWallClock
+from exporter.correlate.kubelet_view import KubeletView
+from exporter.events import MalformedInput, MemoryAutoOnline
+from exporter.sources.memory_auto_online import MemoryAutoOnlineSource, parse_auto_online
+
+REAL = Path("/sys/devices/system/memory/auto_online_blocks")
+
+
+@pytest.mark.parametrize("policy", ["offline", "online", "online_kernel", "online_movable"])
+def test_each_policy_is_one_series_at_1(policy):
+    view = KubeletView()
+    view.handle(parse_auto_online(policy + "\n", 1.0))
+    values = view.memory_auto_online()
+    assert values[policy] == 1 and sum(values.values()) == 1 and len(values) == 4
+
+
+def test_an_unknown_policy_is_refused_not_a_new_label():
+    with pytest.raises(ValueError, match="unknown"):
+        parse_auto_online("x" * 10_000, 1.0)
+
+
+def test_reads_the_real_file_once_per_change(tmp_path):
+    emitted: list = []
+    source = MemoryAutoOnlineSource(MonotonicWallClock())
+    source.read(emitted.append)
+    source.read(emitted.append)  # unchanged: nothing new
+    assert emitted == [MemoryAutoOnline(emitted[0].time, REAL.read_text().strip())]
+    source.close()
+
+
+def test_a_fixture_tree_without_memory_hotplug_emits_nothing(tmp_path):
+    emitted: list = []
+    source = MemoryAutoOnlineSource(MonotonicWallClock(), sysfs=str(tmp_path))
+    source.read(emitted.append)
+    assert emitted == []
+    (tmp_path / "devices/system/memory").mkdir(parents=True)
+    (tmp_path / "devices/system/memory/auto_online_blocks").write_text("sometimes\n")
+    source.read(emitted.append)
+    assert [type(e) for e in emitted] == [MalformedInput]
+    source.close()
