@@ -18,14 +18,17 @@ CONDITION = "CapacityConfigured"
 MAX_REASON = 64  # a condition reason is a CamelCase word; anything longer is not one
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def capacity_configured(obj: Any, now: float,
                         problems: list[str]) -> NodeCapacityConfigured | None:
     """The Node's CapacityConfigured condition and spec.configuredCapacity, or None when it
     has neither (every kubelet released so far). Malformed quantities go to `problems`."""
     if not isinstance(obj, dict):
         return None
-    meta, spec, status = (obj.get(k) if isinstance(obj.get(k), dict) else {}
-                          for k in ("metadata", "spec", "status"))
+    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
     condition: dict[str, Any] = {}
     conditions = status.get("conditions")
     for c in conditions if isinstance(conditions, list) else []:

@@ -8,7 +8,7 @@ is found by its process name through psutil where the exporter shares the host's
 """
 from __future__ import annotations
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_PROCESS_INTERVAL
