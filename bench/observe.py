@@ -78,6 +78,7 @@ class InProcessAgent:
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
+        self.agent.wake()
         self.thread.join(15)
 
 

@@ -253,7 +253,8 @@ def serve(options: Options) -> int:
     registry_.register(KubeletSink.attach(agent))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        # wake(): the agent sleeps untimed while no episode is open (issue 14)
+        signal.signal(sig, lambda *_: (stop.set(), agent.wake()))
     server.start()
     try:
         agent.run(stop)

@@ -8,6 +8,7 @@ source "sysfs" (the ledger counts it once whoever else saw it).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -167,6 +168,17 @@ class SysfsReader:
             hugepages_bytes=self.hugepages(meminfo),
         )
 
+    def read_cpus(self, now: float, previous: KernelSnapshot) -> KernelSnapshot:
+        """After a CPU event: the four CPU lists afresh, the rest from `previous`. CPU hotplug
+        changes no memory block, MemTotal or hugepage count, and the ~200 memory-block state
+        files were 90% of the reconciler's time in a flap storm (bench/README.md, profile)."""
+        online = self._cpus("online")
+        offline = self._cpus("offline")
+        return dataclasses.replace(
+            previous, time=now, cpus_online=online, cpus_offline=offline,
+            cpus_present=self._cpus("present") or online,
+            cpus_possible=self._cpus("possible") or online | offline)
+
     def hotplug_states(self) -> dict[int, str]:
         return parse_hotplug_states((self.cpu_dir / "hotplug/states").read_text())
 
@@ -208,6 +220,7 @@ class SysfsSource(Source):
         self.emit_transitions = emit_transitions
         self.reader = SysfsReader(sysfs, procfs)
         self._poke = threading.Event()
+        self._everything = False  # a poke asked for more than the CPU lists
         self._last: KernelSnapshot | None = None
 
     def open(self) -> None:
@@ -218,8 +231,11 @@ class SysfsSource(Source):
     def initial(self) -> KernelSnapshot | None:
         return self._last
 
-    def poke(self) -> None:
-        """Re-read soon: a kernel event arrived (called from the agent thread)."""
+    def poke(self, resource: Resource | None = None) -> None:
+        """Re-read soon: a kernel event arrived (called from the agent thread). After CPU
+        events only the CPU lists are read again; after anything else, everything."""
+        if resource is not Resource.CPU:
+            self._everything = True
         self._poke.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -232,18 +248,23 @@ class SysfsSource(Source):
         if self._last is not None:
             emit(self._last)
         while not self.stopping.is_set():
-            self._poke.wait(self.interval)
+            timed_out = not self._poke.wait(self.interval)
             # In a flap storm every transition pokes (BPF, then its uevent): one read per
             # MIN_GAP covers them all, and the gauges trail the kernel by at most that.
             self.stopping.wait(MIN_GAP)
-            self._poke.clear()
+            self._poke.clear()  # before taking the flag: a later poke sets both again
+            everything, self._everything = self._everything or timed_out, False
             if self.stopping.is_set():
                 return
-            self.reconcile(emit)
+            self.reconcile(emit, cpus_only=not everything)
 
-    def reconcile(self, emit: Emit) -> None:
+    def reconcile(self, emit: Emit, cpus_only: bool = False) -> None:
         try:
-            snap = self.reader.read(self.clock.now())
+            now = self.clock.now()
+            if cpus_only and self._last is not None:
+                snap = self.reader.read_cpus(now, self._last)
+            else:
+                snap = self.reader.read(now)
         except (OSError, ValueError) as e:
             emit(MalformedInput(self.name, f"reading sysfs/procfs: {e}", self.clock.now()))
             return
