@@ -18,7 +18,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
-from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.sources.registry import KERNEL, SourceSpec, register
 
 NETLINK_KOBJECT_UEVENT = 15
 KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth
