@@ -247,6 +247,12 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
                        lambda: [a for a in _our_alerts(prometheus) if a["state"] == "firing"],
                        logs=logs)
         alert = firing[0]
+        # One cause, one alert: not the podresources offline CPU, not the present-but-offline
+        # CPU, not pending either (ALERTS has every alert Prometheus holds, in any state).
+        offered = _query(prometheus, f'node_podresources_offline_cpus{{node="{NODE}"}}')
+        assert [float(r["value"][1]) for r in offered] == [1.0]  # the kubelet offers cpu1
+        others = _query(prometheus, f'ALERTS{{node="{NODE}",alertname!="{ALERT}"}}')
+        assert others == [], others
         # One alert per node and resource: job, instance and unit are aggregated away.
         assert set(alert["labels"]) == {"alertname", "node", "resource", "severity"}
         assert float(alert["value"]) == 1.0
