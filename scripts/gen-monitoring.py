@@ -23,7 +23,6 @@ Usage: scripts/gen-monitoring.py                  rewrite the committed files
 from __future__ import annotations
 
 import argparse
-import copy
 import difflib
 import json
 import re
@@ -33,13 +32,15 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_dashboards import _expand, dashboard  # noqa: E402  (scripts/gen_dashboards.py)
+
 REPO = Path(__file__).resolve().parent.parent
 RULES_SRC = REPO / "alerts" / "src" / "rules.yml"
 DASHBOARDS_SRC = REPO / "dashboards" / "src"
 RULES_OUT = "alerts/node-resize-exporter.rules.yml"
 INHIBIT_OUT = "alerts/alertmanager-inhibit.yml"
 PROMETHEUSRULE_OUT = "deploy/prometheusrule.yaml"
-DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,6 @@ _Dumper.add_representer(str, _str)
 
 def _yaml(data) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1_000_000, allow_unicode=True)
-
-
-def _expand(text: str, values: dict[str, str], where: str) -> str:
-    def sub(m: re.Match) -> str:
-        if m.group(1) not in values:
-            raise SystemExit(f"{where}: unknown parameter @{m.group(1)}@")
-        return values[m.group(1)]
-    return re.sub(r"@(\w+)@", sub, text)
 
 
 # ---------------------------------------------------------------- rules
@@ -172,10 +165,6 @@ def prometheusrule(data: dict) -> dict:
     }
 
 
-# ---------------------------------------------------------------- dashboards
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_dashboards import dashboard  # noqa: E402  (scripts/gen_dashboards.py: the layout code)
 
 
 # ---------------------------------------------------------------- output

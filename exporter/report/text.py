@@ -65,7 +65,7 @@ def timeline(ep: Episode) -> str:
         lines.append(f"  detail: {ep.detail}")
     lines.append("")
     entries: list[tuple[float, int, str, str]] = []  # (time, order, lane, words)
-    for i, t in enumerate(ep.transitions):
+    for t in ep.transitions:
         name = unit_name(t.resource, t.unit)
         if t.start is not None:
             entries.append((t.start, 0, "kernel", f"{name} {t.direction.value} started"))
