@@ -34,7 +34,9 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 # s between re-reads when nothing pokes: checkpoints are also re-read on inotify and every
 # kernel event, so this only bounds what a missed notification can cost
 KUBELET_STATE_INTERVAL = 30.0
-KUBELET_PROCESS_INTERVAL = 5.0  # s between checks that the kubelet process is the same one
+# s between checks that the kubelet process is the same one (one stat of /proc/PID): a restarted
+# kubelet takes seconds to post its Node, so its new start time is seen before the resync
+KUBELET_PROCESS_INTERVAL = 1.0
 
 # Episodes (the correlator)
 COALESCE_WINDOW = 2.0  # s: transitions of one resource and direction this close are one episode

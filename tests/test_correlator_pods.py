@@ -238,7 +238,8 @@ def test_metrics_sink_renders_what_it_counted_from_the_updates():
                  'node_hot_unplug_readmission_pods_total{outcome="kept",reason="Running"} 2.0',
                  'node_hot_unplug_readmission_pods_total{outcome="rejected",reason="OutOfcpu"} 1.0',
                  'node_hot_unplug_readmission_duration_seconds_count{resource="cpu"} 1.0',
-                 'node_resize_resync_duration_seconds_sum{direction="decrease",resource="cpu"} 5.0',
+                 'node_resize_resync_duration_seconds_sum{direction="decrease",resource="cpu",'
+                 'resynced_by="kubelet_live"} 5.0',
                  'node_capacity_kubelet{resource="cpu",unit="core"} 1.0',
                  'node_capacity_drift{resource="cpu",unit="core"} 0.0'):
         assert line in lines, line

@@ -58,3 +58,15 @@ def test_no_such_process_is_reported_once():
     view = KubeletView()
     view.handle(emitted[0])
     assert view.restarts == 0
+
+
+def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
+    """A node without a kubelet stays idle: 30 checks cost 6 process-table scans, not 30."""
+    import exporter.sources.kubelet_process as module
+    scans: list[int] = []
+    check = 0
+    monkeypatch.setattr(module, "find_process", lambda name: scans.append(check))
+    source = KubeletProcessSource(MonotonicWallClock(), process_name="none")
+    for check in range(30):
+        source.poll(lambda event: None)
+    assert scans == [0, 1, 3, 7, 15, 25]  # gaps 1, 2, 4, 8, then at most 10

@@ -17,10 +17,10 @@ from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.model import Episode, EpisodeUpdate
+from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate
 from exporter.correlate.node_view import NodeView
-from exporter.events import (Event, KernelSnapshot, NodeStatus, PodResourcesAllocatable,
-                             PodsRelisted, PodStatus, Transition)
+from exporter.events import (Event, KernelSnapshot, KubeletProcess, NodeStatus,
+                             PodResourcesAllocatable, PodsRelisted, PodStatus, Transition)
 
 __all__ = ["Correlator", "CorrelatorConfig", "KernelLedger", "NodeView"]
 
@@ -40,7 +40,9 @@ class Correlator:
             PodStatus: self._pod,
             PodsRelisted: self._relist,
             PodResourcesAllocatable: self._podresources,
+            KubeletProcess: self._kubelet_process,
         }
+        self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -60,10 +62,10 @@ class Correlator:
         # min(): a stamp from the future (a source's bad clock) must not fast-forward every
         # open episode.
         updates = self._tracker.advance(min(float(when), self._clock.now()))
-        return updates + apply(event)
+        return self._mark_resynced_by(updates + apply(event))
 
     def tick(self) -> list[EpisodeUpdate]:
-        return self._tracker.advance(self._clock.now())
+        return self._mark_resynced_by(self._tracker.advance(self._clock.now()))
 
     def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
         """Re-open the episodes a journal kept open across a restart. Every sink must see the
@@ -114,3 +116,22 @@ class Correlator:
     def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
         self._view.on_podresources(alloc)
         return []
+
+    def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:
+        start = process.start_time
+        if start is not None and math.isfinite(start) and start not in self._kubelet_starts:
+            self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
+        return []
+
+    def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+        """Issue 13: a resynced episode says what resynced it: a kubelet that started after the
+        kernel was done and by the resync (a restart, today's only remedy), else the running one.
+        Set on each update's copy, so a restart seen late still reaches the ENDED update."""
+        for update in updates:
+            ep = update.episode
+            if ep.resynced is None or ep.kernel_done is None:
+                continue
+            done, resynced = ep.kernel_done, ep.resynced
+            restarted = any(done < start <= resynced for start in self._kubelet_starts)
+            ep.resynced_by = RESYNCED_BY[1] if restarted else RESYNCED_BY[0]
+        return updates

@@ -195,9 +195,9 @@ class MetricsSink(Collector):
                             for why in RESYNC_ERROR_REASONS]))
         fam = HistogramMetricFamily("node_resize_resync_duration_seconds",
                                     "Kernel done to Node capacity updated.",
-                                    labels=["resource", "direction"])
-        for (r, change), h in sorted(st.resync_duration.items(), key=str):
-            _histogram(fam, [r.value, change.value], h)
+                                    labels=["resource", "direction", "resynced_by"])
+        for (r, change, by), h in sorted(st.resync_duration_by.items(), key=str):
+            _histogram(fam, [r.value, change.value, by], h)
         yield fam
         yield _counter("node_hot_unplug_request", "Hot-unplug episodes (KEP-5578).",
                        ["resource"], _with_zeros(

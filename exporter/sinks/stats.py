@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from exporter.correlate.histogram import RESYNC_BUCKETS, Histogram
 from exporter.correlate.kube_view import BalloonResizes
-from exporter.correlate.model import EpisodeUpdate, Outcome, PodVerdict, UpdateKind
+from exporter.correlate.model import RESYNCED_BY, EpisodeUpdate, Outcome, PodVerdict, UpdateKind
 from exporter.events import Change, Event, PodsRelisted, PodStatus, Resource
 
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -35,6 +35,11 @@ def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
     return {(r, c): Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES for c in Change}
 
 
+def _resync_histograms_by() -> dict[tuple[Resource, Change, str], Histogram]:
+    return {(r, c, by): Histogram(RESYNC_BUCKETS)
+            for r in EPISODE_RESOURCES for c in Change for by in RESYNCED_BY}
+
+
 def _readmission_histograms() -> dict[Resource, Histogram]:
     return {r: Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES}
 
@@ -45,6 +50,9 @@ class EpisodeStats:
     resync_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
     resync_duration: dict[tuple[Resource, Change], Histogram] = field(
         default_factory=_resync_histograms)
+    # Issue 13: the same durations by what resynced the episode (the rendered series)
+    resync_duration_by: dict[tuple[Resource, Change, str], Histogram] = field(
+        default_factory=_resync_histograms_by)
     unplug_requests: Counter[Resource] = field(default_factory=Counter)
     unplug_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
     readmission_duration: dict[Resource, Histogram] = field(
@@ -66,6 +74,9 @@ class EpisodeStats:
         elif kind is UpdateKind.RESYNCED:
             if ep.resynced is not None and ep.kernel_done is not None:
                 self.resync_duration[(ep.resource, ep.change)].observe(
+                    ep.resynced - ep.kernel_done)
+                by = ep.resynced_by if ep.resynced_by in RESYNCED_BY else RESYNCED_BY[0]
+                self.resync_duration_by[(ep.resource, ep.change, by)].observe(
                     ep.resynced - ep.kernel_done)
         elif kind is UpdateKind.ENDED and ep.outcome is not None:
             self.episodes_open -= 1

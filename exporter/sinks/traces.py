@@ -361,6 +361,7 @@ def build_trace(tracer: trace.Tracer, ep: Episode) -> None:
     if ep.kernel_done is not None and (ep.resynced is not None or judged):
         resync_end = ep.resynced if ep.resynced is not None else end
         attrs = {"node_resize.resynced": ep.resynced is not None,
+                 **({"node_resize.resynced_by": ep.resynced_by} if ep.resynced_by else {}),
                  **_capacity_attrs("kubelet.capacity", ep.kubelet_before, ep.kubelet_after)}
         if ep.kernel_after is not None:
             attrs["kernel.capacity"] = ep.kernel_after
