@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from exporter.clock import MonotonicWallClock
-from exporter.correlate.kubelet_view import KubeletView
+from exporter.correlate.kubelet_view import SAME_START, KubeletView
 from exporter.events import KubeletProcess
 from exporter.sources.kubelet_process import KubeletProcessSource
 from testkit.exporter_proc import terminate
@@ -37,6 +38,9 @@ def test_a_new_process_is_a_restart_and_the_same_one_is_not(tmp_path):
         terminate(first)
         source.poll(emitted.append)
         assert emitted[-1].start_time is None  # no kubelet running (between stop and start)
+        # A kubelet takes seconds to start; start times within SAME_START are one process
+        # read two ways (psutil and the kubelet's own metric), so the new one starts later.
+        time.sleep(SAME_START + 0.1)
         second = spawn(tmp_path)
         source.poll(emitted.append)
         assert emitted[-1].pid == second.pid
@@ -70,3 +74,10 @@ def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
     for check in range(30):
         source.poll(lambda event: None)
     assert scans == [0, 1, 3, 7, 15, 25]  # gaps 1, 2, 4, 8, then at most 10
+
+
+def test_one_start_read_two_ways_is_not_a_restart():
+    view = KubeletView()
+    for start in (1000.0, 1000.01, 999.995, 1030.0):  # psutil, the metric, psutil, a restart
+        view.handle(KubeletProcess(2000.0, start, None))
+    assert view.restarts == 1

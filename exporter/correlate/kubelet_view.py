@@ -21,6 +21,9 @@ MEMORY_MANAGER = "memory_manager_state"
 BLOCK_REASONS = (CPU_MANAGER, MEMORY_MANAGER)
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
          "BalloonPod")
+# Start times of one process read two ways (psutil, the kubelet's process_start_time_seconds)
+# differ by rounding; a restart differs by the seconds a kubelet needs to start at least.
+SAME_START = 1.0
 AUTO_ONLINE_POLICIES = ("offline", "online", "online_kernel", "online_movable")
 # KEP-3953's reasons of the Node condition CapacityConfigured
 CAPACITY_REASONS = ("Accepted", "InProgress", "Infeasible", "EmergencyReduced")
@@ -126,7 +129,8 @@ class KubeletView:
         # so the last start seen is kept while none runs.
         if event.start_time is None:
             return
-        if self.kubelet_start is not None and event.start_time != self.kubelet_start:
+        if (self.kubelet_start is not None
+                and abs(event.start_time - self.kubelet_start) > SAME_START):
             self.restarts += 1
         self.kubelet_start = event.start_time
 
