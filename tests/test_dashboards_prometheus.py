@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_alerts import _dashboard_exprs
 from tests.test_prometheus_e2e import Daemon, _get_json
@@ -245,3 +246,18 @@ def test_episode_annotations_mark_every_start_and_end(recorded):
     assert near(ends["resync_timeout"], 58), ends
     # Nothing marked before the first episode began (no series "born" at the range's start).
     assert min(t for runs in [*starts.values(), *ends.values()] for t in runs) >= 8, ends
+
+
+def test_on_the_real_recording_each_cause_raises_one_alert(recorded):
+    """Every alert expression (its `for` aside) at the end of the recording (cpu1 offline and
+    not resynced, a pod
+    rejected OutOfcpu 50 s earlier): the stale capacity and the rejected pod, nothing else:
+    not the resync_timeout, not the CPU the kubelet still offers, not the offline CPU."""
+    rules = yaml.safe_load(RULES.read_text())
+    firing = set()
+    for rule in (r for g in rules["groups"] for r in g["rules"] if "alert" in r):
+        for series in _instant(recorded, rule["expr"]):
+            labels = series["metric"]
+            firing.add((rule["alert"], labels.get("resource") or labels.get("reason", "")))
+    assert firing == {("NodeResizeCapacityStale", "cpu"),
+                      ("NodeResizeReadmissionRejectedPods", "OutOfcpu")}
