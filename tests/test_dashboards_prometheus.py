@@ -250,9 +250,9 @@ def test_episode_annotations_mark_every_start_and_end(recorded):
 
 def test_on_the_real_recording_each_cause_raises_one_alert(recorded):
     """Every alert expression (its `for` aside) at the end of the recording (cpu1 offline and
-    not resynced, a pod
-    rejected OutOfcpu 50 s earlier): the stale capacity and the rejected pod, nothing else:
-    not the resync_timeout, not the CPU the kubelet still offers, not the offline CPU."""
+    not resynced, a pod rejected OutOfcpu 50 s earlier): the stale capacity and the rejected
+    pod, nothing else: not the resync_timeout, not the CPU the kubelet still offers, not the
+    offline CPU."""
     rules = yaml.safe_load(RULES.read_text())
     firing = set()
     for rule in (r for g in rules["groups"] for r in g["rules"] if "alert" in r):
