@@ -62,7 +62,7 @@ def draw(tl: Timeline):
     rows = max(1, len(tl.rows))
     pods = _pod_lines(tl)
     header_in, axis_in = 0.9, 0.75
-    height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0.1)
+    height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0)
     fig = Figure(figsize=(WIDTH_IN, height), dpi=100)
     FigureCanvasAgg(fig)
     top = 1 - header_in / height
@@ -73,7 +73,7 @@ def draw(tl: Timeline):
              color=COLOURS["rejected"] if tl.bad else "black", va="center")
     fig.text(0.01, 1 - 0.6 / height, tl.subtitle, fontsize=9, color="#333333", va="center")
 
-    end = max(tl.length, LINTHRESH) * 1.15
+    end = max(tl.length, LINTHRESH) * 1.5  # room for the last marker inside the frame
     ax.set_xscale("symlog", linthresh=LINTHRESH, linscale=0.6)
     ax.set_xlim(0, end)
     ax.set_ylim(rows - 0.5, -0.5)
@@ -94,15 +94,12 @@ def draw(tl: Timeline):
         labels.append((ax.annotate(b.label, (b.end, b.row), xytext=(4, 0),
                                    textcoords="offset points", va="center", fontsize=8,
                                    annotation_clip=False), b))
-    for i, m in enumerate(tl.markers):
+    for m in tl.markers:
         rejected = m.kind == "rejected"
         ax.scatter([m.at], [m.row + 0.32], c=COLOURS[m.kind], marker="X" if rejected else "o",
                    s=70 if rejected else 30, zorder=4 if rejected else 3)
-        if len(tl.markers) <= NUMBERED_MARKERS:  # more would pile up; the list still has all
-            ax.annotate(str(i + 1), (m.at, m.row + 0.32), xytext=(0, -9),
-                        textcoords="offset points", ha="center", va="top", fontsize=7,
-                        color=COLOURS[m.kind], weight="bold" if rejected else "normal",
-                        annotation_clip=False)
+    if len(tl.markers) <= NUMBERED_MARKERS:  # more would pile up; the list has them all
+        _number_markers(ax, tl)
 
     y = bottom - axis_in / height
     if pods:
@@ -114,6 +111,25 @@ def draw(tl: Timeline):
                      weight="bold" if rejected else "normal")
     _keep_inside(fig, ax, labels)
     return fig
+
+
+def _number_markers(ax, tl: Timeline) -> None:
+    """One label per place: pods judged at the same instant share it ("1, 2")."""
+    places: list[tuple[float, list[int]]] = []  # (x in pixels, marker numbers)
+    for i, m in enumerate(tl.markers):
+        x = ax.transData.transform((m.at, 0))[0]
+        near = [p for p in places if abs(p[0] - x) < 10]
+        if near:
+            near[0][1].append(i)
+        else:
+            places.append((x, [i]))
+    for _, numbers in places:
+        first = tl.markers[numbers[0]]
+        rejected = any(tl.markers[i].kind == "rejected" for i in numbers)
+        ax.annotate(", ".join(str(i + 1) for i in numbers), (first.at, first.row + 0.32),
+                    xytext=(0, -9), textcoords="offset points", ha="center", va="top",
+                    fontsize=7, color=COLOURS["rejected" if rejected else "kept"],
+                    weight="bold" if rejected else "normal", annotation_clip=False)
 
 
 def _keep_inside(fig, ax, labels) -> None:
