@@ -197,6 +197,7 @@ def test_report_svg_and_png_come_from_one_figure(live_journal, tmp_path):
     rejected = [t for t in texts if t.startswith("[1] REJECTED: default/pod-a (OutOfcpu)")]
     assert rejected and "#d62728" in texts[rejected[0]].get("style", ""), texts
     assert any(t.startswith("[2] kept: default/pod-b") for t in texts)
+    assert "1, 2" in texts  # both pods were judged at one instant: one marker label
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
