@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.bpf_files import kernel_build_dir
 from exporter.options import Options
 from exporter.privileges import CAPS, capabilities
 from exporter.sources import registry
@@ -52,7 +53,7 @@ def check_btf() -> Check:
 
 
 def check_headers() -> Check:
-    build = Path(f"/lib/modules/{os.uname().release}/build")
+    build = kernel_build_dir()
     if (build / "Makefile").exists():
         return Check("kernel headers", "ok", f"{build} -> {build.resolve()}")
     if Path("/sys/kernel/kheaders.tar.xz").exists():

@@ -3,7 +3,9 @@
 # run checks and says nothing. Usage: scripts/setup.sh run|test|bench|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
 #   test  run + pytest deps, Debian's prometheus/promtool, alertmanager and node_exporter (the
-#         peer bench/ measures against), the QEMU lab's packages (bench: the same)
+#         peer bench/ measures against), the QEMU lab's packages and guest kernel (unpacked in a
+#         cache, not installed), the image tools (mmdebstrap, umoci, skopeo, runc) (bench: same)
+#   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
 set -euo pipefail
 mode=${1:-run}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,8 +30,7 @@ apt_install() {  # apt_install pkg... : installs only the packages not yet insta
      || ! apt-get install -y -qq --no-install-recommends --dry-run "${missing[@]}" >/dev/null 2>&1; then
     apt-get update -qq
   fi
-  # INITRD=No: the lab only needs the guest kernel image, not an initramfs for this host.
-  DEBIAN_FRONTEND=noninteractive INITRD=No apt-get install -y -qq --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/tmp/node-resize-exporter-apt.log 2>&1 \
     || { cat /tmp/node-resize-exporter-apt.log >&2; exit 1; }
 }
@@ -74,6 +75,36 @@ venv() {
   fi
 }
 
+lab_kernel() {
+  # The QEMU lab's guest kernel with its modules and headers, unpacked into a cache the lab owns
+  # (lab/initramfs.py KERNEL_CACHE), never installed: installing linux-image-amd64 would change
+  # this host's boot kernel.
+  local cache=/var/cache/node-resize-exporter/lab-kernel image release root tmp
+  image=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+  if [ -z "$image" ]; then need_root; apt-get update -qq
+    image=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $2; exit}'); fi
+  release=${image#linux-image-}; release=${release%-unsigned}
+  root=$cache/$release
+  [ -e "$root/.complete" ] && return 0
+  need_root
+  say "unpacking the lab's guest kernel $release into $root (not installed)"
+  tmp=$(mktemp -d); rm -rf "$root"; mkdir -p "$root"
+  (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$image" \
+     "linux-headers-$release" "linux-headers-${release%-amd64}-common" >/dev/null)
+  for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+  rm -rf "$tmp"
+  depmod -b "$root" "$release"  # the package's postinst would have; modules.dep for the initramfs
+  ln -sfn "$root/usr/src/linux-headers-$release" "$root/lib/modules/$release/build"
+  ln -sfn "$root/usr/src/linux-headers-${release%-amd64}-common" "$root/lib/modules/$release/source"
+  touch "$root/.complete"
+}
+
+image_tools() {
+  # `make image` and its test: mmdebstrap, umoci, skopeo build the OCI archive; runc runs it
+  # (crun 1.8 refuses hosts with hybrid cgroups, as these CI machines have).
+  apt_install mmdebstrap umoci skopeo runc openssl
+}
+
 base() {
   # libbpf1: the running agent reads the ring buffer through it (exporter/libbpf.py)
   apt_install python3-bpfcc libbpf1 python3-venv python3-pip
@@ -86,8 +117,10 @@ case "$mode" in
   # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
   test|bench) base
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static
+          qemu-system-x86 busybox-static kmod
+        lab_kernel; image_tools
         venv "test,report" ;;
-  lab)  base; apt_install qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static; venv "test" ;;
-  *) say "unknown mode '$mode' (use run, test, bench or lab)"; exit 2 ;;
+  lab)  base; apt_install qemu-system-x86 busybox-static kmod; lab_kernel; venv "test" ;;
+  image) base; image_tools; venv "test" ;;
+  *) say "unknown mode '$mode' (use run, test, bench, lab or image)"; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ import os
 import select
 from pathlib import Path
 
-from exporter.bpf_files import bpf_dir
+from exporter.bpf_files import bpf_dir, kernel_build_dir
 from exporter.clock import MonotonicWallClock
 from exporter.events import (
     Direction, EventsLost, MalformedInput, ProgramStatus, Resource, Result, SourceStatus,
@@ -147,7 +147,7 @@ def preflight() -> None:
     if not (TRACEFS / "events/cpuhp/cpuhp_exit").exists():
         raise SourceUnavailable("the kernel has no cpuhp tracepoints",
                                 "use a kernel with CONFIG_HOTPLUG_CPU and CONFIG_TRACEPOINTS")
-    build = Path(f"/lib/modules/{os.uname().release}/build")
+    build = kernel_build_dir()
     if not (build / "Makefile").exists() and not Path("/sys/kernel/kheaders.tar.xz").exists():
         raise SourceUnavailable(f"bcc needs kernel headers and {build} is missing",
                                 "make run / scripts/setup.sh run installs linux-headers-amd64 "
