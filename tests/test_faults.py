@@ -160,7 +160,8 @@ def _unplug_and_wait_open(exp, cpu1):
 def _resync_and_check_counted_once(exp, api):
     api.update_node(NODE, cpu="1", allocatable_cpu="1")
     s = exp.wait_for(lambda s: s.value("node_resize_resync_duration_seconds_count",
-                                       resource="cpu", direction="decrease") == 1
+                                       resource="cpu", direction="decrease",
+                                       resynced_by="kubelet_live") == 1
                      and s.value("node_resize_exporter_episodes_open") == 0, timeout=60)
     assert s.value("node_hot_unplug_request_total", resource="cpu") == 1
     assert s.value("node_capacity_drift", resource="cpu", unit="core") == 0
@@ -206,7 +207,7 @@ def test_slow_api_still_resyncs_once(cpu1, api, tmp_path):
         api.drop_watches()  # so the reconnect (list + watch) meets the delay
         s = _resync_and_check_counted_once(exp, api)
         assert s.value("node_resize_resync_duration_seconds_sum", resource="cpu",
-                       direction="decrease") >= 0
+                       direction="decrease", resynced_by="kubelet_live") >= 0
         api.set_delay(0.0)
         cpu1.set_online(True)
 
@@ -221,7 +222,8 @@ def test_api_restarts_while_readmission_settles_count_each_pod_once(cpu1, api, t
         _unplug_and_wait_open(exp, cpu1)
         api.update_node(NODE, cpu="1", allocatable_cpu="1")
         exp.wait_for(lambda s: s.value("node_resize_resync_duration_seconds_count",
-                                       resource="cpu", direction="decrease") == 1)
+                                       resource="cpu", direction="decrease",
+                                       resynced_by="kubelet_live") == 1)
         api.put_pod("web-1", node=NODE, requests={"cpu": "500m"}, phase="Failed",
                     reason="OutOfcpu", ready=False)
         for _ in range(3):
