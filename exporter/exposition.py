@@ -74,12 +74,31 @@ class Exposition:
         self._cache: OrderedDict[tuple[str, bool], _Entry] = OrderedDict()
         self.renderings = 0  # counted so tests can see the sharing work
 
-    def get(self, accept: str = "", accept_encoding: str = "") -> Rendering:
+    def cached(self, accept: str = "", accept_encoding: str = "") -> Rendering | None:
+        """The rendering get() would return, if it is ready now; None rather than wait or
+        render. Lets the event loop answer most scrapes without a thread hop."""
+        _, content_type = self._negotiate(accept)
+        if not self._lock.acquire(blocking=False):
+            return None
         try:
-            encoder, content_type = choose_encoder(accept)
+            entry = self._cache.get((content_type, gzip_accepted(accept_encoding)))
+            if entry is None or entry.version != self.version() \
+                    or time.monotonic() - entry.at >= self.max_age:
+                return None
+            return entry.rendering
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _negotiate(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+        try:
+            return choose_encoder(accept)
         except (TypeError, ValueError):
             # prometheus_client compares the client's `version=` as a tuple: "1.a" raises.
-            encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+            return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+
+    def get(self, accept: str = "", accept_encoding: str = "") -> Rendering:
+        encoder, content_type = self._negotiate(accept)
         gzipped = gzip_accepted(accept_encoding)
         key = (content_type, gzipped)
         with self._lock:

@@ -17,10 +17,6 @@ exporter/webauth.py). Failures caused by clients are logged once per kind per mi
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import concurrent.futures
-import html
 import logging
 import resource
 import socket
@@ -33,9 +29,10 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from exporter.exposition import Exposition
+from exporter.httproutes import Routes
 from exporter.httpstream import Plain, Tls
 from exporter.ratelog import RateLimitedLog
-from exporter.webauth import AuthBusy, BasicAuth
+from exporter.webauth import BasicAuth
 from exporter.webconfig import WebConfig, load_web_config, peer_san_allowed
 
 log = logging.getLogger("exporter.http")
@@ -47,21 +44,13 @@ WRITE_TIMEOUT = 30.0  # a client that does not read its answer for this long is 
 MAX_HEADER_BYTES = 16 * 1024  # request line and headers; a Prometheus scrape sends ~300 bytes
 MAX_HEADERS = 64
 MAX_CONNECTIONS = 512  # also kept under half the descriptor limit (see _connection_cap)
-RENDER_THREADS = 2
-AUTH_THREADS = 2  # = webauth.AUTH_CONCURRENCY: more threads would only wait for a slot
-AUTH_QUEUE = 32  # requests waiting for a bcrypt check; past it 429 at once
-# The listen queue, and how many connections asyncio accepts in one go: the descriptors held
-# peak at MAX_CONNECTIONS plus a few such bursts while a flood is cut down to the cap.
-# 50 scrapers connecting together overflowed socketserver's default of 5.
+# How many connections asyncio accepts in one go: the descriptors held peak at MAX_CONNECTIONS
+# plus a few such bursts while a flood is cut down to the cap.
 LISTEN_BACKLOG = 128
-REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
-INDEX = """<html><head><title>node-resize-exporter</title></head><body>
-<h1>node-resize-exporter</h1><p><a href="{path}">Metrics</a> <a href="/healthz">Health</a></p>
-</body></html>"""
-
-Response = tuple[int, str, bytes, dict[str, str]]
-
-
+# The kernel's queue of connections not yet accepted (kernel memory, no descriptor): when it
+# overflows, SYNs are dropped and a scraper waits out a retransmit (1 s, then 3 s). Seen with
+# socketserver's 5 and 50 scrapers, and with 128 under a slowloris that reconnects at once.
+KERNEL_BACKLOG = 4096
 def _connection_cap() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, min(MAX_CONNECTIONS, soft // 2))
@@ -70,7 +59,7 @@ def _connection_cap() -> int:
 def _listen(host: str, port: int) -> socket.socket:
     """Bound and listening now, so that EADDRINUSE reaches the caller before the privilege drop."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
-    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    return socket.create_server((host, port), family=family, backlog=KERNEL_BACKLOG)
 
 
 class _Conn:
@@ -80,6 +69,7 @@ class _Conn:
         self.stream = stream
         self.writer = stream.writer
         self.peer = peer
+        self.waiting = True  # for a request (or closing): may be closed to make room
 
     def abort(self) -> None:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
@@ -97,29 +87,22 @@ class MetricsServer:
                  healthy: Callable[[], bool] = lambda: True, web_config: str | None = None,
                  version: Callable[[], object] = lambda: None,
                  telemetry_path: str = "/metrics"):
-        if not telemetry_path.startswith("/") or telemetry_path in ("/", "/healthz") \
-                or any(c in telemetry_path for c in "?# \r\n"):
-            raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
-                             "/metrics (starting with /, not / or /healthz)")
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth = BasicAuth(self.web.users)
         self.exposition = Exposition(registry, version)
-        self.healthy = healthy
+        # ValueError on a bad path, before the socket is bound.
+        self.routes = Routes(self.exposition, self.auth, healthy, telemetry_path)
         self.telemetry_path = telemetry_path
-        self.index = INDEX.format(path=html.escape(telemetry_path, quote=True)).encode()
         self.extra_headers = dict(self.web.headers)
         self.failures = RateLimitedLog(log)
         self.max_connections = _connection_cap()
         self.evicted = 0
         self.sock = _listen(host, port)
         self.server_address = self.sock.getsockname()[:2]
-        self._conns: OrderedDict[_Conn, bool] = OrderedDict()  # -> waiting for a request
-        self._auth_waiting = 0
+        self._conns: OrderedDict[_Conn, None] = OrderedDict()  # open ones, oldest first
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._started = threading.Event()
-        self._render = concurrent.futures.ThreadPoolExecutor(RENDER_THREADS, "http-render")
-        self._bcrypt = concurrent.futures.ThreadPoolExecutor(AUTH_THREADS, "http-auth")
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     @property
@@ -147,8 +130,7 @@ class MetricsServer:
             self._thread.join(10)
         else:
             self.sock.close()
-        self._render.shutdown(wait=False, cancel_futures=True)
-        self._bcrypt.shutdown(wait=False, cancel_futures=True)
+        self.routes.close()
 
     # ------------------------------------------------------------------ the loop
 
@@ -162,6 +144,7 @@ class MetricsServer:
         try:
             server = await asyncio.start_server(self._client, sock=self.sock,
                                                 limit=MAX_HEADER_BYTES, backlog=LISTEN_BACKLOG)
+            self.sock.listen(KERNEL_BACKLOG)  # asyncio re-listened with its accept burst
         finally:
             self._started.set()
         async with server:
@@ -177,8 +160,13 @@ class MetricsServer:
                            context.get("message"), exc, level=logging.WARNING)
 
     def _admit(self, conn: _Conn) -> bool:
+        """Count a new connection in; at the cap, make room by closing the oldest connection
+        not being answered right now. A new scraper is the newest and sends its request at
+        once, so whatever holds the other connections (a slowloris, a flood of kept-alive
+        clients), it is answered; a kept-alive Prometheus connection closed this way is simply
+        made again at its next scrape."""
         if len(self._conns) >= self.max_connections:
-            victim = next((c for c, waiting in self._conns.items() if waiting), None)
+            victim = next((c for c in self._conns if c.waiting), None)
             if victim is None:  # every connection is being answered: this one waits its turn
                 self.failures.note("cap", "%d connections open, all busy: closing new ones",
                                    len(self._conns), level=logging.WARNING)
@@ -189,14 +177,8 @@ class MetricsServer:
                                level=logging.WARNING)
             victim.abort()
             self._conns.pop(victim, None)
-        self._conns[conn] = True
+        self._conns[conn] = None
         return True
-
-    def _waiting(self, conn: _Conn, waiting: bool) -> None:
-        if conn in self._conns:
-            self._conns[conn] = waiting
-            if waiting:
-                self._conns.move_to_end(conn)  # oldest waiting first in line for eviction
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = (writer.get_extra_info("peername") or ("?",))[0]
@@ -221,7 +203,7 @@ class MetricsServer:
     async def _close(self, conn: _Conn) -> None:
         """Flush what is still buffered, then close; a client that does not take it within
         WRITE_TIMEOUT is cut. Counted against the cap (and evictable) until it is gone."""
-        self._waiting(conn, True)
+        conn.waiting = True
         try:
             conn.stream.goodbye()
             conn.writer.close()
@@ -253,7 +235,7 @@ class MetricsServer:
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         first = True
         while True:
-            self._waiting(conn, True)
+            conn.waiting = True
             try:
                 request = await self._read_head(h, stream, first)
             except h11.RemoteProtocolError as e:
@@ -263,7 +245,7 @@ class MetricsServer:
                 return
             if request is None:
                 return
-            self._waiting(conn, False)
+            conn.waiting = False
             first = False
             if len(request.headers) > MAX_HEADERS or _head_size(request) > MAX_HEADER_BYTES:
                 # h11 bounds a head still arriving; this bounds one that arrived whole.
@@ -276,7 +258,7 @@ class MetricsServer:
             # reading a body nobody asked for is work an attacker would choose.
             has_body = h.their_state is h11.SEND_BODY \
                 and not isinstance(h.next_event(), h11.EndOfMessage)
-            code, ctype, body, headers = await self._respond(request)
+            code, ctype, body, headers = await self.routes.respond(request)
             await self._send(h, stream, request, code, ctype, body, headers, close=has_body)
             self._access(conn.peer, request, code, len(body))
             if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
@@ -310,58 +292,6 @@ class MetricsServer:
             if data and not started:
                 started, deadline = True, loop.time() + HEADER_TIMEOUT
             h.receive_data(data)  # b"" is the end of the stream
-
-    async def _respond(self, request: h11.Request) -> Response:
-        method = request.method.decode("ascii", "replace")
-        path = request.target.split(b"?", 1)[0].decode("latin-1")
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
-        if path != "/healthz" and self.auth.enabled:
-            verdict = await self._authorized(request)
-            if verdict is None:
-                return 429, "text/plain", b"too many password checks at once\n", \
-                    {"Retry-After": "1"}
-            if not verdict:
-                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
-        if path == self.telemetry_path:
-            loop = asyncio.get_running_loop()
-            rendering = await loop.run_in_executor(
-                self._render, self.exposition.get, _header(request, b"accept"),
-                _header(request, b"accept-encoding"))
-            extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} \
-                if rendering.gzipped else {"Vary": "Accept-Encoding"}
-            return 200, rendering.content_type, rendering.body, extra
-        if path == "/healthz":
-            ok = self.healthy()
-            return (200, "text/plain", b"ok\n", {}) if ok else (503, "text/plain", b"down\n", {})
-        if path == "/":
-            return 200, "text/html; charset=utf-8", self.index, {}
-        return 404, "text/plain", b"not found\n", {}
-
-    async def _authorized(self, request: h11.Request) -> bool | None:
-        """True/False, or None when bcrypt is saturated (the caller answers 429)."""
-        scheme, _, encoded = _header(request, b"authorization").partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            decoded = base64.b64decode(encoded.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        user, sep, password = decoded.decode("utf-8", "surrogateescape").partition(":")
-        if not sep:
-            return False
-        if self.auth.cached(user, password):  # the common case: no thread, no bcrypt
-            return True
-        if self._auth_waiting >= AUTH_QUEUE:
-            return None
-        self._auth_waiting += 1
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._bcrypt, self.auth.check, user, password)
-        except AuthBusy:
-            return None
-        finally:
-            self._auth_waiting -= 1
 
     # ------------------------------------------------------------------ writing
 
@@ -402,6 +332,3 @@ def _head_size(request: h11.Request) -> int:
     return len(request.method) + len(request.target) + 12 + sum(
         len(k) + len(v) + 4 for k, v in request.headers) + 2
 
-
-def _header(request: h11.Request, name: bytes) -> str:
-    return ", ".join(v.decode("latin-1") for k, v in request.headers if k == name)

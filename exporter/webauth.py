@@ -33,7 +33,8 @@ def hash_problem(hashed: str) -> str | None:
     """
     match = _BCRYPT_HASH.match(hashed)
     if not match:
-        return "must be a bcrypt hash ($2b$...), for example from: htpasswd -nBC 12 '' | tr -d ':\\n'"
+        return ("must be a bcrypt hash ($2b$...), for example from: "
+                "htpasswd -nBC 12 '' | tr -d ':\\n'")
     cost = int(match.group(1))
     if not 4 <= cost <= 31:
         return f"bcrypt cost {match.group(1)} is outside 4..31 (use 10-12, as htpasswd -nBC 12)"

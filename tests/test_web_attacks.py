@@ -120,6 +120,6 @@ def test_clients_vanishing_mid_request_log_one_line_per_kind(exporter):
     # The exporter is fine, and its log got at most a line per kind of failure.
     assert exporter.scrape().value("node_resize_exporter_episodes_open") is not None
     time.sleep(0.5)
-    new = [l for l in exporter.logs()[seen:].splitlines() if not ACCESS.search(l)]
+    new = [line for line in exporter.logs()[seen:].splitlines() if not ACCESS.search(line)]
     assert "Traceback" not in "\n".join(new), "\n".join(new[:40])
     assert len(new) <= 4, "\n".join(new[:40])

@@ -179,7 +179,7 @@ def test_bad_client_certificate_is_refused(pki, mtls_exporter, cert, reason):
     # the server closed before the alert was read. Which one is a race, so the reason is taken
     # from the server's log instead.
     assert isinstance(got, (ssl.SSLError, ConnectionError)), got
-    wait_for_log(mtls_exporter, seen, f"TLS handshake with 127.0.0.1 failed")
+    wait_for_log(mtls_exporter, seen, "TLS handshake with 127.0.0.1 failed")
     assert reason in mtls_exporter.logs()[seen:], mtls_exporter.logs()[seen:]
     # ... and the server is still fine for the next, good client.
     assert https_get(mtls_exporter.port, "/healthz", pki.client_context("client"))[0] == 200
@@ -372,7 +372,8 @@ def test_empty_file_means_plain_http(tmp_path):
 
 def test_min_version_is_tls12_by_default(pki):
     config = load_web_config(str(write_config(
-        pki.dir, "default.yml", "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
+        pki.dir, "default.yml",
+        "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
     assert config.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_2
 
 
@@ -415,16 +416,15 @@ def _tls12_suites_accepted(server_ctx: ssl.SSLContext) -> set[str]:
         client.minimum_version = client.maximum_version = ssl.TLSVersion.TLSv1_2
         client.set_ciphers(f"{name}:@SECLEVEL=0")
         a, b = socket.socketpair()
-        result = []
 
-        def serve():
+        def serve(server_side: socket.socket) -> None:
             try:
-                with server_ctx.wrap_socket(b, server_side=True) as tls:
-                    result.append(tls.cipher()[0])
+                with server_ctx.wrap_socket(server_side, server_side=True):
+                    pass
             except OSError:
                 pass
 
-        t = threading.Thread(target=serve)
+        t = threading.Thread(target=serve, args=(b,))
         t.start()
         try:
             with client.wrap_socket(a) as c:
@@ -441,7 +441,8 @@ def _tls12_suites_accepted(server_ctx: ssl.SSLContext) -> set[str]:
 def test_tls12_offers_only_forward_secret_aead_suites_by_default(pki):
     """Issue 16 item 10: 13 suites were accepted, 6 without forward secrecy, some CBC/SHA-1."""
     config = load_web_config(str(write_config(
-        pki.dir, "default.yml", "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
+        pki.dir, "default.yml",
+        "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
     accepted = _tls12_suites_accepted(config.ssl_context)
     # The server key is ECDSA: the ECDSA half of the default list.
     assert accepted == {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
