@@ -123,3 +123,39 @@ def test_clients_vanishing_mid_request_log_one_line_per_kind(exporter):
     new = [line for line in exporter.logs()[seen:].splitlines() if not ACCESS.search(line)]
     assert "Traceback" not in "\n".join(new), "\n".join(new[:40])
     assert len(new) <= 4, "\n".join(new[:40])
+
+
+def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
+    """Issue 16 item 10: 16 clients guessing passwords ran 16 bcrypt checks at once. Now at most
+    two run, the rest wait briefly for a slot and get 429; a scraper whose password was checked
+    in the last minute needs no bcrypt and is answered meanwhile."""
+    import base64
+
+    import bcrypt
+
+    password = "correct horse battery staple"
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n  prometheus: '"
+                      + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+                      + "'\n")
+
+    def basic(pw: str) -> dict[str, str]:
+        return {"Authorization": "Basic "
+                + base64.b64encode(f"prometheus:{pw}".encode()).decode()}
+
+    with RunningExporter(*QUICK, "--web.config.file", str(config)) as exp:
+        assert Scraper(exp.port, headers=basic(password)).once()[0] == 200  # now cached
+        guessers = [Scraper(exp.port, headers=basic(f"guess{i}"), interval=0, timeout=10)
+                    for i in range(16)]
+        for g in guessers:
+            g.__enter__()
+        try:
+            with Scraper(exp.port, headers=basic(password), timeout=5.0) as scraper:
+                time.sleep(6)
+        finally:
+            for g in guessers:
+                g.__exit__()
+    _answered(scraper)
+    codes = [code for g in guessers for code, _ in g.results]
+    assert 429 in codes and 401 in codes, sorted(set(map(str, codes)))
+    assert set(codes) <= {401, 429}, sorted(set(map(str, codes)))
