@@ -20,7 +20,10 @@ from testkit.exporter_proc import Scrape, poll_until  # shared with the tests an
 # The checkout's venv: its python links to /usr/bin/python3 (which bcc is built for) and its
 # pyvenv.cfg adds the project's dependencies; the guest sees both at the same paths.
 GUEST_PYTHON = str(CHECKOUT / ".venv" / "bin" / "python")
-GUEST_JOURNAL = "/tmp/journal.db"  # guest tmpfs: SQLite WAL wants real shared memory, not 9p
+# On the guest's tmpfs (SQLite WAL wants real shared memory, not 9p), in a directory only root
+# may write (the exporter refuses a journal in a world-writable one such as /tmp).
+GUEST_JOURNAL_DIR = "/tmp/nre-journal"
+GUEST_JOURNAL = f"{GUEST_JOURNAL_DIR}/journal.db"
 # A journal instead of --no-journal: a refused offline's reason (the BPF return code) is in the
 # episode's transitions, which only the journal shows (`episodes list --json`), not /metrics.
 EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run", "--listen", f"0.0.0.0:{GUEST_PORT}",
@@ -33,6 +36,7 @@ GUEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "PYTHONUNBUFFERED":
 
 RUN_SH = f"""# Written by lab/control.py; /init runs it in the chroot, cwd the checkout.
 export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp PYTHONUNBUFFERED=1
+mkdir -m 0700 -p {GUEST_JOURNAL_DIR}
 exec {GUEST_PYTHON} -m lab.guest_agent {SCRATCH_IN_GUEST} >>{SCRATCH_IN_GUEST}/agent.log 2>&1
 """
 

@@ -1,8 +1,11 @@
 """Build the guest's initramfs: busybox-static, the virtio/9p/virtio_net modules, and /init.
 
 Nothing from the host is copied except busybox and a handful of modules: the guest mounts the
-host's root read-only over 9p and chroots into it, so Python, bcc and this checkout need no
-guest image. The archive is written in the cpio "newc" format by hand (a few lines) so the
+host's root read-only over 9p and chroots into it, so Python and bcc need no guest image. The
+checkout is a 9p share of its own, mounted at its host path: the guest's tmpfs on /tmp would hide
+a checkout under /tmp. The guest kernel, its modules and headers come from a cache the lab owns
+(scripts/setup.sh lab downloads the Debian packages and unpacks them there, never installs them),
+bind-mounted over the guest's /lib/modules. The archive is written in the cpio "newc" format by hand (a few lines) so the
 build needs no cpio binary and is byte-for-byte reproducible for a given kernel.
 """
 from __future__ import annotations
@@ -19,6 +22,9 @@ WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_net")
 GUEST_PORT = 9862
 SCRATCH_IN_GUEST = "/tmp/scratch"  # where the writable share appears inside the chroot
 CHECKOUT = Path(__file__).resolve().parent.parent  # the same path inside the guest's chroot
+# Written by scripts/setup.sh (lab_kernel): <release>/boot/vmlinuz-<release>,
+# <release>/lib/modules/<release>/{modules.dep,build,source}, <release>/usr/src/linux-headers-*.
+KERNEL_CACHE = Path("/var/cache/node-resize-exporter/lab-kernel")
 
 # /init runs as PID 1 under busybox sh. Every line it prints starts with "lab-init:" so the host
 # can follow boot progress in the serial log. The guest never gets a default route: the only
@@ -40,6 +46,12 @@ mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
 mount -t tmpfs -o size=256m tmpfs /host/tmp
 mount -t tmpfs tmpfs /host/run
+# The checkout, wherever it is (under /tmp the tmpfs above hides it; elsewhere this covers it).
+mkdir -p /host@CHECKOUT@ 2>/dev/null
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 checkout /host@CHECKOUT@ \
+  || fail "9p checkout"
+# The guest kernel's modules and headers (bcc in the guest compiles against them).
+mount --bind /host@MODULES@ /host/lib/modules || fail "bind @MODULES@ on /lib/modules"
 mount -t tracefs nodev /host/sys/kernel/tracing || say "no tracefs"
 mount -t debugfs nodev /host/sys/kernel/debug || say "no debugfs"
 mkdir -p /host@SCRATCH@
@@ -71,27 +83,27 @@ poweroff -f
 
 @dataclass(frozen=True)
 class Kernel:
-    """The guest kernel: the installed Debian 6.1 image and its module tree."""
+    """The guest kernel: a Debian 6.1 image and its module tree, unpacked in KERNEL_CACHE."""
 
     release: str
     image: Path
     modules: Path
 
     @classmethod
-    def find(cls) -> "Kernel":
-        images = sorted(glob.glob("/boot/vmlinuz-6.1.*-amd64"))
+    def find(cls, cache: Path = KERNEL_CACHE) -> "Kernel":
+        images = sorted(glob.glob(f"{cache}/*/boot/vmlinuz-6.1.*-amd64"))
         if not images:
-            raise FileNotFoundError("no /boot/vmlinuz-6.1.*-amd64: run `scripts/setup.sh lab` "
-                                    "(installs linux-image-amd64)")
+            raise FileNotFoundError(f"no guest kernel in {cache}: run `scripts/setup.sh lab` "
+                                    "(downloads linux-image-amd64 there, without installing it)")
         image = Path(images[-1])
         release = image.name.removeprefix("vmlinuz-")
-        modules = Path("/lib/modules") / release
+        modules = image.parent.parent / "lib" / "modules" / release
         if not (modules / "modules.dep").exists():
-            raise FileNotFoundError(f"{modules}/modules.dep missing for guest kernel {release}")
-        if not (modules / "build").exists():
+            raise FileNotFoundError(f"{modules}/modules.dep missing for guest kernel {release}: "
+                                    "run `scripts/setup.sh lab`")
+        if not (modules / "build" / "Makefile").exists():
             # bcc inside the guest compiles against the guest kernel's own headers.
-            raise FileNotFoundError(f"{modules}/build missing: install linux-headers-{release} "
-                                    "(scripts/setup.sh lab installs linux-headers-amd64)")
+            raise FileNotFoundError(f"{modules}/build has no headers: run `scripts/setup.sh lab`")
         return cls(release, image, modules)
 
 
@@ -183,7 +195,8 @@ def build(out: Path, kernel: Kernel | None = None) -> Path:
                 made.add(parent)
         archive.file(f"lib/modules/{rel}", (kernel.modules / rel).read_bytes())
     archive.file("modules.list", ("\n".join(order) + "\n").encode())
-    archive.file("init", INIT_SCRIPT.encode(), 0o755)
+    init = INIT_SCRIPT.replace("@MODULES@", str(kernel.modules.parent))
+    archive.file("init", init.encode(), 0o755)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_bytes(archive.bytes())

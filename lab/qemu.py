@@ -1,6 +1,7 @@
 """Boot the lab guest under QEMU TCG and make sure it dies with us, whatever happens.
 
-The guest: Debian's 6.1 kernel, our initramfs, the host root read-only over 9p, a writable 9p
+The guest: Debian's 6.1 kernel (from the lab's cache), our initramfs, the host root read-only over
+9p, the checkout read-only over 9p (mounted at its host path, /tmp included), a writable 9p
 scratch share (the run's artifact folder, so the guest's logs land there directly), QEMU user
 networking with restrict=on and one hostfwd from the host's loopback, QMP on a unix socket.
 KVM is deliberately not used: `-enable-kvm` hangs at boot on these nested-virtualisation hosts.
@@ -106,6 +107,8 @@ class Guest:
                        "multidevs=remap",
             "-virtfs", f"local,path={self.scratch},mount_tag=scratch,security_model=none,"
                        "multidevs=remap",
+            "-virtfs", f"local,path={initramfs.CHECKOUT},mount_tag=checkout,"
+                       "security_model=none,readonly=on,multidevs=remap",
             "-no-reboot",
         ]
 
