@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: run test lab check bench
+.PHONY: run test lab check bench image
 run:
 	@scripts/setup.sh run
 	@exec .venv/bin/node-resize-exporter run $(ARGS)
@@ -22,3 +22,8 @@ lab:
 bench:
 	@scripts/setup.sh bench
 	@$(PY) bench/run.py all --out bench/results/latest.json $(ARGS)
+
+# dist/node-resize-exporter-<version>.oci.tar, without a container engine (deploy/image/build.sh).
+image:
+	@scripts/setup.sh image
+	@deploy/image/build.sh

@@ -1,6 +1,9 @@
-"""deploy/: the manifests validate offline against the Kubernetes schemas, the PrometheusRule is
-what alerts/ generates, the RBAC is what the code calls, and the DaemonSet keeps its security
-promises (capabilities, read-only mounts, not privileged)."""
+"""deploy/: the manifests validate offline against the schemas of the two newest Kubernetes
+versions kubernetes-validate knows, the PrometheusRule is what alerts/ generates, the RBAC is what
+the code calls, and the DaemonSet keeps its promises: capabilities, read-only mounts, not
+privileged, starts on every node (optional host paths, its own priority class), the shipped
+seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack.
+tests/test_image.py runs the image with this DaemonSet's securityContext for real."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,14 +11,21 @@ import json
 import re
 from pathlib import Path
 
+import base64
+import subprocess
+import sys
+
 import dockerfile
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes_validate.utils import Version, all_versions
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: not in the upstream schemas
+# The two newest Kubernetes versions the installed kubernetes-validate has schemas for.
+KUBE_VERSIONS = sorted(set(all_versions()), key=Version)[-2:]
 
 
 def _load(name: str) -> dict:
@@ -29,6 +39,11 @@ def _manifests() -> dict[str, dict]:
 
 def _container(ds: dict) -> dict:
     (container,) = ds["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _init_container(ds: dict) -> dict:
+    (container,) = ds["spec"]["template"]["spec"]["initContainers"]
     return container
 
 
@@ -49,15 +64,19 @@ def test_kustomization_lists_every_manifest_once():
     assert len(set(listed)) == len(listed)
 
 
+def test_validating_two_versions():
+    assert len(KUBE_VERSIONS) == 2 and KUBE_VERSIONS[0] != KUBE_VERSIONS[1]
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("name", sorted(_load("kustomization.yaml")["resources"]))
-def test_manifest_validates_against_kubernetes_schema(name):
+def test_manifest_validates_against_kubernetes_schema(name, version):
     doc = _load(name)
     if doc["kind"] in OPERATOR_KINDS:
         # No offline schema for prometheus-operator's CRDs: their content is checked by the
         # scrape-wiring and PrometheusRule tests below.
         assert doc["apiVersion"] == "monitoring.coreos.com/v1"
         return
-    version = kubernetes_validate.latest_version()
     # strict: unknown fields are errors, so a typo such as `readOnlyRootFileSystem` is caught.
     kubernetes_validate.validate(doc, version, strict=True)
 
@@ -66,15 +85,17 @@ def test_schema_validation_rejects_a_broken_daemonset():
     """The validator is really looking: a wrong type in the DaemonSet must be an error."""
     ds = _load("daemonset.yaml")
     _container(ds)["securityContext"]["readOnlyRootFilesystem"] = "yes"
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+    for version in KUBE_VERSIONS:
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(ds, version, strict=True)
 
 
 def test_namespaced_objects_share_one_namespace():
     namespace = _load("kustomization.yaml")["namespace"]
     assert _load("namespace.yaml")["metadata"]["name"] == namespace
     for name, doc in _manifests().items():
-        if doc["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "PrometheusRule"}:
+        if doc["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+                           "PrometheusRule"}:
             continue
         assert doc["metadata"]["namespace"] == namespace, name
     subject = _load("clusterrolebinding.yaml")["subjects"][0]
@@ -183,7 +204,8 @@ def _commented_patch() -> list[dict]:
     """The CAP_SYS_ADMIN fallback kept as a comment in kustomization.yaml, uncommented."""
     text = (DEPLOY / "kustomization.yaml").read_text()
     lines = [line for line in text.splitlines() if line.startswith("# ")]
-    start = next(i for i, line in enumerate(lines) if line == "# patches:")
+    start = next(i for i, line in enumerate(lines) if line.startswith("# patches:"))
+    lines[start] = "# patches:"
     block = yaml.safe_load("\n".join(line[2:] for line in lines[start:]))
     (entry,) = block["patches"]
     assert entry["target"] == {"kind": "DaemonSet", "name": "node-resize-exporter"}
@@ -193,20 +215,22 @@ def _commented_patch() -> list[dict]:
 def _apply_json_patch(doc: dict, ops: list[dict]) -> dict:
     doc = json.loads(json.dumps(doc))
     for op in ops:
-        assert op["op"] == "replace", op
+        assert op["op"] in ("replace", "add"), op
         *parents, leaf = [p for p in op["path"].split("/") if p]
         node = doc
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
         key = int(leaf) if isinstance(node, list) else leaf
-        assert key in node if isinstance(node, dict) else key < len(node), op["path"]
+        if op["op"] == "replace":
+            assert key in node if isinstance(node, dict) else key < len(node), op["path"]
         node[key] = op["value"]
     return doc
 
 
 def test_sys_admin_fallback_patch_applies_and_stays_unprivileged():
     ds = _apply_json_patch(_load("daemonset.yaml"), _commented_patch())
-    kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(ds, version, strict=True)
     sc = _container(ds)["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
     assert sc["privileged"] is False
@@ -323,25 +347,174 @@ _INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", 
                  "SHELL"}
 
 
-def test_dockerfile_parses_and_installs_bcc_and_the_project():
+def _build_sh_packages() -> list[str]:
+    text = (DEPLOY / "image" / "build.sh").read_text()
+    return re.search(r"^packages=\(([^)]*)\)", text, re.M).group(1).split()
+
+
+def test_dockerfile_is_the_same_recipe_as_make_image():
     # No Docker engine here: parse with buildkit's own parser and check what can be checked.
     commands = dockerfile.parse_file(str(DEPLOY / "Dockerfile"))
-    assert commands[0].cmd == "FROM" and commands[0].value[0].startswith("debian:12")
+    froms = [c for c in commands if c.cmd == "FROM"]
+    assert all(c.value[0].startswith("debian:12") for c in froms)
     assert {c.cmd for c in commands} <= _INSTRUCTIONS
-    runs = " ".join(" ".join(c.value) for c in commands if c.cmd == "RUN")
-    assert "python3-bpfcc" in runs
-    assert "--system-site-packages" in runs  # the venv must see Debian's bcc
+    final = commands[commands.index(froms[-1]):]
+    runs = " ".join(" ".join(c.value) for c in final if c.cmd == "RUN")
+    installed = re.search(r"apt-get install -y --no-install-recommends ([^&]*)", runs).group(1)
+    assert installed.split() == _build_sh_packages()
+    assert "linux-headers-amd64" in runs and "/usr/lib/node-resize-exporter/linux-headers" in runs
     for c in commands:
         if c.cmd in {"ENTRYPOINT", "CMD"}:
             assert c.json, f"{c.cmd} in shell form: signals would go to /bin/sh, not Python"
-        if c.cmd == "COPY":
+        if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags):
             for src in c.value[:-1]:
                 assert (REPO / src).exists(), f"COPY {src}: not in the repository"
-    copied = {Path(src).name for c in commands if c.cmd == "COPY" for src in c.value[:-1]}
-    # setuptools needs the readme pyproject names; the BPF C is read from bpf/ at run time.
-    assert {"pyproject.toml", "README.md", "exporter", "bpf"} <= copied
+    copied = {c.value[0]: c.value[-1] for c in final if c.cmd == "COPY"}
+    build_sh = (DEPLOY / "image" / "build.sh").read_text()
     (entrypoint,) = [c for c in commands if c.cmd == "ENTRYPOINT"]
-    assert entrypoint.value[0].endswith("/bin/node-resize-exporter")
+    assert copied["deploy/image/entrypoint.sh"] == entrypoint.value[0]
+    assert f"--config.entrypoint {entrypoint.value[0]}" in build_sh
+    profile = copied["deploy/seccomp/node-resize-exporter.json"]
+    assert profile in build_sh
+    assert profile in " ".join(_init_container(_load("daemonset.yaml"))["command"])
     exposed = {c.value[0] for c in commands if c.cmd == "EXPOSE"}
     ports = {str(p["containerPort"]) for p in _container(_load("daemonset.yaml"))["ports"]}
     assert exposed == ports
+    assert {f"--config.exposedports {p}/tcp" for p in ports} <= {
+        m.group(0) for m in re.finditer(r"--config.exposedports \S+", build_sh)}
+
+
+# --- starts on every node --------------------------------------------------------------------
+
+OPTIONAL_HOST_PATHS = {"/sys/kernel/tracing", "/lib/modules", "/usr/src"}
+
+
+def test_host_paths_a_node_may_lack_are_optional():
+    """hostPath type unset: the kubelet does not check, so a node without kernel headers or
+    tracefs still runs the pod; the source that needs them reports down with the reason."""
+    volumes = {v["hostPath"]["path"]: v["hostPath"]
+               for v in _load("daemonset.yaml")["spec"]["template"]["spec"]["volumes"]
+               if "hostPath" in v}
+    for path in OPTIONAL_HOST_PATHS:
+        assert "type" not in volumes[path], path
+    assert {p for p, v in volumes.items() if v.get("type") == "Directory"} == {"/sys"}
+
+
+def test_priority_class_is_the_exporters_own_and_accepted_anywhere():
+    pc = _load("priorityclass.yaml")
+    pod = _load("daemonset.yaml")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == pc["metadata"]["name"]
+    assert not pc["metadata"]["name"].startswith("system-")  # reserved names need kube-system
+    assert pc["value"] <= 1_000_000_000  # the highest a user-defined class may have
+    assert pc["globalDefault"] is False
+    assert "priorityclass.yaml" in _load("kustomization.yaml")["resources"]
+
+
+# --- seccomp -----------------------------------------------------------------------------------
+
+SHIPPED_PROFILE = DEPLOY / "seccomp" / "node-resize-exporter.json"
+RUNTIME_DEFAULT = Path("/usr/share/containers/seccomp.json")
+
+
+def _rules(profile: dict) -> set[str]:
+    return {json.dumps({**r, "names": [n]}, sort_keys=True)
+            for r in profile["syscalls"] for n in r["names"]}
+
+
+def test_exporter_runs_under_the_shipped_profile_installed_by_the_init_container():
+    ds = _load("daemonset.yaml")
+    sc = _container(ds)["securityContext"]["seccompProfile"]
+    assert sc["type"] == "Localhost"
+    init = _init_container(ds)
+    assert init["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = init["volumeMounts"]
+    host_dir = volumes[mount["name"]]["hostPath"]["path"]
+    # The kubelet resolves localhostProfile under /var/lib/kubelet/seccomp.
+    assert f"{host_dir}/{Path(sc['localhostProfile']).name}" == \
+        f"/var/lib/kubelet/seccomp/{sc['localhostProfile']}"
+    assert f"{mount['mountPath']}/{Path(sc['localhostProfile']).name}" in \
+        " ".join(init["command"])
+    assert Path(sc["localhostProfile"]).name == SHIPPED_PROFILE.name
+
+
+def test_shipped_profile_is_the_runtime_default_plus_bpf_and_perf_event_open():
+    """The narrowest profile that works: the runtime default (Debian's containers-common,
+    CRI-O's RuntimeDefault) with bpf() allowed under CAP_BPF and perf_event_open() under
+    CAP_PERFMON, nothing else."""
+    if not RUNTIME_DEFAULT.exists():
+        pytest.fail(f"{RUNTIME_DEFAULT} missing: scripts/setup.sh test installs skopeo "
+                    "(golang-github-containers-common)")
+    default, shipped = json.loads(RUNTIME_DEFAULT.read_text()), json.loads(
+        SHIPPED_PROFILE.read_text())
+    assert {k: v for k, v in shipped.items() if k != "syscalls"} == \
+        {k: v for k, v in default.items() if k != "syscalls"}
+    added, removed = _rules(shipped) - _rules(default), _rules(default) - _rules(shipped)
+    allowed = {(n, tuple(json.loads(r).get("includes", {}).get("caps", [])))
+               for r in added for n in json.loads(r)["names"]
+               if json.loads(r)["action"] == "SCMP_ACT_ALLOW"}
+    assert allowed == {("bpf", ("CAP_BPF",)), ("perf_event_open", ("CAP_PERFMON",))}
+    # The refusals without the capability stay, moved to rules that also exclude CAP_BPF /
+    # CAP_PERFMON (a rule with `excludes` is dropped when the container has any of them).
+    assert {json.loads(r)["names"][0] for r in removed} == {"bpf", "perf_event_open"}
+    for r in map(json.loads, added - {r for r in added if json.loads(r)["action"] ==
+                                      "SCMP_ACT_ALLOW"}):
+        assert r["action"] == "SCMP_ACT_ERRNO" and "CAP_SYS_ADMIN" in r["excludes"]["caps"]
+
+
+# --- /metrics protected, found by kube-prometheus-stack -------------------------------------
+
+def _web_secret() -> dict:
+    out = subprocess.run([sys.executable, str(DEPLOY / "web-secret.py")], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    return yaml.safe_load(out)
+
+
+def test_metrics_are_served_with_tls_and_basic_auth_from_the_web_secret():
+    ds = _load("daemonset.yaml")
+    args = _container(ds)["args"]
+    (config,) = [a.split("=", 1)[1] for a in args if a.startswith("--web.config.file=")]
+    mounts = {m["mountPath"]: m for m in _container(ds)["volumeMounts"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mount = mounts[str(Path(config).parent)]
+    assert mount["readOnly"] is True
+    secret = _web_secret()
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    web = yaml.safe_load(files[Path(config).name])
+    tls = web["tls_server_config"]
+    for key in ("cert_file", "key_file"):
+        assert Path(tls[key]).parent == Path(config).parent and Path(tls[key]).name in files
+    assert list(web["basic_auth_users"]) == [files["username"]]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert _container(ds)[probe]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = _load("servicemonitor.yaml")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    name = secret["metadata"]["name"]
+    assert endpoint["basicAuth"] == {"username": {"name": name, "key": "username"},
+                                     "password": {"name": name, "key": "password"}}
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": name, "key": "tls.crt"}}
+    assert f"DNS:{endpoint['tlsConfig']['serverName']}" in subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=files["tls.crt"],
+        capture_output=True, text=True, check=True).stdout
+
+
+def test_kube_prometheus_stack_default_selectors_find_monitor_and_rules():
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by
+    `release: <Helm release>`; the kustomization's patches add it to exactly those two."""
+    patches = _load("kustomization.yaml")["patches"]
+    labelled = {}
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+        doc = _load(name)
+        for patch in patches:
+            target = patch["target"]
+            if target.get("kind") == doc["kind"] and \
+                    target.get("group", "") == doc["apiVersion"].split("/")[0]:
+                doc = _apply_json_patch(doc, yaml.safe_load(patch["patch"]))
+        labelled[doc["kind"]] = doc["metadata"]["labels"]
+    for kind, labels in labelled.items():
+        assert labels.get("release") == "kube-prometheus-stack", kind
+    assert {p["target"]["kind"] for p in patches} == OPERATOR_KINDS
