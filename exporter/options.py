@@ -160,6 +160,22 @@ class NodeName(click.ParamType):
         return text
 
 
+class KubeletMetricsURL(click.ParamType):
+    """https://, or http:// to a loopback address: the service account token goes there
+    (issue 16: file:// and plain http to other hosts were accepted)."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str | None:
+        if value is None or str(value) == "":
+            return None
+        from exporter.sources.kubelet_metrics import check_url
+        try:
+            return check_url(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class Path_(click.Path):
     """A file path that is not a directory (click.Path's checks, our name)."""
 
@@ -229,9 +245,15 @@ _DEFINITIONS = (
     Opt("podresources_interval", ("--podresources-interval",), defaults.PODRESOURCES_INTERVAL,
         "Seconds between podresources GetAllocatableResources polls.", Seconds()),
     Opt("kubelet_metrics_url", ("--kubelet-metrics-url",), None,
-        "Scrape the kubelet's /metrics for resize feature gates (optional)."),
+        "Scrape the kubelet's /metrics for resize feature gates (optional; https, or http "
+        "to a loopback address).", KubeletMetricsURL()),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
+    Opt("balloon_priority_classes", ("--balloon-priority-class",),
+        defaults.BALLOON_PRIORITY_CLASSES,
+        "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; "
+        "for example the cluster-autoscaler's overprovisioning class).", PriorityClassName(),
+        show_default=False, multiple=True),
     # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
     Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
         "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are "

@@ -130,3 +130,32 @@ def test_a_64_mib_watch_line_does_not_grow_the_heap(api):
                                        unit="core") == 3, timeout=60)  # relisted, working
         grown = _peak_rss_mib(exp.proc.pid) - before
         assert grown < 32, f"peak RSS grew {grown:.0f} MiB for a 64 MiB line"
+
+
+def test_a_trickling_kubelet_metrics_is_source_up_0_not_a_wedge(api):
+    """Item 4: a /metrics trickled one byte at a time wedged the source with no source_up."""
+    import threading
+
+    from tests.test_kubelet_metrics import Hostile
+    stop = threading.Event()
+
+    def trickle(h):
+        h.send_response(200)
+        h.send_header("Content-Length", "1000000")
+        h.end_headers()
+        while not stop.is_set():
+            h.wfile.write(b"#")
+            h.wfile.flush()
+            stop.wait(0.2)
+
+    kubelet = Hostile(trickle)
+    try:
+        with _exporter(api, "--kubelet-metrics-url", kubelet.url) as exp:
+            first = exp.scrape()
+            assert first.value("node_resize_exporter_source_up", source="kubelet_metrics") == 0
+            exp.wait_for(lambda s: "answer not complete after 5 s" in exp.logs(), timeout=40)
+            s = exp.scrape()
+            assert s.value("node_resize_exporter_source_up", source="kubelet_metrics") == 0
+    finally:
+        stop.set()
+        kubelet.stop()

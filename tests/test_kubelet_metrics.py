@@ -113,3 +113,140 @@ def test_parse_features_text_without_type_lines():
     features = parse_features(text, 1.0)
     assert features.gates == {"BalloonPod": True}
     assert features.native_metrics == {"kubelet_node_resize_errors_total"}
+
+
+# ------------------------------------------------------------ issue 16, item 4: hostile URLs
+
+
+class Hostile:
+    """A loopback HTTP server answering each GET with `answer(handler)`; records the
+    Authorization header of every request it gets."""
+
+    def __init__(self, answer, host: str = "127.0.0.1") -> None:
+        self.auth_headers: list[str | None] = []
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802
+                hostile.auth_headers.append(self.headers.get("Authorization"))
+                try:
+                    answer(self)
+                except OSError:
+                    pass  # the client gave up on us: that is the point
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://{host}:{self.httpd.server_address[1]}/metrics"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _token(tmp_path) -> str:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    return str(token)
+
+
+def test_a_redirect_is_not_followed_and_the_token_stays(tmp_path):
+    """A 302 to another host took the service account token along."""
+    elsewhere = Hostile(lambda h: (h.send_response(200), h.send_header("Content-Length", "0"),
+                                   h.end_headers()), host="127.0.0.2")
+
+    def redirect(h):
+        h.send_response(302)
+        h.send_header("Location", elsewhere.url)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    first = Hostile(redirect)
+    try:
+        log = EventLog()
+        KubeletMetricsSource(MonotonicWallClock(), url=first.url,
+                             token_file=_token(tmp_path)).poll(log.emit)
+        down = log.of(SourceStatus)[-1]
+        assert not down.up and "redirected (302)" in down.reason and "not followed" in down.reason
+        assert elsewhere.auth_headers == []  # never asked, so never given the token
+        assert log.of(KubeletFeatures) == []
+    finally:
+        first.stop()
+        elsewhere.stop()
+
+
+def test_a_trickling_answer_is_dropped_within_its_time_bound():
+    """One byte at a time wedged the source for good, with no source_up."""
+    stop = threading.Event()
+
+    def trickle(h):
+        h.send_response(200)
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        while not stop.is_set():
+            h.wfile.write(b"#")
+            h.wfile.flush()
+            stop.wait(0.1)
+
+    server = Hostile(trickle)
+    try:
+        log = EventLog()
+        source = KubeletMetricsSource(MonotonicWallClock(), url=server.url, timeout=1.0,
+                                      token_file="")
+        source.poll(log.emit)  # returns: that it does at all is the fix
+        down = log.of(SourceStatus)[-1]
+        assert not down.up and "answer not complete after 1 s" in down.reason
+    finally:
+        stop.set()
+        server.stop()
+
+
+def test_an_answer_past_the_size_bound_is_refused(monkeypatch):
+    from exporter.sources import kubelet_metrics
+    monkeypatch.setattr(kubelet_metrics, "MAX_BYTES", 2**20)
+    body = b"# " + b"x" * (2 * 2**20) + b"\n"
+
+    def big(h):
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    server = Hostile(big)
+    try:
+        log = EventLog()
+        KubeletMetricsSource(MonotonicWallClock(), url=server.url, token_file="").poll(log.emit)
+        down = log.of(SourceStatus)[-1]
+        assert not down.up and f"answer larger than {2**20} bytes" in down.reason
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("url", ["file:///etc/shadow", "http://10.1.2.3:10255/metrics",
+                                 "https://admin:pw@127.0.0.1/metrics", "gopher://x/"])
+def test_a_url_the_token_must_not_go_to_is_refused(url, tmp_path):
+    """At start-up (exit 2 naming the flag), and by the source itself: a file URL is never
+    read (its first line was logged)."""
+    import subprocess
+    import sys
+
+    from testkit.exporter_proc import REPO, free_port
+    done = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen",
+                           f"127.0.0.1:{free_port()}", "--no-journal", "--kubernetes", "off",
+                           "--kubelet-metrics-url", url], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--kubelet-metrics-url" in done.stderr and "https://NODE:10250/metrics" in \
+        done.stderr or "credentials in the URL" in done.stderr
+    assert "pw" not in done.stderr
+    log = EventLog()
+    KubeletMetricsSource(MonotonicWallClock(), url=url, token_file=_token(tmp_path)).poll(
+        log.emit)
+    down = log.of(SourceStatus)[-1]
+    assert not down.up and "root:" not in down.reason
+    assert log.of(KubeletFeatures) == [] and log.of(MalformedInput) == []

@@ -7,13 +7,24 @@ Two questions, answered from one scrape every `interval` seconds:
   kubelet_node_resize_errors_total). If it does, our numbers can be compared with its own.
 The kubelet's /metrics usually needs a bearer token with get on nodes/metrics; the service
 account token is used when present.
+
+The URL is hostile territory for that token (issue 16, item 4): only https://, or http:// to a
+loopback address (the read-only port on this host), is accepted, checked at start-up (exit 2);
+no file:// or other scheme (urllib followed them and logged /etc/shadow's first line); no
+credentials inside the URL; redirects are never followed (a 302 to another host took the
+token along), a redirect is "down" with where it pointed. The answer is bounded in size
+(MAX_BYTES) and in time as a whole (`timeout`, so one trickled byte a second cannot wedge the
+source), through httpx2 (installed with lightkube) instead of urllib.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
-import urllib.error
-import urllib.request
+import time
+import urllib.parse
+
+import httpx2 as httpx
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,7 +39,38 @@ GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnP
          "BalloonPod")
 NATIVE_PREFIXES = ("node_resize_resync_", "kubelet_node_resize_requests_total",
                    "kubelet_node_resize_errors_total")
-MAX_BYTES = 64 * 1024 * 1024  # a kubelet's /metrics is a few MB; refuse anything absurd
+MAX_BYTES = 32 * 1024 * 1024  # a kubelet's /metrics is a few MB; refuse anything absurd
+
+
+def check_url(url: str) -> str:
+    """The URL if a token may be sent to it; ValueError saying why not and what to use."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    fix = ("use https://NODE:10250/metrics (the kubelet's authenticated port), or "
+           "http://127.0.0.1:10255/metrics (its read-only port on this host)")
+    if scheme not in ("https", "http") or not parts.hostname:
+        raise ValueError(f"{url[:100]!r} is not an http(s) URL with a host; {fix}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{scheme}://...@{parts.hostname}: credentials in the URL are not "
+                         f"accepted (they would be logged); the service account token is sent "
+                         f"as a bearer token instead")
+    if scheme == "http" and not _loopback(parts.hostname):
+        raise ValueError(f"{url[:100]!r}: plain http is only accepted to a loopback address "
+                         f"(the service account token would cross the network in clear); {fix}")
+    return url
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Refused(Exception):
+    """The kubelet's answer was not taken (a redirect, too large, too slow): down, with why."""
 
 
 def parse_features(text: str, now: float) -> KubeletFeatures:
@@ -66,23 +108,32 @@ class KubeletMetricsSource(Source):
         self.insecure_skip_verify = insecure_skip_verify
         self._up: bool | None = None
         self._last: KubeletFeatures | None = None
+        self._client: httpx.Client | None = None
 
     def loop(self, emit: Emit) -> None:
         while not self.stopping.is_set():
             self.poll(emit)
             self.stopping.wait(self.interval)
 
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def poll(self, emit: Emit) -> None:
         try:
             body = self._fetch()
-        except urllib.error.HTTPError as e:
+        except httpx.HTTPStatusError as e:
+            code = e.response.status_code
             hint = ("; RBAC: grant get on nodes/metrics (or nodes/proxy) to the exporter"
-                    if e.code in (401, 403) else "")
-            self._down(emit, f"kubelet metrics {self.url} answered {e.code}{hint}")
+                    if code in (401, 403) else "")
+            self._down(emit, f"kubelet metrics {self.url} answered {code}{hint}")
             return
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            self._down(emit, f"kubelet metrics {self.url} unreachable: {reason}")
+        except Refused as e:
+            self._down(emit, f"kubelet metrics {self.url}: {e}")
+            return
+        except (httpx.HTTPError, OSError, ValueError) as e:
+            self._down(emit, f"kubelet metrics {self.url} unreachable: {e or type(e).__name__}")
             return
         now = self.clock.now()
         try:
@@ -96,23 +147,39 @@ class KubeletMetricsSource(Source):
             self._last = features
             emit(features)
 
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            check_url(self.url)  # also at start-up (options.py): never send to anything else
+            context = ssl.create_default_context(cafile=self.ca_file)
+            if self.insecure_skip_verify:  # kubelet serving certs are often self-signed
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._client = httpx.Client(verify=context, follow_redirects=False,
+                                        trust_env=False, timeout=self.timeout)
+        return self._client
+
     def _fetch(self) -> bytes:
         headers = {"Accept": "text/plain;version=0.0.4"}
         if self.token_file:
             with open(self.token_file) as f:
                 headers["Authorization"] = f"Bearer {f.read().strip()}"
-        context = None
-        if self.url.startswith("https:"):
-            context = ssl.create_default_context(cafile=self.ca_file)
-            if self.insecure_skip_verify:  # kubelet serving certs are often self-signed
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-        request = urllib.request.Request(self.url, headers=headers)
-        with urllib.request.urlopen(request, timeout=self.timeout, context=context) as resp:
-            body = resp.read(MAX_BYTES + 1)
-        if len(body) > MAX_BYTES:
-            raise ValueError(f"answer larger than {MAX_BYTES} bytes")
-        return body
+        deadline = time.monotonic() + self.timeout
+        with self._http().stream("GET", self.url, headers=headers) as resp:
+            if resp.is_redirect:
+                where = resp.headers.get("location", "")[:200]
+                raise Refused(f"redirected ({resp.status_code}) to {where!r}: not followed, "
+                              "the token is only sent to the configured URL; point "
+                              "--kubelet-metrics-url at the final address")
+            resp.raise_for_status()
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > MAX_BYTES:
+                    raise Refused(f"answer larger than {MAX_BYTES} bytes; not read further")
+                if time.monotonic() > deadline:
+                    raise Refused(f"answer not complete after {self.timeout:.0f} s (read "
+                                  f"{len(body)} bytes): too slow, dropped")
+        return bytes(body)
 
     def _down(self, emit: Emit, reason: str) -> None:
         self._last = None
