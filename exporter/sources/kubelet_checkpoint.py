@@ -197,7 +197,7 @@ class KubeletCheckpointSource(Source):
     def _watch(self) -> None:
         if self._inotify is not None or not self.root.is_dir():
             return
-        from inotify_simple import INotify, flags
+        from inotify_simple import INotify, flags  # type: ignore[import-untyped]
         try:
             inotify = INotify(nonblocking=True)
         except OSError as e:
@@ -233,16 +233,18 @@ class KubeletCheckpointSource(Source):
         emit(SourceStatus(self.name, True, self.clock.now(), f"reading {self.root}"))
         self.read(emit)
         while not self.stopping.is_set():
-            _, changed = self.waker.wait(self.interval)
+            poked, changed = self.waker.wait(self.interval)
             if self.stopping.is_set():
                 return
-            if changed and self._inotify is not None and not self._relevant():
+            # Always drain the inotify queue (a readable fd would wake the next wait at once).
+            relevant = changed and self._inotify is not None and self._relevant()
+            if changed and not (poked or relevant):
                 continue  # another file of the kubelet's root changed
             self.read(emit)
 
     def _relevant(self) -> bool:
         """Drain the inotify queue: did one of the checkpoints (or the root itself) change?"""
-        from inotify_simple import flags
+        from inotify_simple import flags  # type: ignore[import-untyped]
         events = list(self._inotify.read(timeout=0))
         if any(e.mask & (flags.IGNORED | flags.Q_OVERFLOW) for e in events):
             # The root was removed or moved (the watch is gone), or events were dropped:
