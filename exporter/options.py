@@ -249,11 +249,6 @@ _DEFINITIONS = (
         "to a loopback address).", KubeletMetricsURL()),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
-    Opt("balloon_priority_classes", ("--balloon-priority-class",),
-        defaults.BALLOON_PRIORITY_CLASSES,
-        "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; "
-        "for example the cluster-autoscaler's overprovisioning class).", PriorityClassName(),
-        show_default=False, multiple=True),
     # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
     Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
         "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are "
