@@ -105,5 +105,6 @@ umoci config --image "$layout:$version" --author "node-resize-exporter" \
 umoci rm --image "$layout:base"
 umoci gc --layout "$layout"
 rm -f "$archive"
-skopeo copy --quiet "oci:$layout:$version" "oci-archive:$archive:$name/$name:$version"
+# The reference is the tag alone (the OCI convention): `ctr images import --base-name` prefixes it.
+skopeo copy --quiet "oci:$layout:$version" "oci-archive:$archive:$version"
 say "wrote $archive ($(du -m "$archive" | cut -f1) MiB)"
