@@ -27,6 +27,7 @@ PODRESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PODRESOURCES_INTERVAL = 30.0
 KUBELET_METRICS_INTERVAL = 60.0
 BALLOON_SELECTOR = "node-resize-exporter.io/balloon=true"
+BALLOON_PRIORITY_CLASSES: tuple[str, ...] = ()  # --balloon-priority-class, repeatable
 
 # The kubelet's local state (issue 13)
 KUBELET_ROOT_DIR = "/var/lib/kubelet"  # the kubelet's --root-dir default

@@ -168,6 +168,9 @@ class NodeStatus:
     capacity: Mapping[Resource, float]  # cores or bytes
     allocatable: Mapping[Resource, float]
     resource_version: str = ""
+    # Issue 17: the Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
+    # A dead kubelet sends no Node update at all, so this is what ages while Ready stays True.
+    heartbeat: float | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,9 @@ class ContainerResize:
     in_progress_error: bool = False  # PodResizeInProgress reason Error
     desired: Mapping[Resource, float] = field(default_factory=dict)  # spec requests
     applied: Mapping[Resource, float] = field(default_factory=dict)  # status resources
+    # Issue 17: the PodResizePending (or InProgress Error) condition's message, bounded; the
+    # metrics sink reads a bounded reason from it (cpu_manager_static, capacity, other).
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,12 @@ class PodStatus:
     requests: Mapping[Resource, float] = field(default_factory=dict)  # sum over containers
     resize: ContainerResize | None = None
     resource_version: str = ""
+    # Issue 17: what the pod holds in the scheduler's accounting (KEP-1287: max of spec,
+    # allocated and actual requests per container; allocated and actual only once the resize
+    # is Infeasible) and in the kubelet's (what it allocated). None: not known (an event from
+    # an older journal): `requests` stands in.
+    scheduler_requests: Mapping[Resource, float] | None = None
+    kubelet_requests: Mapping[Resource, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,20 @@ class LabelSelectorText(click.ParamType):
         return str(value)
 
 
+class PriorityClassName(click.ParamType):
+    """A PriorityClass name (a DNS-1123 subdomain): anything else names no class, and a
+    balloon pattern that silently matches nothing is the failure to avoid."""
+
+    name = "class"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        if len(text) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", text):
+            self.fail(f"{text[:80]!r} is not a PriorityClass name (lower-case letters, digits, "
+                      "'-' and '.', at most 253 characters)", param, ctx)
+        return text
+
+
 class NodeName(click.ParamType):
     """A Kubernetes node name (a DNS-1123 subdomain): anything else could never match a Node,
     and a newline in it would forge log lines."""
@@ -198,12 +212,13 @@ class Opt:
     envvar: str | None = None
     is_flag: bool = False
     show_default: bool = True
+    multiple: bool = False  # repeatable: the values arrive as a tuple
 
     def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
         return click.option(*self.flags, self.dest, type=self.type, default=self.default,
                             help=self.help, envvar=self.envvar, is_flag=self.is_flag,
                             show_default=self.show_default and not self.is_flag,
-                            show_envvar=self.envvar is not None)(f)
+                            show_envvar=self.envvar is not None, multiple=self.multiple)(f)
 
 
 _DEFINITIONS = (
@@ -249,6 +264,11 @@ _DEFINITIONS = (
         "to a loopback address).", KubeletMetricsURL()),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
+    Opt("balloon_priority_classes", ("--balloon-priority-class",),
+        defaults.BALLOON_PRIORITY_CLASSES,
+        "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; "
+        "for example the cluster-autoscaler's overprovisioning class).", PriorityClassName(),
+        show_default=False, multiple=True),
     # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
     Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
         "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are "
@@ -325,6 +345,7 @@ class Options:
     podresources_interval: float = defaults.PODRESOURCES_INTERVAL
     kubelet_metrics_url: str | None = None
     balloon_selector: str = defaults.BALLOON_SELECTOR
+    balloon_priority_classes: tuple[str, ...] = defaults.BALLOON_PRIORITY_CLASSES
     kubelet_root_dir: str = defaults.KUBELET_ROOT_DIR
     cgroup_root: str = defaults.CGROUP_ROOT
     kube_events: bool = False

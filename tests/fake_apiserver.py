@@ -20,6 +20,9 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   set_endless_continue(True) answers every list page with a `continue` token;
   set_watch_error(500) answers every watch with that HTTP status and a Status body (lists
   still work: a list followed by the same failure, again and again).
+- recordings (issue 17): replay(path, step) publishes a raw watch stream recorded from a real
+  kube-apiserver (tests/fixtures/kubelet-v1.36/) event by event, BOOKMARKs included;
+  publish_recorded(event) publishes one.
 
 Objects are shaped as the real API returns them (apiVersion, kind, metadata.uid and
 resourceVersion, quantity strings, conditions). Usage:
@@ -438,6 +441,57 @@ class FakeApiServer:
     def get(self, collection: str, key: str) -> dict:
         with self._lock:
             return copy.deepcopy(self._objects[(collection, key)])
+
+    # ------------------------------------------------------------ recordings (issue 17)
+
+    def publish_recorded(self, event: dict) -> dict:
+        """Publish one recorded watch event ({"type", "object"} as kube-apiserver sent it).
+
+        ADDED/MODIFIED store the object as recorded and DELETED removes it, all under the
+        recorded type; a BOOKMARK goes to the watches that asked for bookmarks, its object
+        (annotations included) as recorded. The recorded resourceVersion is kept while it is
+        ahead of this server's, else the next one is used (RVs only grow). Returns the object
+        as published.
+        """
+        kind, obj = event["type"], copy.deepcopy(event["object"])
+        collection = {v: k for k, v in KINDS.items()}[obj["kind"]]
+        meta = obj.setdefault("metadata", {})
+        with self._lock:
+            recorded = int(meta.get("resourceVersion") or 0)
+            if kind == "BOOKMARK":
+                self._rv = max(self._rv, recorded)
+                meta["resourceVersion"] = str(self._rv)
+                for watch in self._watches:
+                    if watch.collection == collection and watch.bookmarks:
+                        watch.queue.put(("BOOKMARK", copy.deepcopy(obj)))
+                return obj
+            self._rv = max(self._rv + 1, recorded)
+            meta["resourceVersion"] = str(self._rv)
+            key = meta["name"] if collection == "nodes" else \
+                f"{meta.get('namespace', 'default')}/{meta['name']}"
+            if kind == "DELETED":
+                self._objects.pop((collection, key), None)
+            else:
+                self._objects[(collection, key)] = obj
+            self._publish(collection, kind, obj)
+            return copy.deepcopy(obj)
+
+    def replay(self, path: str | os.PathLike, step: Callable[[int, dict], None] | None = None,
+               only: Callable[[dict], bool] | None = None) -> list[dict]:
+        """Publish a recorded watch stream (JSONL, one event a line) in order, BOOKMARKs
+        included; step(i, published event) runs after each, so a test can scrape between
+        events. `only` picks the events to publish. Returns the events published."""
+        published = []
+        with open(path) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        for event in events:
+            if only is not None and not only(event):
+                continue
+            done = {"type": event["type"], "object": self.publish_recorded(event)}
+            published.append(done)
+            if step is not None:
+                step(len(published) - 1, done)
+        return published
 
     # ------------------------------------------------------------ internals
 

@@ -13,6 +13,14 @@ from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
+# Issue 17: whose accounting a balloon's requests are read in. KEP-1287's scheduler counts
+# max(spec, allocated, actual) (no spec while a resize is Infeasible); the kubelet what it
+# allocated. They differ while a resize is pending or in progress.
+VIEWS = ("scheduler", "kubelet")
+# Why a balloon resize did not happen, read from the condition's message: a closed set, so the
+# label stays bounded whatever a kubelet writes.
+RESIZE_REASONS = ("none", "cpu_manager_static", "capacity", "other")
+
 
 def is_active(pod: PodStatus) -> bool:
     """A pod that holds (or will hold) node resources: not finished, not deleted."""
@@ -96,12 +104,29 @@ class PodView:
     def balloons(self) -> list[PodStatus]:
         return [pod for pod in self.active() if pod.balloon]
 
-    def balloon_requests(self) -> dict[Resource, float]:
+    def balloon_requests(self, view: str = "scheduler") -> dict[Resource, float]:
+        """Requests balloon pods hold in `view` (VIEWS): scheduler or kubelet."""
         total: dict[Resource, float] = {}
         for pod in self.balloons():
-            for resource, value in pod.requests.items():
+            held = pod.scheduler_requests if view == "scheduler" else pod.kubelet_requests
+            for resource, value in (pod.requests if held is None else held).items():
                 total[resource] = total.get(resource, 0.0) + float(value)
         return total
+
+
+def resize_reason(message: str) -> str:
+    """The bounded reason (RESIZE_REASONS) of a pending or failed resize, from its message.
+
+    The kubelet's words (v1.36): 'Resize is infeasible for Guaranteed Pods alongside CPU
+    Manager policy "static"' (every Guaranteed pod, whole CPUs or not: recorded on a real
+    kubelet), "Node didn't have enough capacity: cpu, ..." (Infeasible) and "Node didn't have
+    enough resource: cpu, ..." (Deferred)."""
+    text = message.lower()
+    if "cpu manager policy" in text and "static" in text:
+        return "cpu_manager_static"
+    if "didn't have enough capacity" in text or "didn't have enough resource" in text:
+        return "capacity"
+    return "other"
 
 
 @dataclass
@@ -127,36 +152,43 @@ class BalloonResizes:
     def __init__(self) -> None:
         self.attempts: dict[str, _ResizeAttempt] = {}
 
-    def observe(self, pod: PodStatus) -> list[tuple[str, float | None]]:
-        """Results this event decides: [(applied|deferred|infeasible|error, duration or None)]."""
+    def observe(self, pod: PodStatus) -> list[tuple[str, str, float | None]]:
+        """Results this event decides: [(applied|deferred|infeasible|error, reason
+        (RESIZE_REASONS; none for applied), duration or None)]."""
         if pod.deleted or not pod.balloon:
             self.forget(pod.uid)
             return []
         resize = pod.resize
         if resize is None or not resize.desired:
             return []
+        if not resize.applied:
+            # Not started: the kubelet reports no resources yet, so its spec is no resize
+            # (recorded: a balloon's start was counted as an applied resize).
+            self.attempts.pop(pod.uid, None)
+            return []
         attempt = self.attempts.get(pod.uid)
         if _applied(resize):
             self.attempts.pop(pod.uid, None)
             if attempt is None or attempt.closed:
                 return []
-            return [("applied", max(0.0, pod.time - attempt.started))]
+            return [("applied", "none", max(0.0, pod.time - attempt.started))]
         desired = {resource: float(value) for resource, value in resize.desired.items()}
         if attempt is None or attempt.desired != desired:
             # A new target replaces an unfinished one: the old attempt is abandoned, not failed.
             attempt = self.attempts[pod.uid] = _ResizeAttempt(desired, pod.time)
         if attempt.closed:
             return []
-        results: list[tuple[str, float | None]] = []
+        results: list[tuple[str, str, float | None]] = []
+        why = resize_reason(resize.message)
         if resize.pending_reason == "Infeasible":
             attempt.closed = True
-            return [("infeasible", None)]
+            return [("infeasible", why, None)]
         if resize.pending_reason == "Deferred" and not attempt.deferred:
             attempt.deferred = True
-            results.append(("deferred", None))
+            results.append(("deferred", why, None))
         if resize.in_progress_error and not attempt.errored:
             attempt.errored = True
-            results.append(("error", None))
+            results.append(("error", why, None))
         return results
 
     def forget(self, uid: str) -> None:

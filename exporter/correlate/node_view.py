@@ -89,11 +89,23 @@ class NodeView:
     def balloon_pods(self) -> int:
         return len(self.pods.balloons())
 
-    def balloon_requests(self) -> dict[Resource, float]:
-        return self.pods.balloon_requests()
+    def balloon_requests(self, view: str = "scheduler") -> dict[Resource, float]:
+        """What balloon pods hold as the scheduler or the kubelet counts it (kube_view.VIEWS)."""
+        return self.pods.balloon_requests(view)
 
     def effective(self) -> dict[Resource, float]:
-        return subtract(self.kubelet_allocatable(), self.balloon_requests())
+        """Allocatable minus balloons in the scheduler's view: what it will place pods on."""
+        return subtract(self.kubelet_allocatable(), self.balloon_requests("scheduler"))
+
+    def heartbeat(self) -> float | None:
+        """The Node's last Ready heartbeat (wall seconds), None before one is seen."""
+        status = self.node.status
+        return None if status is None else status.heartbeat
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since that heartbeat by the injected clock (0 if it is in our future)."""
+        beat = self.heartbeat()
+        return None if beat is None else max(0.0, self._clock.now() - beat)
 
     def podresources_allocatable_cpus(self) -> int | None:
         return None if self._podresources is None else len(self._podresources)

@@ -6,7 +6,9 @@ quantity that does not parse is left out and reported in `problems`, never raise
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Mapping
 
 from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
@@ -16,7 +18,11 @@ from exporter.kube.quantity import parse_quantity
 _RESOURCES = {r.value: r for r in (Resource.CPU, Resource.MEMORY, Resource.HUGEPAGES_2MI,
                                    Resource.HUGEPAGES_1GI)}
 
-BALLOON_PRIORITY_CLASS = "system-balloon"  # KEP-5620's priority class for balloon pods
+# KEP-5620's priority class for balloon pods. The API server reserves "system-" names, so no
+# pod can carry it until the KEP makes it built in; today's balloons are found by label or by
+# --balloon-priority-class (the cluster-autoscaler's overprovisioning pattern).
+BALLOON_PRIORITY_CLASS = "system-balloon"
+_MESSAGE_MAX = 256  # a condition message kept for its reason; an API object's, not a log's
 
 
 @dataclass
@@ -80,6 +86,7 @@ def _node_status(obj: Any, now: float) -> Converted:
         return Converted(None, ["node without metadata.name"])
     problems: list[str] = []
     status = _dict(obj.get("status"))
+    ready = _conditions(status).get("Ready")
     event = NodeStatus(
         time=now,
         node=name,
@@ -87,8 +94,25 @@ def _node_status(obj: Any, now: float) -> Converted:
         allocatable=resources(status.get("allocatable"), f"node {name} status.allocatable",
                               problems),
         resource_version=_str(meta.get("resourceVersion")),
+        heartbeat=_timestamp(ready.get("lastHeartbeatTime"), f"node {name} Ready heartbeat",
+                             problems) if ready else None,
     )
     return Converted(event, problems)
+
+
+def _timestamp(raw: Any, where: str, problems: list[str]) -> float | None:
+    """An RFC 3339 time as the API serialises it (2026-11-23T08:21:44Z) -> epoch seconds."""
+    if raw is None:
+        return None
+    text = _str(raw)
+    try:
+        when = datetime.fromisoformat(text[:64])
+        if when.tzinfo is None:
+            raise ValueError("no time zone")
+        return when.timestamp()
+    except (ValueError, OverflowError):
+        problems.append(f"{where}: not an RFC 3339 time: {text[:40]!r}")
+        return None
 
 
 class LabelSelector:
@@ -139,10 +163,14 @@ class LabelSelector:
         return True
 
 
-def is_balloon(obj: Mapping[str, Any], selector: LabelSelector | None) -> bool:
-    """Balloon pods: the configured label selector OR KEP-5620's priority class."""
+def is_balloon(obj: Mapping[str, Any], selector: LabelSelector | None,
+               priority_classes: Iterable[str] = ()) -> bool:
+    """Balloon pods: the label selector, OR spec.priorityClassName one of `priority_classes`
+    (--balloon-priority-class) or KEP-5620's system-balloon."""
     spec = _dict(obj.get("spec"))
-    if _str(spec.get("priorityClassName")) == BALLOON_PRIORITY_CLASS:
+    priority_class = _str(spec.get("priorityClassName"))
+    if priority_class and (priority_class == BALLOON_PRIORITY_CLASS
+                           or priority_class in priority_classes):
         return True
     labels = {k: v for k, v in _dict(_dict(obj.get("metadata")).get("labels")).items()
               if isinstance(v, str)}
@@ -167,6 +195,8 @@ def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict],
         else ""
     progressing = bool(in_progress) and in_progress.get("status") == "True"
     error = progressing and _str(in_progress.get("reason")) == "Error"
+    said = pending if pending_reason else in_progress if error else None
+    message = _str(said.get("message"))[:_MESSAGE_MAX] if said else ""
     # status.resize: deprecated (before v1.33) but still served by older kubelets.
     legacy = _str(status.get("resize"))
     if not pending_reason and legacy in ("Deferred", "Infeasible"):
@@ -174,21 +204,22 @@ def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict],
     if not progressing and legacy == "InProgress":
         progressing = True
     return ContainerResize(pending_reason=pending_reason, in_progress=progressing,
-                           in_progress_error=error, desired=desired, applied=applied)
+                           in_progress_error=error, desired=desired, applied=applied,
+                           message=message)
 
 
 def pod_status(obj: Any, now: float, selector: LabelSelector | None,
-               deleted: bool = False) -> Converted:
+               deleted: bool = False, priority_classes: Iterable[str] = ()) -> Converted:
     """A Pod object -> PodStatus (None when it has no uid: nothing could track it). Never
     raises."""
     try:
-        return _pod_status(obj, now, selector, deleted)
+        return _pod_status(obj, now, selector, deleted, frozenset(priority_classes))
     except _UNEXPECTED as e:
         return Converted(None, [f"pod object not readable: {e!r}"[:300]])
 
 
 def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
-                deleted: bool) -> Converted:
+                deleted: bool, priority_classes: frozenset[str] = frozenset()) -> Converted:
     obj = _dict(obj)
     meta = _dict(obj.get("metadata"))
     uid = _str(meta.get("uid"))
@@ -220,8 +251,9 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
                                 problems))
 
     conditions = _conditions(status)
+    scheduler, kubelet = _views(spec, status, conditions, where, problems)
     ready_cond = conditions.get("Ready")
-    balloon = is_balloon(obj, selector)
+    balloon = is_balloon(obj, selector, priority_classes)
     has_resize_signal = ("PodResizePending" in conditions or "PodResizeInProgress" in conditions
                          or bool(_str(status.get("resize"))))
     resize = _resize(status, conditions, desired, applied) if balloon or has_resize_signal \
@@ -239,5 +271,54 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         requests=desired,
         resize=resize,
         resource_version=_str(meta.get("resourceVersion")),
+        scheduler_requests=scheduler,
+        kubelet_requests=kubelet,
     )
     return Converted(event, problems)
+
+
+def _max(*lists: Mapping[Resource, float]) -> dict[Resource, float]:
+    out: dict[Resource, float] = {}
+    for one in lists:
+        for resource, value in one.items():
+            out[resource] = max(out.get(resource, value), value)
+    return out
+
+
+def _views(spec: Mapping[str, Any], status: Mapping[str, Any], conditions: Mapping[str, dict],
+           where: str, problems: list[str]) -> tuple[dict[Resource, float],
+                                                     dict[Resource, float]]:
+    """What the pod's app containers hold, summed, as the scheduler and the kubelet count it.
+
+    Scheduler (k8s.io/component-helpers/resource PodRequests, KEP-1287): a container whose
+    status reports resources counts max(spec, status.resources, allocatedResources), or, when
+    the pod's resize is Infeasible, max(status.resources, allocatedResources): a resize that
+    cannot happen frees nothing and takes nothing. Otherwise its spec requests.
+    Kubelet: what it allocated (allocatedResources), else what it reports running with, else
+    the spec (not admitted yet: the spec is what admission will allocate).
+    Problems are not reported twice: the desired/applied sums above already did.
+    """
+    infeasible = _str(conditions.get("PodResizePending", {}).get("reason")) == "Infeasible"
+    statuses = {_str(_dict(c).get("name")): _dict(c)
+                for c in _list(status.get("containerStatuses"))}
+    scheduler: dict[Resource, float] = {}
+    kubelet: dict[Resource, float] = {}
+    quiet: list[str] = []
+    for container in _list(spec.get("containers")):
+        container = _dict(container)
+        wanted = resources(_dict(container.get("resources")).get("requests"), where, quiet)
+        cs = statuses.get(_str(container.get("name")))
+        raw_actual = _dict(cs.get("resources")) if cs and "resources" in cs else None
+        actual = resources(raw_actual.get("requests"), where, quiet) if raw_actual is not None \
+            else None
+        allocated = resources(cs.get("allocatedResources"), where, quiet) \
+            if cs and isinstance(cs.get("allocatedResources"), dict) else None
+        if actual is None:
+            _add(scheduler, wanted)
+        elif infeasible:
+            _add(scheduler, _max(actual, allocated or {}))
+        else:
+            _add(scheduler, _max(wanted, actual, allocated or {}))
+        _add(kubelet, allocated if allocated is not None
+             else actual if actual is not None else wanted)
+    return scheduler, kubelet

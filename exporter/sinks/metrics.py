@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.correlate.histogram import Histogram
+from exporter.correlate.kube_view import RESIZE_REASONS, VIEWS
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.node_view import NodeView
@@ -229,18 +230,20 @@ class MetricsSink(Collector):
         for r, v in sorted(view.drift_seconds().items(), key=str):
             drift_s.add_metric([r.value], v)
         yield drift_s
-        yield _gauge("node_balloon_requests", "Requests held by balloon pods (KEP-5620).",
-                     view.balloon_requests())
-        yield GaugeMetricFamily("node_balloon_pods", "Balloon pods on the node.",
-                                value=view.balloon_pods())
-        yield _gauge("node_capacity_effective", "Kubelet allocatable minus balloon requests.",
-                     view.effective())
-        yield _counter("node_balloon_resize", "In-place resizes of balloon pods, by result.",
-                       ["result"], {(res,): n for res, n in st.balloon_resizes.items()})
+        yield from self._balloons(view, st)
         fam = HistogramMetricFamily("node_balloon_resize_duration_seconds",
                                     "Balloon resize spec change to applied.")
         _histogram(fam, [], st.balloon_resize_duration)
         yield fam
+        heartbeat = view.heartbeat()
+        if heartbeat is not None:
+            yield GaugeMetricFamily("node_kubelet_heartbeat_timestamp_seconds",
+                                    "The Node's Ready lastHeartbeatTime (seconds since the "
+                                    "epoch).", value=heartbeat)
+            yield GaugeMetricFamily("node_kubelet_heartbeat_age_seconds",
+                                    "Seconds since the Node's Ready lastHeartbeatTime: a dead "
+                                    "kubelet sends no Node update, so this grows while Ready "
+                                    "stays True.", value=view.heartbeat_age() or 0.0)
         allocatable = view.podresources_allocatable_cpus()
         if allocatable is not None:
             yield GaugeMetricFamily("node_podresources_allocatable_cpus",
@@ -249,6 +252,28 @@ class MetricsSink(Collector):
             yield GaugeMetricFamily("node_podresources_offline_cpus",
                                     "Offered CPU ids the kernel has offline.",
                                     value=view.podresources_offline_cpus() or 0)
+
+
+    # ------------------------------------------------------------ balloons (issue 17)
+
+    def _balloons(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
+        fam = GaugeMetricFamily("node_balloon_requests",
+                                "Requests held by balloon pods, as the scheduler (KEP-1287: "
+                                "max of spec, allocated, actual) or the kubelet (allocated) "
+                                "counts them.", labels=["resource", "unit", "view"])
+        for which in VIEWS:
+            for r, v in sorted(view.balloon_requests(which).items(), key=str):
+                fam.add_metric([r.value, r.unit, which], v)
+        yield fam
+        yield GaugeMetricFamily("node_balloon_pods", "Balloon pods on the node.",
+                                value=view.balloon_pods())
+        yield _gauge("node_capacity_effective", "Kubelet allocatable minus balloon requests "
+                     "in the scheduler's view.", view.effective())
+        # Infeasible by every reason from the start: the alert sees the first one.
+        yield _counter("node_balloon_resize", "In-place resizes of balloon pods, by result "
+                       "and reason.", ["result", "reason"], _with_zeros(
+                           st.balloon_resize_reasons,
+                           [("infeasible", why) for why in RESIZE_REASONS[1:]]))
 
 
 def _counter(name: str, help_: str, labels: list[str], values: Mapping[Any, int]) -> Metric:

@@ -59,6 +59,8 @@ class EpisodeStats:
         default_factory=_readmission_histograms)
     readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
     balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
+    # Issue 17: the same by (result, reason), the rendered series
+    balloon_resize_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
     balloon_resize_duration: Histogram = field(default_factory=lambda: Histogram(RESYNC_BUCKETS))
     episodes_open: int = 0
     # Not in the metric catalogue; for logs and tests.
@@ -105,8 +107,9 @@ class EpisodeStats:
         if isinstance(event, PodStatus):
             if not _finite(event.time):  # the correlator skips it too
                 return
-            for result, duration in self._resizes.observe(event):
+            for result, reason, duration in self._resizes.observe(event):
                 self.balloon_resizes[result] += 1
+                self.balloon_resize_reasons[(result, reason)] += 1
                 if duration is not None:
                     self.balloon_resize_duration.observe(duration)
         elif isinstance(event, PodsRelisted) and _finite(event.time):

@@ -27,11 +27,13 @@ class KubePodsSource(ListWatchSource):
     namespace = ALL_NAMESPACES
 
     def __init__(self, clock: Clock, *, node_name: str,
-                 balloon_selector: str | LabelSelector | None = None, **kwargs) -> None:
+                 balloon_selector: str | LabelSelector | None = None,
+                 balloon_priority_classes: tuple[str, ...] = (), **kwargs) -> None:
         super().__init__(clock, **kwargs)
         self.node_name = node_name
         self.selector = (LabelSelector(balloon_selector) if isinstance(balloon_selector, str)
                          else balloon_selector)
+        self.priority_classes = frozenset(balloon_priority_classes)
         self._known: dict[str, PodStatus] = {}  # uid -> last emitted state, time/RV zeroed
 
     def field_selector(self) -> dict[str, str]:
@@ -70,7 +72,8 @@ class KubePodsSource(ListWatchSource):
         emit(event)
 
     def _convert(self, obj: dict, now: float, emit: Emit, deleted: bool) -> PodStatus | None:
-        converted = pod_status(obj, now, self.selector, deleted=deleted)
+        converted = pod_status(obj, now, self.selector, deleted=deleted,
+                               priority_classes=self.priority_classes)
         event = converted.event
         if not isinstance(event, PodStatus):
             emit(MalformedInput(self.name, "; ".join(converted.problems), now))
@@ -90,4 +93,6 @@ register(SourceSpec(
     "kube_pods", KUBERNETES, "the pods bound to this node (list/watch)",
     lambda ctx: KubePodsSource(ctx.clock, node_name=ctx.node_name,
                                kubeconfig=ctx.options.kubeconfig,
-                               balloon_selector=ctx.options.balloon_selector), order=61))
+                               balloon_selector=ctx.options.balloon_selector,
+                               balloon_priority_classes=ctx.options.balloon_priority_classes),
+    order=61))
