@@ -10,7 +10,7 @@ from pathlib import Path
 from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import SAME_START, KubeletView
 from exporter.events import KubeletProcess
-from exporter.sources.kubelet_process import KubeletProcessSource
+from exporter.sources.kubelet_process import KubeletProcessSource, start_time_from_metrics
 from testkit.exporter_proc import terminate
 
 NAME = f"nrek{os.getpid()}"[:15]  # a process name no other test or host process has
@@ -80,4 +80,57 @@ def test_one_start_read_two_ways_is_not_a_restart():
     view = KubeletView()
     for start in (1000.0, 1000.01, 999.995, 1030.0):  # psutil, the metric, psutil, a restart
         view.handle(KubeletProcess(2000.0, start, None))
+    assert view.restarts == 1
+
+
+def test_start_time_from_the_kubelets_own_metrics():
+    body = (b"# HELP process_start_time_seconds Start time of the process since unix epoch.\n"
+            b"# TYPE process_start_time_seconds gauge\n"
+            b"process_start_time_seconds 1.76388613231e+09\n"
+            b'kubernetes_feature_enabled{name="BalloonPod",stage="ALPHA"} 0\n')
+    assert start_time_from_metrics(body) == 1763886132.31
+    assert start_time_from_metrics(b"process_start_time_seconds NaN\n") is None
+    assert start_time_from_metrics(b'process_start_time_seconds{x="y"} 5\n') is None
+    assert start_time_from_metrics(b"no such line\n" * 1000) is None
+
+
+def test_kubelet_metrics_source_reports_a_restart_without_hostpid():
+    """No PID namespace shared: the kubelet metrics source (a real HTTP server on loopback)
+    carries the start time, and a new one is a restart."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from exporter.sources.kubelet_metrics import KubeletMetricsSource
+
+    answer = {"body": b"process_start_time_seconds 1000\n"}
+
+    class Kubelet(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer["body"])))
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Kubelet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    emitted: list = []
+    source = KubeletMetricsSource(MonotonicWallClock(),
+                                  url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    try:
+        source.poll(emitted.append)
+        source.poll(emitted.append)  # the same kubelet: nothing new
+        answer["body"] = b"process_start_time_seconds 1030\n"
+        source.poll(emitted.append)
+    finally:
+        source.close()
+        server.shutdown()
+        server.server_close()
+    starts = [e.start_time for e in emitted if isinstance(e, KubeletProcess)]
+    assert starts == [1000.0, 1030.0]
+    view = KubeletView()
+    for event in emitted:
+        view.handle(event)
     assert view.restarts == 1

@@ -29,9 +29,10 @@ import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.clock import Clock
-from exporter.events import KubeletFeatures, MalformedInput, SourceStatus
+from exporter.events import KubeletFeatures, KubeletProcess, MalformedInput, SourceStatus
 from exporter.kube.client import SERVICE_ACCOUNT_DIR
 from exporter.sources.base import Emit, Source
+from exporter.sources.kubelet_process import start_time_from_metrics
 from exporter.defaults import KUBELET_METRICS_INTERVAL
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
@@ -108,6 +109,7 @@ class KubeletMetricsSource(Source):
         self.insecure_skip_verify = insecure_skip_verify
         self._up: bool | None = None
         self._last: KubeletFeatures | None = None
+        self._last_start: float | None = None  # issue 13
         self._client: httpx.Client | None = None
 
     def loop(self, emit: Emit) -> None:
@@ -142,6 +144,11 @@ class KubeletMetricsSource(Source):
             emit(MalformedInput(self.name, f"{self.url} is not Prometheus text: {e}", now))
             return
         self._set_up(emit, True, f"scraping {self.url}")
+        # Issue 13: the kubelet's start time, for restarts where psutil cannot see it (no hostPID)
+        start = start_time_from_metrics(body)
+        if start is not None and start != self._last_start:
+            self._last_start = start
+            emit(KubeletProcess(now, start))
         if self._last is None or (features.gates, features.native_metrics) != (
                 self._last.gates, self._last.native_metrics):
             self._last = features

@@ -8,6 +8,9 @@ is found by its process name through psutil where the exporter shares the host's
 """
 from __future__ import annotations
 
+import math
+import re
+
 import psutil  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
@@ -18,6 +21,23 @@ from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 KUBELET = "kubelet"
 MAX_SCAN_GAP = 10  # checks (of KUBELET_PROCESS_INTERVAL) between scans while none is found
+
+
+# The kubelet's own /metrics carries its start time (client_golang's process collector): the
+# fallback where the exporter does not share the host's PID namespace. One line of a text of
+# megabytes, found without parsing it all again (the kubelet metrics source parses it once).
+_START_LINE = re.compile(rb"^process_start_time_seconds ([0-9.eE+]+)\s*$", re.MULTILINE)
+
+
+def start_time_from_metrics(body: bytes) -> float | None:
+    match = _START_LINE.search(body)
+    if match is None:
+        return None
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def find_process(name: str) -> tuple[int, float] | None:
