@@ -159,3 +159,34 @@ def test_a_trickling_kubelet_metrics_is_source_up_0_not_a_wedge(api):
     finally:
         stop.set()
         kubelet.stop()
+
+
+def test_a_hostile_podresources_answer_is_not_amplified(api, tmp_path):
+    """Item 5: 100k negative CPU ids in every answer made 272,033 events in 20 s. Now the same
+    bad answer, polled again and again, is one malformed input, and the gauge counts only CPU
+    ids the kernel can have."""
+    from tests.event_log import wait_until
+    from tests.test_podresources import Kubelet, Server
+    from exporter.proto import podresources_pb2 as pb
+    from exporter.sources.sysfs import parse_cpu_list
+
+    possible = parse_cpu_list(open("/sys/devices/system/cpu/possible").read())
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(
+        cpu_ids=sorted(possible) + list(range(-100_000, 0)) + [len(possible) + 5])
+    sock = str(tmp_path / "kubelet.sock")
+    server = Server(sock, servicer=kubelet)
+    try:
+        with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", NODE,
+                             "--source", "sysfs", "--podresources-socket", sock,
+                             "--podresources-interval", "0.2") as exp:
+            exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus")
+                         == len(possible), timeout=30)
+            calls = kubelet.calls
+            wait_until(lambda: kubelet.calls >= calls + 10, "ten more polls", bound=60)
+            s = exp.scrape()
+            assert s.value("node_resize_exporter_malformed_total", source="podresources") == 1
+            assert s.value("node_podresources_allocatable_cpus") == len(possible)
+            assert s.value("node_resize_exporter_source_up", source="podresources") == 1
+    finally:
+        server.stop()

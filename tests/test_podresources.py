@@ -133,3 +133,71 @@ def test_runs_as_a_thread_and_stops(sock, servers):
     finally:
         source.stop()
     assert not source._thread.is_alive()
+
+
+# ------------------------------------------------------------ issue 16, item 5: amplification
+
+
+def _possible(tmp_path, text: str = "0-3") -> str:
+    root = tmp_path / "sys"
+    (root / "devices/system/cpu").mkdir(parents=True)
+    (root / "devices/system/cpu/possible").write_text(text + "\n")
+    return str(root)
+
+
+def test_ids_the_kernel_cannot_have_are_dropped_and_counted_once(sock, servers, tmp_path):
+    """100k negative ids made 272,033 events in 20 s: now one MalformedInput per distinct bad
+    answer, and the event holds only ids in /sys/devices/system/cpu/possible."""
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(
+        cpu_ids=[0, 1, 2, 99, 4096] + list(range(-100_000, 0)))
+    servers.append(Server(sock, servicer=kubelet))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock,
+                                sysfs_root=_possible(tmp_path, "0-3"))
+    for _ in range(5):
+        source.poll(log.emit)
+    assert kubelet.calls == 5
+    assert [e.cpu_ids for e in log.of(PodResourcesAllocatable)] == [{0, 1, 2}]
+    bad = log.of(MalformedInput)
+    assert len(bad) == 1, [b.detail for b in bad]  # the same bad answer, counted once
+    assert "100002 CPU id(s) the kernel cannot have (possible: 0-3) dropped: -100000" in \
+        bad[0].detail
+    assert len(bad[0].detail) < 300
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0, 1, 2, -7])  # a new bad answer
+    source.poll(log.emit)
+    assert len(log.of(MalformedInput)) == 2
+    source.close()
+
+
+def test_a_huge_answer_is_refused_by_size(sock, servers, tmp_path):
+    """1M changing CPU ids grew the journal by 162 MiB in 30 s: an answer over 1 MiB is refused
+    before it is decoded, the source is down saying so."""
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=range(1_000_000))
+    servers.append(Server(sock, servicer=kubelet))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock,
+                                sysfs_root=_possible(tmp_path))
+    source.poll(log.emit)
+    down = log.of(SourceStatus)[-1]
+    assert not down.up and "larger than 1048576 bytes" in down.reason
+    assert log.of(PodResourcesAllocatable) == []
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0, 1])
+    source.poll(log.emit)
+    assert log.of(PodResourcesAllocatable)[-1].cpu_ids == {0, 1}
+    source.close()
+
+
+def test_memory_entries_are_bounded(sock, servers, tmp_path):
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(
+        memory=[pb.ContainerMemory(memory_type=f"hugepages-{i}", size=1) for i in range(1000)])
+    servers.append(Server(sock, servicer=kubelet))
+    log = EventLog()
+    source = PodResourcesSource(MonotonicWallClock(), socket_path=sock,
+                                sysfs_root=_possible(tmp_path))
+    source.poll(log.emit)
+    assert len(log.of(PodResourcesAllocatable)[-1].memory_bytes) == 64
+    assert "1000 memory entries, only the first 64 kept" in log.of(MalformedInput)[-1].detail
+    source.close()
