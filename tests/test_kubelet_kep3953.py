@@ -94,3 +94,26 @@ def test_filter_emits_changes_only():
     view = KubeletView()
     view.handle(gone)
     assert view.capacity_configured() == {}
+
+
+def test_a_pod_failed_node_capacity_exceeded_is_a_readmission_rejection():
+    """KEP-3953: after a capacity decrease the kubelet fails pods that no longer fit with
+    reason NodeCapacityExceeded; the episode counts them as rejected under that reason."""
+    from exporter.correlate.model import PodVerdict, UpdateKind
+    from exporter.events import Direction
+    from tests.correlator_stream import Stream
+
+    s = Stream(kubernetes=True, readmission_settle=2.0)
+    s.snapshot(0, cpus=2)
+    s.node(0.1, cpu=2)
+    s.pod(0.2, "big", requests={Resource.CPU: 1.5})
+    s.transition(1.0, Resource.CPU, 1, Direction.OFFLINE)
+    s.snapshot(1.05, cpus=1)
+    s.tick(3.5)
+    s.node(4.0, cpu=1)
+    s.pod(4.5, "big", phase="Failed", reason="NodeCapacityExceeded", ready=False,
+          requests={Resource.CPU: 1.5})
+    [ended] = [u for u in s.tick(10.0) if u.kind is UpdateKind.ENDED]
+    [rejected] = [p for p in ended.episode.pods if p.outcome is PodVerdict.REJECTED]
+    assert rejected.reason == "NodeCapacityExceeded"
+    assert s.stats.readmission_pods[("rejected", "NodeCapacityExceeded")] == 1
