@@ -1,6 +1,7 @@
 """`check` says whether a kubelet restart now would fail, and what to do (issue 13)."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,25 @@ def test_check_command_on_the_real_kernel(cpu1, tmp_path):
     finally:
         cpu1.set_online(True)
     assert f"FAIL kubelet restart: {MESSAGE}\n     fix: online cpu1 again" in out, out
+
+
+def test_static_memory_manager_with_other_memory_fails(tmp_path):
+    options = sysfs_tree(tmp_path, "0-1", "")
+    root = Path(options.kubelet_root_dir)
+    root.mkdir()
+    (root / "memory_manager_state").write_text(json.dumps({
+        "policyName": "Static", "checksum": 1,
+        "machineState": {"0": {"numberOfAssignments": 0, "cells": [0], "memoryMap": {
+            "memory": {"total": 4 << 30, "systemReserved": 0, "allocatable": 4 << 30,
+                       "reserved": 0, "free": 4 << 30}}}}}))
+    check = check_kubelet_restart(options)  # the fixture's MemTotal is 8 GiB
+    assert check.status == "fail"
+    assert check.detail == ("a kubelet restart now would fail: the memory manager checkpoint "
+                            "records 4294967296 bytes of memory, the kernel has 8589934592")
+    assert f"delete {root}/memory_manager_state" in check.fix
+
+
+def test_an_empty_root_dir_option_is_not_checked(tmp_path):
+    options = sysfs_tree(tmp_path, "0-1", "")
+    check = check_kubelet_restart(Options(**{**vars(options), "kubelet_root_dir": ""}))
+    assert check.status == "warn" and "--kubelet-root-dir is empty" in check.detail
