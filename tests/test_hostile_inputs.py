@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,6 +49,10 @@ def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
         s = exp.scrape()
         assert s.value("node_resize_exporter_source_up", source="kube_node") == 0
         assert s.value("node_resize_exporter_source_up", source="kube_pods") == 0
+        # Staleness: kube_node last said something when it went down; sysfs is newer.
+        stamp = "node_resize_exporter_source_last_event_timestamp_seconds"
+        assert {dict(k)["source"] for k in s.series(stamp)} >= sources
+        assert 0 < s.value(stamp, source="kube_node") <= time.time()
         api.set_silent(False)
         s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                            source="kube_node") == 1

@@ -40,6 +40,9 @@ class KernelLedger:
     malformed: Counter[str] = field(default_factory=Counter)
     sources: dict[str, SourceState] = field(default_factory=dict)
     programs: dict[str, SourceState] = field(default_factory=dict)
+    # Per source, the time of the last event it delivered (any kind): how stale it is, where
+    # source_up alone cannot say (a watch that is "up" and silent; issue 16).
+    last_event: dict[str, float] = field(default_factory=dict)
 
     def handle(self, event: Event, source: str | None = None) -> bool:
         """Record the event; True when the correlator should act on it (new, not a duplicate).
@@ -49,6 +52,9 @@ class KernelLedger:
         name = getattr(event, "source", None) or source
         if name:
             self.events[name] += 1
+            when = getattr(event, "time", None) or getattr(event, "end", None)
+            if isinstance(when, (int, float)) and when > self.last_event.get(name, 0.0):
+                self.last_event[name] = float(when)
         if isinstance(event, Transition):
             return self._transition(event)
         if isinstance(event, KernelSnapshot):

@@ -121,6 +121,12 @@ class MetricsSink(Collector):
         for name, state in sorted(led.sources.items()):
             up.add_metric([name], 1 if state.up else 0)
         yield up
+        last = GaugeMetricFamily("node_resize_exporter_source_last_event_timestamp_seconds",
+                                 "When the source last delivered an event (Unix time).",
+                                 labels=["source"])
+        for name, when in sorted(led.last_event.items()):
+            last.add_metric([name], when)
+        yield last
         attached = GaugeMetricFamily("node_resize_exporter_bpf_program_attached",
                                      "1 when the BPF program is attached.", labels=["program"])
         for name, state in sorted(led.programs.items()):
