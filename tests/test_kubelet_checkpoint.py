@@ -83,6 +83,9 @@ def test_checksum_zero_is_accepted_like_the_old_file_backend():
     (b'{"policyName": 3, "defaultCpuSet": "0"}', "policyName is not a string"),
     (b"\xff\xfe", "not a CPU manager checkpoint"),
     (b" " * (MAX_BYTES + 1), "larger than"),
+    (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+    (json.dumps({"policyName": "static", "defaultCpuSet": "0", "entries": {
+        f"pod{i}": {"c": "0-65535"} for i in range(100_000)}}).encode(), "more than 65536 CPUs"),
 ])
 def test_hostile_checkpoints_are_errors_not_crashes(data, wanted):
     cp = parse_cpu_manager_state(data, "p", 1.0)
@@ -108,6 +111,8 @@ def test_memory_manager_checkpoint_shape():
     bad = parse_memory_manager_state(b'{"machineState": {"0": {"memoryMap": {"memory": {}}}}}',
                                      "p", 1.0)
     assert "total is not a size" in bad.error
+    deep = parse_memory_manager_state(b'{"machineState": ' + b"[" * 200_000, "p", 1.0)
+    assert "nested too deeply" in deep.error or "not a memory manager" in deep.error
 
 
 # ------------------------------------------------------------------ the kubelet's start checks

@@ -35,6 +35,9 @@ MEMORY_STATE = "memory_manager_state"
 # A real checkpoint is a few hundred bytes per pinned container; anything past this is not one,
 # and reading it whole would let a hostile file fill our memory.
 MAX_BYTES = 4 * 1024 * 1024
+# Exclusive CPUs are each in one container: the sum over assignments is at most the CPUs of the
+# largest machine (8192), with room to spare; "0-65535" repeated would otherwise cost minutes.
+MAX_ASSIGNED = 1 << 16
 
 
 # ------------------------------------------------------------------ parsers (pure)
@@ -65,7 +68,10 @@ def cpu_manager_checksum(policy: str, default_cpu_set: str,
 def _json_object(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES} bytes")
-    obj = json.loads(data)
+    try:
+        obj = json.loads(data)
+    except RecursionError:  # "[[[[..." nested deeper than the parser's stack
+        raise ValueError("nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return obj
@@ -90,6 +96,7 @@ def parse_cpu_manager_state(data: bytes, path: str, now: float) -> CpuManagerChe
             raise ValueError("entries is not an object")
         entries: dict[str, dict[str, str]] = {}
         assigned: set[int] = set()
+        listed = 0  # CPUs named over all assignments: bounds the work a hostile file costs
         for pod, containers in raw_entries.items():
             if not isinstance(containers, dict):
                 raise ValueError(f"entries[{pod!r}]: v1 checkpoints are not read by v1.36")
@@ -98,7 +105,11 @@ def parse_cpu_manager_state(data: bytes, path: str, now: float) -> CpuManagerChe
                 if not isinstance(cpus, str):
                     raise ValueError(f"entries[{pod!r}][{name!r}] is not a cpuset string")
                 entries[pod][name] = cpus
-                assigned |= parse_cpu_list(cpus)
+                cpu_set = parse_cpu_list(cpus)
+                listed += len(cpu_set)
+                if listed > MAX_ASSIGNED:
+                    raise ValueError(f"assignments name more than {MAX_ASSIGNED} CPUs")
+                assigned |= cpu_set
         default_cpus = parse_cpu_list(default_set)
         checksum = obj.get("checksum", 0)
         if not isinstance(checksum, int) or isinstance(checksum, bool):
