@@ -4,7 +4,7 @@ them with the ledger's and the node view's state at scrape time (a prometheus_cl
 No metric object is updated as events flow. The ledger and the node view are written by the
 Correlator alone, under the agent's lock, and read here under that same lock; the statistics
 this sink counts (exporter/sinks/stats.py) are under its own lock, since the agent calls sinks
-outside its lock. Names are the contract in DESIGN.md.
+outside its lock. Names are the contract in docs/metrics.md (tests/test_catalogue.py checks it).
 
 How the composition root builds it (the ledger and view are shared with the Correlator; the
 sink must be among the agent's sinks, and must see the updates resume() returns):
