@@ -32,6 +32,7 @@ class Correlator:
         self._ledger = KernelLedger() if ledger is None else ledger
         self._view = NodeView(config, clock) if view is None else view
         self._tracker = EpisodeTracker(config, self._view)
+        self._next_due = self._tracker.next_due  # the deadline heap, read on every event
         self.malformed_events = 0  # skipped: a timestamp that is not a finite number
         self._apply: dict[type, Callable[[Any], list[EpisodeUpdate]]] = {
             Transition: self._transition,
@@ -59,10 +60,14 @@ class Correlator:
             self.malformed_events += 1
             return []
         # Deadlines that fell due before this event are decided first, on the state before it.
-        # min(): a stamp from the future (a source's bad clock) must not fast-forward every
-        # open episode.
-        updates = self._tracker.advance(min(float(when), self._clock.now()))
-        return self._mark_resynced_by(updates + apply(event))
+        # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
+        # every open episode. The heap's head says whether anything is due at all.
+        now = self._clock.now()
+        upto = float(when) if when < now else now
+        due = self._next_due
+        if due and due[0][0] <= upto:
+            return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
+        return self._mark_resynced_by(apply(event))
 
     def tick(self) -> list[EpisodeUpdate]:
         return self._mark_resynced_by(self._tracker.advance(self._clock.now()))

@@ -13,36 +13,42 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from enum import Enum
 
 from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
+from exporter.correlate.index import OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
                                       PodVerdict, UpdateKind)
 from exporter.correlate.node_view import NodeView
-from exporter.events import Change, PodStatus, Resource, Result, Transition
+from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
-# Resources a kernel Transition can be about (per CPU, per memory block).
-EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
-
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
+# Looked up per transition: Enum properties (.change, .value) cost more than a dict.
+_CHANGE = {Direction.ONLINE: Change.INCREASE, Direction.OFFLINE: Change.DECREASE}
+_OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
+_ID_PREFIX = {(r, c): f"{r.value}-{c.value}" for r in Resource for c in Change}
+_SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
+               for r in Resource for c in Change}
 
-@dataclass
-class _Track:
-    """An open episode plus what the tracker needs to move it on."""
+# Every other field's default, for _new_episode: all immutable (checked here), so sharing
+# them is safe; the two lists are given anew each time.
+_DEFAULTS = {k: v for k, v in Episode(id="", resource=Resource.CPU, change=Change.INCREASE,
+                                      opened=0.0).__dict__.items()
+             if k not in ("transitions", "pods")}
+assert all(isinstance(v, (str, float, int, Enum, type(None))) for v in _DEFAULTS.values())
 
-    ep: Episode
-    last_end: float  # latest transition end: the coalescing window runs from here
-    rejected: dict[str, PodOutcome] = field(default_factory=dict)
-    last_change: float | None = None  # latest new pod rejection (readmission settle)
-    after_fresh: bool = False  # kernel_after read from a snapshot taken after kernel_done
 
-    @property
-    def last_success_end(self) -> float | None:
-        ends = [t.end for t in self.ep.transitions if t.result is Result.SUCCESS]
-        return max(ends) if ends else None
+def _new_episode(**fields: object) -> Episode:
+    """Episode(**fields) at a third of the cost of its generated __init__ (18 fields, two
+    default factories), on the path every new episode takes."""
+    ep = object.__new__(Episode)
+    ep.__dict__.update(_DEFAULTS, pods=[], **fields)
+    return ep
 
 
 def _copy(ep: Episode) -> Episode:
@@ -74,19 +80,26 @@ class EpisodeTracker:
     def __init__(self, config: CorrelatorConfig, view: NodeView) -> None:
         self._config = config
         self._view = view  # read only: the Correlator feeds it
-        self._open: dict[str, _Track] = {}
+        self._open = OpenEpisodes()
         # Ids handed out lately, ended ones included: a flap within one microsecond
         # (online, offline, online) must not reuse the id of the episode it superseded.
         self._recent_order: deque[str] = deque(maxlen=_RECENT_IDS)
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
+        self._deadlines = Deadlines(config, view, self._open)
+        # The deadline heap itself (earliest first), for a caller's "anything due?" test.
+        self.next_due = self._open.heap
 
     # ------------------------------------------------------------ entry points
 
     def advance(self, upto: float) -> list[EpisodeUpdate]:
         """Decide every deadline that falls due at or before `upto`, at its own instant."""
+        due = self._open.pop_due(upto)
+        if not due:
+            return []
         updates: list[EpisodeUpdate] = []
-        for track in list(self._open.values()):
+        for track in due:
             updates += self._advance_one(track, upto)
+            self._deadlines.schedule(track)
         return updates
 
     def resume(self, episodes: list[Episode], now: float) -> list[EpisodeUpdate]:
@@ -102,10 +115,10 @@ class EpisodeTracker:
             ep = _copy(kept)
             ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.REJECTED]
             rejected = {p.uid: p for p in ep.pods}
-            track = _Track(ep, last_end=max([t.end for t in ep.transitions], default=ep.opened),
-                           rejected=rejected,
-                           last_change=max((p.time for p in ep.pods), default=None))
-            self._open[ep.id] = track
+            track = Track(ep, last_end=max([t.end for t in ep.transitions], default=ep.opened),
+                          kind=(ep.resource, ep.change), rejected=rejected,
+                          last_change=max((p.time for p in ep.pods), default=None))
+            self._add(track)
             self._remember_id(ep.id)
             updates.append(self._update(UpdateKind.RESUMED, track, now))
         return updates
@@ -115,7 +128,7 @@ class EpisodeTracker:
         return len(self._open)
 
     def open_episodes(self) -> list[Episode]:
-        return [_copy(t.ep) for t in sorted(self._open.values(), key=lambda t: t.ep.opened)]
+        return [_copy(t.ep) for t in sorted(self._open.by_id.values(), key=lambda t: t.ep.opened)]
 
     def enrich(self, t: Transition) -> None:
         """A duplicate carrying the kernel's own times (a BPF record after the uevent of the same
@@ -123,16 +136,13 @@ class EpisodeTracker:
         ledger's business; this only replaces the record, so spans get the kernel's times."""
         if t.start is None:
             return
-        for track in self._open.values():
-            if track.ep.resource is not t.resource:
-                continue
-            for i, old in enumerate(track.ep.transitions):
-                if (old.start is None and (old.unit, old.direction, old.result)
-                        == (t.unit, t.direction, t.result)
-                        and abs(old.end - t.end) < self._config.coalesce_window):
-                    track.ep.transitions[i] = t
-                    track.ep.opened = min(track.ep.opened, t.start)
-                    return
+        for track, i in self._open.startless(t):
+            if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
+                self._open.forget_startless(track, i, t)
+                track.ep.transitions[i] = t
+                track.ep.opened = min(track.ep.opened, t.start)
+                self._deadlines.schedule(track)  # an earlier opening may bring a mismatch forward
+                return
 
     def _remember_id(self, ep_id: str) -> None:
         if len(self._recent_order) == self._recent_order.maxlen:
@@ -145,76 +155,94 @@ class EpisodeTracker:
     def on_transition(self, t: Transition) -> list[EpisodeUpdate]:
         if t.resource not in EPISODE_RESOURCES:
             return []
-        change = t.direction.change
+        change = _CHANGE[t.direction]
         began = t.end if t.start is None else min(t.start, t.end)
         updates: list[EpisodeUpdate] = []
-        for track in list(self._open.values()):
-            # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
-            # leaves the capacity, and so the open episode, as they were.
-            if (track.ep.resource is t.resource and track.ep.change is not change
-                    and t.result is Result.SUCCESS):
+        # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
+        # leaves the capacity, and so the open episode, as they were.
+        if t.result is Result.SUCCESS:
+            for track in self._open.of_kind((t.resource, _OPPOSITE[change])):
                 if track.ep.kernel_done is None:
                     success_end = track.last_success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
                 updates += self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
-                                     f"superseded by a {change.value} of {t.resource.value}")
-        joinable = [tr for tr in self._open.values()
-                    if tr.ep.resource is t.resource and tr.ep.change is change
-                    and tr.ep.phase is Phase.KERNEL
-                    and t.end < tr.last_end + self._config.coalesce_window]
+                                     _SUPERSEDED[(t.resource, change)])
+        joinable = [tr for tr in self._open.in_kernel((t.resource, change))
+                    if t.end < tr.last_end + self._config.coalesce_window]
         if joinable:
             track = joinable[-1]
             track.ep.transitions.append(t)
+            self._open.appended(track, t)
             track.last_end = max(track.last_end, t.end)
             # Sources deliver out of order: a transition that began earlier widens the episode
             # (its id stays, so that a replay keeps it).
             track.ep.opened = min(track.ep.opened, began)
             self._note_kernel_after(track)
             return updates + [self._update(UpdateKind.TRANSITION, track, t.end)]
-        ep_id = base_id = f"{t.resource.value}-{change.value}-{int(began * 1e6)}"
+        ep_id = base_id = f"{_ID_PREFIX[(t.resource, change)]}-{int(began * 1e6)}"
         n = 1
-        while ep_id in self._open or ep_id in self._recent_ids:
+        while ep_id in self._open.by_id or ep_id in self._recent_ids:
             n += 1
             ep_id = f"{base_id}-{n}"
         self._remember_id(ep_id)
         snap = self._view.snapshot
-        ep = Episode(
+        ep = _new_episode(
             id=ep_id, resource=t.resource, change=change, opened=began, transitions=[t],
             # A snapshot taken after the transition already shows its effect.
             kernel_before=snap.capacity(t.resource) if snap and snap.time <= began else None,
             kubelet_before=self._view.kubelet(t.resource))
-        track = self._open[ep_id] = _Track(ep, last_end=t.end)
+        track = Track(ep, last_end=t.end, kind=(t.resource, change))
+        self._add(track)
         self._note_kernel_after(track)
         return updates + [self._update(UpdateKind.OPENED, track, began)]
 
     def on_snapshot(self) -> list[EpisodeUpdate]:
-        updates: list[EpisodeUpdate] = []
-        for track in list(self._open.values()):
-            self._note_kernel_after(track)
-            updates += self._check_resync(track)
-        return updates
+        if self._open.stale:
+            for track in list(self._open.stale.values()):
+                self._note_kernel_after(track)
+        return self._resync_agreeing()
 
     def on_node(self) -> list[EpisodeUpdate]:
-        updates: list[EpisodeUpdate] = []
-        for track in list(self._open.values()):
-            if track.ep.kubelet_before is None:
-                # No Node seen when it opened: the first one is the baseline a mismatch moves from.
-                track.ep.kubelet_before = self._view.kubelet(track.ep.resource)
-            updates += self._check_resync(track)
-        return updates
+        for track in list(self._open.no_baseline.values()) if self._open.no_baseline else ():
+            # No Node seen when it opened: the first one is the baseline a mismatch moves from.
+            track.ep.kubelet_before = self._view.kubelet(track.ep.resource)
+            if track.ep.kubelet_before is not None:
+                del self._open.no_baseline[track.seq]
+                self._deadlines.schedule(track)
+        return self._resync_agreeing()
 
     def on_pod(self, pod: PodStatus, prev: PodStatus | None) -> list[EpisodeUpdate]:
         """`prev`: the view's record of this pod before this event (the view has it already)."""
         reason = rejection(prev, pod, self._config.rejection_reasons)
+        if reason is None:
+            return []
         updates: list[EpisodeUpdate] = []
-        if reason is not None:
-            for track in list(self._open.values()):
-                updates += self._note_rejection(track, pod, reason)
+        # Only a hot-unplug's readmission judges pods, and OutOfcpu only a CPU one.
+        unplugs = [track for r in EPISODE_RESOURCES if reason_concerns(reason, r)
+                   for track in self._open.of_kind((r, Change.DECREASE))]
+        for track in by_seq(unplugs):
+            updates += self._note_rejection(track, pod, reason)
         return updates
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _resync_agreeing(self) -> list[EpisodeUpdate]:
+        updates: list[EpisodeUpdate] = []
+        for track in self._deadlines.view_moved():
+            updates += self._check_resync(track)
+            self._deadlines.schedule(track)
+        return updates
+
+    def _add(self, track: Track) -> None:
+        self._open.add(track)
+        if track.ep.phase is Phase.RESYNC:
+            self._deadlines.entered_resync(track)
+        self._deadlines.schedule(track)
+
 
     # ------------------------------------------------------------ time
 
-    def _advance_one(self, track: _Track, upto: float) -> list[EpisodeUpdate]:
+    def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
         ep, cfg = track.ep, self._config
         updates: list[EpisodeUpdate] = []
         if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
@@ -229,7 +257,7 @@ class EpisodeTracker:
         if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
-            moved = self._mismatch_since(track)
+            moved = self._deadlines.mismatch_since(track)
             settled = None if moved is None else max(moved + cfg.readmission_settle,
                                                       ep.kernel_done)
             if settled is not None and settled <= min(upto, deadline):
@@ -242,7 +270,7 @@ class EpisodeTracker:
                     updates += self._end(track, Outcome.RESYNC_TIMEOUT, deadline,
                                          f"Node capacity {ep.resource.value} "
                                          f"{_num(ep.kubelet_after)} did not reach the kernel's "
-                                         f"{_num(self._kernel_now(ep))} within "
+                                         f"{_num(self._deadlines.kernel_now(ep))} within "
                                          f"{cfg.resync_deadline:g} s")
         if ep.phase is Phase.READMISSION:
             assert ep.resynced is not None
@@ -253,7 +281,7 @@ class EpisodeTracker:
 
     # ------------------------------------------------------------ phases
 
-    def _close_kernel(self, track: _Track) -> list[EpisodeUpdate]:
+    def _close_kernel(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
         success_end = track.last_success_end
         ep.kernel_done = track.last_end if success_end is None else success_end
@@ -264,15 +292,16 @@ class EpisodeTracker:
         if not self._config.kubernetes:
             return self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
                              "no Kubernetes source configured")
-        ep.phase = Phase.RESYNC
+        self._open.set_phase(track, Phase.RESYNC)
+        self._deadlines.entered_resync(track)
         return [self._update(UpdateKind.KERNEL_DONE, track, ep.kernel_done)]
 
-    def _check_resync(self, track: _Track) -> list[EpisodeUpdate]:
+    def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
         if ep.phase is not Phase.RESYNC:
             return []
         assert ep.kernel_done is not None
-        kubelet, kernel = self._view.kubelet(ep.resource), self._kernel_now(ep)
+        kubelet, kernel = self._view.kubelet(ep.resource), self._deadlines.kernel_now(ep)
         within = self._config.within
         if kubelet is None or kernel is None or not within(ep.resource, kubelet, kernel):
             return []
@@ -283,28 +312,17 @@ class EpisodeTracker:
         if ep.change is Change.INCREASE:
             return updates + self._end(track, Outcome.CONVERGED, ep.resynced,
                                        f"Node capacity {ep.resource.value} {_num(kubelet)}")
-        ep.phase = Phase.READMISSION
+        self._open.set_phase(track, Phase.READMISSION)
         return updates
 
-    def _mismatch_since(self, track: _Track) -> float | None:
-        """When the kubelet moved to a value that is not the kernel's, if it did."""
-        ep = track.ep
-        kubelet, kernel = self._view.kubelet(ep.resource), self._kernel_now(ep)
-        within = self._config.within
-        if kubelet is None or kernel is None or within(ep.resource, kubelet, kernel):
-            return None
-        if ep.kubelet_before is None or within(ep.resource, kubelet, ep.kubelet_before):
-            return None  # it never moved: that is a (pending) timeout, not a mismatch
-        return max(self._view.kubelet_since(ep.resource), ep.opened)
-
-    def _end_mismatch(self, track: _Track, at: float) -> list[EpisodeUpdate]:
+    def _end_mismatch(self, track: Track, at: float) -> list[EpisodeUpdate]:
         ep = track.ep
         ep.kubelet_after = self._view.kubelet(ep.resource)
         return self._end(track, Outcome.MISMATCH, at,
                          f"Node capacity {ep.resource.value} settled on {_num(ep.kubelet_after)}, "
-                         f"the kernel has {_num(self._kernel_now(ep))}")
+                         f"the kernel has {_num(self._deadlines.kernel_now(ep))}")
 
-    def _note_rejection(self, track: _Track, pod: PodStatus, reason: str
+    def _note_rejection(self, track: Track, pod: PodStatus, reason: str
                         ) -> list[EpisodeUpdate]:
         ep = track.ep
         if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
@@ -329,7 +347,7 @@ class EpisodeTracker:
         ep.pods.append(outcome)
         return [self._update(UpdateKind.POD, track, pod.time)]
 
-    def _settle(self, track: _Track, settled: float) -> list[EpisodeUpdate]:
+    def _settle(self, track: Track, settled: float) -> list[EpisodeUpdate]:
         ep = track.ep
         assert ep.kernel_done is not None
         ep.readmission_settled = settled
@@ -340,41 +358,36 @@ class EpisodeTracker:
         return self._end(track, Outcome.CONVERGED, settled,
                          f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
 
-    def _end(self, track: _Track, outcome: Outcome, at: float, detail: str
+    def _end(self, track: Track, outcome: Outcome, at: float, detail: str
              ) -> list[EpisodeUpdate]:
         ep = track.ep
+        self._open.remove(track)
         ep.outcome, ep.ended, ep.phase = outcome, at, Phase.ENDED
-        failed = sum(1 for t in ep.transitions if t.result is Result.FAILED)
+        failed = [t for t in ep.transitions if t.result is Result.FAILED]
         if failed and outcome is not Outcome.KERNEL_FAILED:
-            detail += f" ({failed} of {len(ep.transitions)} transitions failed: " \
+            detail += f" ({len(failed)} of {len(ep.transitions)} transitions failed: " \
                       f"{_describe_failures(ep.transitions)})"
         ep.detail = detail
-        del self._open[ep.id]
         return [self._update(UpdateKind.ENDED, track, at)]
 
     # ------------------------------------------------------------ helpers
 
-    def _update(self, kind: UpdateKind, track: _Track, when: float) -> EpisodeUpdate:
-        return EpisodeUpdate(kind, _copy(track.ep), when)
+    def _update(self, kind: UpdateKind, track: Track, when: float) -> EpisodeUpdate:
+        # EpisodeUpdate is frozen; its generated __init__ sets each field through
+        # object.__setattr__, twice the cost of this (one update for every other event).
+        update = object.__new__(EpisodeUpdate)
+        update.__dict__.update(kind=kind, episode=_copy(track.ep), time=when)
+        return update
 
-    def _kernel_now(self, ep: Episode) -> float | None:
-        """The kernel's capacity, from a snapshot taken after the kernel phase (else unknown).
-
-        A snapshot older than kernel_done does not show the change yet and would match the
-        Node's stale value: the very thing this exporter exists to catch.
-        """
-        snap = self._view.snapshot
-        if snap is None or ep.kernel_done is None or snap.time < ep.kernel_done:
-            return None
-        return snap.capacity(ep.resource)
-
-    def _note_kernel_after(self, track: _Track) -> None:
+    def _note_kernel_after(self, track: Track) -> None:
         snap, ep = self._view.snapshot, track.ep
         if snap is None or track.after_fresh:
             return
         if ep.phase is Phase.KERNEL or snap.time >= (ep.kernel_done or math.inf):
             ep.kernel_after = snap.capacity(ep.resource)
             track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
+            if track.after_fresh:
+                self._open.stale.pop(track.seq, None)
 
 
 def _num(value: float | None) -> str:

@@ -118,11 +118,21 @@ class NodeView:
     # ------------------------------------------------------------ helpers
 
     def _note_drift(self, when: float) -> None:
-        drift = self.drift()
+        """Keep, per resource, since when the kernel and the Node disagree (drift() != 0).
+        Runs on every snapshot and Node update: written out rather than through drift()."""
+        since = self._drift_since
+        snap, status = self.snapshot, self.node.status
+        if snap is None or status is None:
+            since.clear()
+            return
         within = self._config.within
-        for resource in list(self._drift_since):
-            if resource not in drift or within(resource, drift[resource], 0.0):
-                del self._drift_since[resource]
-        for resource, value in drift.items():
-            if not within(resource, value, 0.0):
-                self._drift_since.setdefault(resource, when)
+        capacity = status.capacity
+        for resource in [r for r in since if r not in capacity]:
+            del since[resource]
+        for resource, kubelet in capacity.items():
+            if resource not in _ALWAYS_REPORTED and resource not in snap.hugepages_bytes:
+                since.pop(resource, None)
+            elif within(resource, snap.capacity(resource) - float(kubelet), 0.0):
+                since.pop(resource, None)
+            else:
+                since.setdefault(resource, when)

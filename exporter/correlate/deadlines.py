@@ -1,0 +1,133 @@
+"""When each open episode's next decision falls due, kept current as the node view moves.
+
+The tracker decides an episode only when its deadline entry pops (index.OpenEpisodes), so an
+entry must never be later than the decision it stands for. Most decisions depend on the
+episode alone (coalescing window, resync deadline, readmission settle) and only move later.
+A mismatch (the kubelet settled on a value that is not the kernel's) also depends on the view,
+and comes forward only when the kubelet's value moves, when the Node and the kernel come apart,
+or for an episode the latest snapshot is the first to postdate: view_moved() reschedules those,
+and only those, so a Node heartbeat or a snapshot that changes nothing costs nothing per open
+episode. Pure, like the rest of the correlator.
+"""
+from __future__ import annotations
+
+import math
+
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.index import OpenEpisodes, Track, by_seq
+from exporter.correlate.model import Episode, Phase
+from exporter.correlate.node_view import NodeView
+from exporter.events import Resource
+
+# Resources a kernel Transition can be about (per CPU, per memory block).
+EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
+
+
+class Deadlines:
+    def __init__(self, config: CorrelatorConfig, view: NodeView, open_: OpenEpisodes) -> None:
+        self._config = config
+        self._view = view
+        self._open = open_
+        # What the view said per resource when last looked at.
+        self._seen_since: dict[Resource, float | None] = {}
+        self._seen_apart: dict[Resource, bool] = {}
+        self._seen_snap_time = -math.inf
+
+    def schedule(self, track: Track) -> None:
+        self._open.schedule(track, self.due(track))
+
+    def entered_resync(self, track: Track) -> None:
+        """The track is now waiting for a resync: if no snapshot postdates its kernel phase
+        yet, the first that does must look at it again."""
+        if self.kernel_now(track.ep) is None:
+            self._open.unknown_kernel.setdefault(track.ep.resource, {})[track.seq] = track
+
+    def due(self, track: Track) -> float:
+        """When the tracker next has something to decide for this track, given the state now:
+        the conditions of EpisodeTracker._advance_one, solved for `upto`."""
+        ep, cfg = track.ep, self._config
+        if ep.phase is Phase.KERNEL:
+            return track.last_end + cfg.coalesce_window
+        if ep.phase is Phase.ENDED:
+            return math.inf
+        if not cfg.kubernetes:
+            return -math.inf  # a resumed episode from a run that had a Node source: at once
+        if ep.phase is Phase.RESYNC:
+            assert ep.kernel_done is not None
+            deadline = ep.kernel_done + cfg.resync_deadline
+            moved = self.mismatch_since(track)
+            if moved is None:
+                return deadline
+            return min(max(moved + cfg.readmission_settle, ep.kernel_done), deadline)
+        assert ep.resynced is not None
+        return max(ep.resynced, track.last_change or ep.resynced) + cfg.readmission_settle
+
+    def view_moved(self) -> list[Track]:
+        """After a Node update or a kernel snapshot: reschedule what the new view may bring
+        forward, and return the episodes waiting for a resync of a resource on which Node and
+        kernel now agree, in opening order (each of them resyncs, bar the few the latest
+        snapshot predates)."""
+        snap = self._view.snapshot
+        regressed = snap is not None and snap.time < self._seen_snap_time
+        if snap is not None:
+            self._seen_snap_time = snap.time
+        if not self._open.waiting:
+            # Nothing waits: forget what was seen, so that the next episode to wait is
+            # looked at again on the next change (an extra look, never a missed one).
+            self._seen_since.clear()
+            self._seen_apart.clear()
+            return []
+        agreeing: list[Track] = []
+        resync, unknown_kernel = self._open.resync, self._open.unknown_kernel
+        for r in EPISODE_RESOURCES:
+            waiting = resync.get(r)
+            if not waiting:
+                # Nothing waits: forget what was seen, so that the next episode to wait is
+                # looked at again on the next change (an extra look, never a missed one).
+                self._seen_since.pop(r, None)
+                self._seen_apart.pop(r, None)
+                continue
+            kubelet = self._view.kubelet(r)
+            kernel = None if snap is None else snap.capacity(r)
+            known = kubelet is not None and kernel is not None
+            apart = kubelet is not None and kernel is not None and \
+                not self._config.within(r, kubelet, kernel)
+            since = self._view.node.since.get(r) if kubelet is not None else None
+            moved = since != self._seen_since.get(r) or (apart and not self._seen_apart.get(r))
+            self._seen_since[r], self._seen_apart[r] = since, apart
+            unknown = unknown_kernel.setdefault(r, {})
+            if regressed:  # stamped before the last snapshot: some lose their kernel value
+                unknown.update((t.seq, t) for t in waiting.values()
+                               if self.kernel_now(t.ep) is None)
+            for track in list(unknown.values()):
+                if self.kernel_now(track.ep) is not None:
+                    del unknown[track.seq]
+                    self.schedule(track)
+            if known and not apart:
+                agreeing += waiting.values()
+            elif moved:
+                for track in list(waiting.values()):
+                    self.schedule(track)
+        return by_seq(agreeing) if agreeing else agreeing
+
+    def mismatch_since(self, track: Track) -> float | None:
+        """When the kubelet moved to a value that is not the kernel's, if it did."""
+        ep = track.ep
+        kubelet, kernel = self._view.kubelet(ep.resource), self.kernel_now(ep)
+        within = self._config.within
+        if kubelet is None or kernel is None or within(ep.resource, kubelet, kernel):
+            return None
+        if ep.kubelet_before is None or within(ep.resource, kubelet, ep.kubelet_before):
+            return None  # it never moved: that is a (pending) timeout, not a mismatch
+        return max(self._view.kubelet_since(ep.resource), ep.opened)
+
+    def kernel_now(self, ep: Episode) -> float | None:
+        """The kernel's capacity, from a snapshot taken after the kernel phase (else unknown).
+
+        A snapshot older than kernel_done does not show the change yet and would match the
+        Node's stale value: the very thing this exporter exists to catch.
+        """
+        snap = self._view.snapshot
+        if snap is None or ep.kernel_done is None or snap.time < ep.kernel_done:
+            return None
+        return snap.capacity(ep.resource)

@@ -1,0 +1,172 @@
+"""The open episodes, indexed so that an event costs the same with 10 or 10,000 of them open.
+
+Every question the tracker asks of the open episodes is answered from an index kept here, not
+by a scan: which episodes an opposite transition supersedes (by resource and change), which
+one a transition joins (those still in their kernel phase), which may resync now (those
+waiting for it, per resource), which a kernel snapshot still has to date (not yet fresh), and
+which deadline falls due next (a heap). Each index is ordered by `seq`, the order episodes were
+opened (or resumed) in, so that updates come out in the order a scan of all of them gave.
+
+A deadline entry may be early, never late: the tracker pushes one whenever an episode's next
+decision may have moved earlier; one that pops with nothing to decide is simply re-pushed.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from exporter.correlate.model import Episode, Phase, PodOutcome
+from exporter.events import Change, Direction, Resource, Result, Transition
+
+Kind = tuple[Resource, Change]
+# What a transition is, bar its times: the key a duplicate with the kernel's times is found by.
+TransitionKey = tuple[Resource, int, Direction, Result]
+
+
+@dataclass(eq=False)
+class Track:
+    """An open episode plus what the tracker needs to move it on."""
+
+    ep: Episode
+    last_end: float  # latest transition end: the coalescing window runs from here
+    kind: Kind  # (ep.resource, ep.change), kept: the indexes' key, asked for on every event
+    seq: int = 0  # opening order (set by OpenEpisodes.add)
+    rejected: dict[str, PodOutcome] = field(default_factory=dict)
+    last_change: float | None = None  # latest new pod rejection (readmission settle)
+    after_fresh: bool = False  # kernel_after read from a snapshot taken after kernel_done
+    scheduled: float = math.inf  # due time of this track's live heap entry (inf: none)
+    closed: bool = False
+
+    @property
+    def last_success_end(self) -> float | None:
+        ends = [t.end for t in self.ep.transitions if t.result is Result.SUCCESS]
+        return max(ends) if ends else None
+
+
+def by_seq(tracks: Iterable[Track]) -> list[Track]:
+    return sorted(tracks, key=lambda t: t.seq)
+
+
+def _key(t: Transition) -> TransitionKey:
+    return (t.resource, t.unit, t.direction, t.result)
+
+
+class OpenEpisodes:
+    def __init__(self) -> None:
+        self.by_id: dict[str, Track] = {}
+        self._seq = itertools.count()
+        self._pushes = itertools.count()  # heap tie-break: tracks themselves are not ordered
+        self._by_kind: dict[Kind, dict[int, Track]] = {}
+        self._in_kernel: dict[Kind, dict[int, Track]] = {}  # phase KERNEL: may still be joined
+        self.resync: dict[Resource, dict[int, Track]] = {}  # phase RESYNC
+        self.waiting = 0  # how many are in phase RESYNC
+        # RESYNC episodes the latest snapshot predates (no kernel capacity for them yet).
+        self.unknown_kernel: dict[Resource, dict[int, Track]] = {}
+        self.stale: dict[int, Track] = {}  # kernel_after not yet from a snapshot after the kernel
+        self.no_baseline: dict[int, Track] = {}  # kubelet_before still unknown
+        self._startless: dict[TransitionKey, dict[tuple[int, int], Track]] = {}
+        self.heap: list[tuple[float, int, Track]] = []
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def __contains__(self, ep_id: str) -> bool:
+        return ep_id in self.by_id
+
+    # ------------------------------------------------------------ membership
+
+    def add(self, track: Track) -> None:
+        track.seq = next(self._seq)
+        ep = track.ep
+        self.by_id[ep.id] = track
+        self._by_kind.setdefault(track.kind, {})[track.seq] = track
+        if not track.after_fresh:
+            self.stale[track.seq] = track
+        if ep.kubelet_before is None:
+            self.no_baseline[track.seq] = track
+        for i, t in enumerate(ep.transitions):
+            if t.start is None:
+                self._startless.setdefault(_key(t), {})[(track.seq, i)] = track
+        self._enter(track, ep.phase)
+
+    def remove(self, track: Track) -> None:
+        """The episode ended: out of every index; its heap entries are skipped when they pop."""
+        self._leave(track, track.ep.phase)
+        track.closed = True
+        ep, seq = track.ep, track.seq
+        del self.by_id[ep.id]
+        self._by_kind[track.kind].pop(seq, None)
+        self.stale.pop(seq, None)
+        self.no_baseline.pop(seq, None)
+        for i, t in enumerate(ep.transitions):
+            if t.start is None:
+                self._startless.get(_key(t), {}).pop((seq, i), None)
+
+    def set_phase(self, track: Track, phase: Phase) -> None:
+        self._leave(track, track.ep.phase)
+        track.ep.phase = phase
+        self._enter(track, phase)
+
+    def _enter(self, track: Track, phase: Phase) -> None:
+        if phase is Phase.KERNEL:
+            self._in_kernel.setdefault(track.kind, {})[track.seq] = track
+        elif phase is Phase.RESYNC:
+            self.resync.setdefault(track.ep.resource, {})[track.seq] = track
+            self.waiting += 1
+
+    def _leave(self, track: Track, phase: Phase) -> None:
+        if phase is Phase.KERNEL:
+            self._in_kernel.get(track.kind, {}).pop(track.seq, None)
+        elif phase is Phase.RESYNC:
+            del self.resync[track.ep.resource][track.seq]
+            self.unknown_kernel.get(track.ep.resource, {}).pop(track.seq, None)
+            self.waiting -= 1
+
+    def appended(self, track: Track, t: Transition) -> None:
+        """`t` was appended to the track's transitions."""
+        if t.start is None:
+            index = len(track.ep.transitions) - 1
+            self._startless.setdefault(_key(t), {})[(track.seq, index)] = track
+
+    # ------------------------------------------------------------ questions
+
+    def of_kind(self, kind: Kind) -> list[Track]:
+        tracks = self._by_kind.get(kind)
+        return list(tracks.values()) if tracks else []
+
+    def in_kernel(self, kind: Kind) -> list[Track]:
+        tracks = self._in_kernel.get(kind)
+        return list(tracks.values()) if tracks else []
+
+    def startless(self, t: Transition) -> Iterator[tuple[Track, int]]:
+        """(track, index) of each start-less record of the same transition, in opening order."""
+        entries = self._startless.get(_key(t), {})
+        for (_, index), track in sorted(entries.items(), key=lambda kv: kv[0]):
+            yield track, index
+
+    def forget_startless(self, track: Track, index: int, t: Transition) -> None:
+        self._startless.get(_key(t), {}).pop((track.seq, index), None)
+
+    # ------------------------------------------------------------ deadlines
+
+    def schedule(self, track: Track, due: float) -> None:
+        """Make sure the track is looked at by `due` (an earlier entry already does)."""
+        if due < track.scheduled and not track.closed:
+            track.scheduled = due
+            heapq.heappush(self.heap, (due, next(self._pushes), track))
+
+    def pop_due(self, upto: float) -> list[Track]:
+        """Tracks with a decision due at or before `upto`, in opening order; their entries are
+        consumed (the tracker schedules them again once it has moved them on)."""
+        heap = self.heap
+        due: list[Track] = []
+        while heap and heap[0][0] <= upto:
+            when, _, track = heapq.heappop(heap)
+            if track.closed or when != track.scheduled:
+                continue  # ended, or superseded by an earlier entry
+            track.scheduled = math.inf
+            due.append(track)
+        return by_seq(due)
