@@ -8,6 +8,8 @@ import queue
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import KubeletView, cpu_manager_problem
@@ -242,3 +244,26 @@ def test_read_of_the_real_default_path_on_this_machine():
     cp = read_cpu_manager_state("/var/lib/kubelet", 1.0)
     assert cp.path == "/var/lib/kubelet/cpu_manager_state"
     assert cp.present == os.path.exists(cp.path) and not cp.error
+
+
+# ------------------------------------------------------------------ fuzz
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=12), children, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300),
+                 JSONISH.map(lambda v: json.dumps(v).encode()),
+                 st.dictionaries(st.sampled_from(["policyName", "defaultCpuSet", "entries",
+                                                  "checksum", "machineState"]),
+                                 JSONISH).map(lambda v: json.dumps(v).encode())))
+def test_no_input_crashes_the_parsers(data):
+    cp = parse_cpu_manager_state(data, "p", 1.0)
+    mp = parse_memory_manager_state(data, "p", 1.0)
+    view = KubeletView()
+    for event in (cp, mp, snapshot({0})):
+        view.handle(event)
+    assert set(view.restart_blocked()) == {"cpu_manager_state", "memory_manager_state"}

@@ -68,10 +68,11 @@ def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
     """A node without a kubelet stays idle: 30 checks cost 6 process-table scans, not 30."""
     import exporter.sources.kubelet_process as module
     scans: list[int] = []
-    check = 0
-    monkeypatch.setattr(module, "find_process", lambda name: scans.append(check))
+    at = [0]  # the check number the fake scan records
+    monkeypatch.setattr(module, "find_process", lambda name: scans.append(at[0]))
     source = KubeletProcessSource(MonotonicWallClock(), process_name="none")
-    for check in range(30):
+    for n in range(30):
+        at[0] = n
         source.poll(lambda event: None)
     assert scans == [0, 1, 3, 7, 15, 25]  # gaps 1, 2, 4, 8, then at most 10
 

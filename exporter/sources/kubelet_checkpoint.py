@@ -16,7 +16,6 @@ Formats, from the kubelet's source (pkg/kubelet/cm/cpumanager/state/checkpoint.g
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
