@@ -69,7 +69,7 @@ class _Conn:
         self.stream = stream
         self.writer = stream.writer
         self.peer = peer
-        self.waiting = True  # for a request (or closing): may be closed to make room
+        self.waiting = True  # not computing an answer right now: may be closed to make room
 
     def abort(self) -> None:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
@@ -259,6 +259,9 @@ class MetricsServer:
             has_body = h.their_state is h11.SEND_BODY \
                 and not isinstance(h.next_event(), h11.EndOfMessage)
             code, ctype, body, headers = await self.routes.respond(request)
+            # Evictable again while its answer drains: a client slow to read it (or one that
+            # never does) must not keep a newer scraper out.
+            conn.waiting = True
             await self._send(h, stream, request, code, ctype, body, headers, close=has_body)
             self._access(conn.peer, request, code, len(body))
             if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
@@ -302,10 +305,10 @@ class MetricsServer:
                   *self.extra_headers.items(), *headers.items()]
         if close:
             fields.append(("Connection", "close"))
-        data = h.send(h11.Response(status_code=code, headers=fields))
-        if request.method != b"HEAD":
-            data += h.send(h11.Data(data=body))
-        stream.write(data + h.send(h11.EndOfMessage()))
+        stream.write(h.send(h11.Response(status_code=code, headers=fields)))
+        if request.method != b"HEAD":  # the shared rendering, not a copy (sent as far as it goes)
+            stream.write(h.send(h11.Data(data=body)))
+        stream.write(h.send(h11.EndOfMessage()))
         await asyncio.wait_for(stream.drain(), WRITE_TIMEOUT)
 
     async def _send_raw(self, stream: Plain, code: int) -> None:

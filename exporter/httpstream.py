@@ -22,7 +22,8 @@ class Plain:
         return await self.reader.read(READ_SIZE)
 
     def write(self, data: bytes) -> None:
-        self.writer.write(data)
+        if data:
+            self.writer.write(data)
 
     async def drain(self) -> None:
         await self.writer.drain()
@@ -86,8 +87,9 @@ class Tls(Plain):
                 return b""
 
     def write(self, data: bytes) -> None:
-        self.tls.write(data)
-        self._flush()
+        if data:
+            self.tls.write(data)
+            self._flush()
 
     def goodbye(self) -> None:
         try:
