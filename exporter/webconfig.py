@@ -237,8 +237,9 @@ def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict, notes: list[str]) -> Non
     if bad:
         raise _err(path, "tls_server_config.curve_preferences",
                    f"unknown curve {bad[0]}; one of {', '.join(_CURVES)}")
-    if len(curves) == 1 and _CURVES[curves[0]] is not None:
-        ctx.set_ecdh_curve(_CURVES[curves[0]])
+    pinned = _CURVES[curves[0]] if len(curves) == 1 else None
+    if pinned is not None:
+        ctx.set_ecdh_curve(pinned)
     elif curves:
         notes.append(f"tls_server_config.curve_preferences {curves}: Python's ssl can pin one "
                      "NIST curve only; OpenSSL's default groups are offered (X25519, P-256, "
