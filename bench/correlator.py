@@ -14,6 +14,7 @@ import tracemalloc
 
 from exporter.clock import FakeClock
 from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.correlate.ids import episode_id
 from exporter.correlate.model import Episode, Phase, UpdateKind
 from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource,
                              Result, Transition)
@@ -140,7 +141,8 @@ def episode_memory(open_episodes: int = 10_000, probe_events: int = 2_000) -> di
         end = T0 + 1 + k * 3.0
         t = Transition("bpf", Resource.CPU, 1, Direction.ONLINE, Result.SUCCESS, end=end,
                        start=end - 0.01, steps=100)
-        episodes.append(Episode(id=f"cpu-increase-{int(t.start * 1e6)}", resource=Resource.CPU,
+        episodes.append(Episode(id=episode_id(Resource.CPU, Change.INCREASE, t.start),
+                                resource=Resource.CPU,
                                 change=Change.INCREASE, opened=t.start, transitions=[t],
                                 kernel_done=end, kernel_before=1.0, kernel_after=2.0,
                                 kubelet_before=1.0, phase=Phase.RESYNC))

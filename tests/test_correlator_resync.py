@@ -43,7 +43,8 @@ def test_eight_cpus_coalesce_into_one_request_and_resync_after_3s():
     assert [u.kind for u in updates] == [UpdateKind.RESYNCED, UpdateKind.ENDED]
     ep = updates[-1].episode
     assert ep.outcome is Outcome.CONVERGED and ep.resync_seconds == 3.0
-    assert ep.id == f"cpu-increase-{int((T0 + 1.0 - 0.0078125) * 1e6)}"
+    # Opened at T0 + 0.9921875 s = 2023-11-14 22:13:20.992187 UTC; 992187 us is y8xv in base32.
+    assert ep.id == "cpu-inc-20231114-221320-y8xv"
 
     hist = s.stats.resync_duration[UP]
     assert hist.n == 1 and hist.total == 3.0

@@ -18,6 +18,7 @@ from enum import Enum
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
+from exporter.correlate.ids import IdMaker
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
@@ -31,7 +32,6 @@ _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsec
 # Looked up per transition: Enum properties (.change, .value) cost more than a dict.
 _CHANGE = {Direction.ONLINE: Change.INCREASE, Direction.OFFLINE: Change.DECREASE}
 _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
-_ID_PREFIX = {(r, c): f"{r.value}-{c.value}" for r in Resource for c in Change}
 _SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
                for r in Resource for c in Change}
 
@@ -85,6 +85,7 @@ class EpisodeTracker:
         # (online, offline, online) must not reuse the id of the episode it superseded.
         self._recent_order: deque[str] = deque(maxlen=_RECENT_IDS)
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
+        self._ids = IdMaker()
         self._deadlines = Deadlines(config, view, self._open)
         # The deadline heap itself (earliest first), for a caller's "anything due?" test.
         self.next_due = self._open.heap
@@ -179,7 +180,7 @@ class EpisodeTracker:
             track.ep.opened = min(track.ep.opened, began)
             self._note_kernel_after(track)
             return updates + [self._update(UpdateKind.TRANSITION, track, t.end)]
-        ep_id = base_id = f"{_ID_PREFIX[(t.resource, change)]}-{int(began * 1e6)}"
+        ep_id = base_id = self._ids.make(t.resource, change, began)
         n = 1
         while ep_id in self._open.by_id or ep_id in self._recent_ids:
             n += 1
