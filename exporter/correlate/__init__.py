@@ -84,16 +84,6 @@ class Correlator:
         """Copies of the open episodes, oldest first."""
         return self._tracker.open_episodes()
 
-    # TEMPORARY, for exporter/app.py as committed before the split (see
-    # exporter.sinks.metrics.ExporterCollector): delete both once app.py builds MetricsSink.
-    @property
-    def ledger(self) -> KernelLedger:
-        return self._ledger
-
-    @property
-    def tracker(self) -> NodeView:
-        return self._view
-
     # ------------------------------------------------------------ per event type
 
     def _transition(self, t: Transition) -> list[EpisodeUpdate]:

@@ -294,15 +294,3 @@ def _gauge(name: str, help_: str, values: dict[Resource, float]) -> Metric:
     for r, v in sorted(values.items(), key=str):
         fam.add_metric([r.value, r.unit], v)
     return fam
-
-
-def ExporterCollector(lock: threading.Lock, ledger: KernelLedger, view: NodeView,
-                      sinks: list[object]) -> MetricsSink:
-    """TEMPORARY bridge for exporter/app.py as committed before the correlator split (it calls
-    ExporterCollector(agent.lock, correlator.ledger, correlator.tracker, agent.sinks)); it
-    adds the sink to the agent's list itself. Resumed episodes' requests are not counted
-    through it. Delete it, and Correlator.ledger / Correlator.tracker, once app.py builds
-    MetricsSink as this module's docstring shows."""
-    metrics = MetricsSink(lock, ledger, view, sinks)
-    sinks.append(metrics)
-    return metrics
