@@ -195,3 +195,19 @@ def test_a_hostile_podresources_answer_is_not_amplified(api, tmp_path):
             assert s.value("node_resize_exporter_source_up", source="podresources") == 1
     finally:
         server.stop()
+
+
+@pytest.mark.kernel
+def test_forged_uevents_are_not_counted_by_a_running_exporter(cpu1):
+    """Item 9: 100 forged `offline@/devices/system/cpu/cpu1` were counted while cpu1 stayed
+    online. From user space (port id != 0) they are malformed input now, never transitions."""
+    from tests.test_uevent_forged import send_forged
+    with RunningExporter("--source", "uevent", "--kubernetes", "off") as exp:
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up", source="uevent") == 1)
+        send_forged(100)
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_malformed_total",
+                                           source="uevent") == 100)
+        assert s.value("node_hotplug_transitions_total", resource="cpu", direction="offline",
+                       result="success") == 0
+        assert s.value("node_hotplug_cpus", state="online") == s.value("node_hotplug_cpus",
+                                                                       state="present")

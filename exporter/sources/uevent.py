@@ -3,10 +3,20 @@
 The kernel broadcasts `offline@/devices/system/cpu/cpu1` and friends to multicast group 1 after
 a transition completed. Works on every kernel and needs no BPF, but knows nothing of durations
 or refusals (a refused offline sends no uevent at all).
+
+Anyone with CAP_NET_ADMIN can send to that group too, and root can make the kernel itself send
+a synthetic uevent by writing to a device's `uevent` file (issue 16, item 9: 100 forged
+`offline@.../cpu1` were counted while cpu1 stayed online). So, as udev does, a datagram counts
+only when its sender is the kernel (netlink port id 0), and not when it is synthetic (the kernel
+marks those with SYNTH_UUID); both are MalformedInput. A CPU or memory-block transition is also
+checked against sysfs before it counts: one the kernel's state contradicts (cpu1 "offline"
+while cpu1/online reads 1) is skipped, logged at debug; the sysfs reconciler puts the gauges
+right either way.
 """
 from __future__ import annotations
 
 import errno
+import os
 import re
 import select
 import socket
@@ -83,9 +93,11 @@ def to_event(ev: Uevent, now: float) -> Transition | DeviceChange | None:
 class UeventSource(Source):
     name = "uevent"
 
-    def __init__(self, clock: Clock):
+    def __init__(self, clock: Clock, sysfs_root: str = "/sys"):
         super().__init__(clock)
         self.sock: socket.socket | None = None
+        self.sysfs_root = sysfs_root
+        self.unconfirmed = 0  # kernel transitions sysfs contradicted (skipped)
 
     def open(self) -> None:
         try:
@@ -115,24 +127,51 @@ class UeventSource(Source):
             if not ready:
                 continue
             try:
-                data = self.sock.recv(65536)
+                data, (port, _groups) = self.sock.recvfrom(65536)
             except OSError as e:
                 if e.errno == errno.ENOBUFS:  # the kernel dropped datagrams: we lost events
                     emit(EventsLost(self.name, 1, self.clock.now()))
                     continue
                 raise
-            self.handle(data, emit)
+            self.handle(data, emit, sender=port)
 
-    def handle(self, data: bytes, emit: Emit) -> None:
+    def handle(self, data: bytes, emit: Emit, sender: int = 0) -> None:
         now = self.clock.now()
+        if sender != 0:
+            emit(MalformedInput(self.name, f"uevent from user space (netlink port {sender}), "
+                                           "not the kernel: ignored", now))
+            return
         try:
             ev = parse_uevent(data)
         except (ValueError, UnicodeDecodeError) as e:
             emit(MalformedInput(self.name, str(e), now))
             return
         event = to_event(ev, now)
-        if event is not None:
-            emit(event)
+        if event is None:
+            return
+        if "SYNTH_UUID" in ev.env:
+            emit(MalformedInput(self.name, f"synthetic uevent {ev.action}@{ev.devpath[:80]} "
+                                           "(written to a uevent file): not a transition", now))
+            return
+        if isinstance(event, Transition) and not self._confirmed(event):
+            self.unconfirmed += 1
+            self.log.debug("uevent %s@%s contradicted by sysfs: skipped", ev.action, ev.devpath)
+            return
+        emit(event)
+
+    def _confirmed(self, t: Transition) -> bool:
+        """Does sysfs agree with the transition now? Unreadable state cannot contradict."""
+        if t.resource is Resource.CPU:
+            path, want = f"devices/system/cpu/cpu{t.unit}/online", (
+                "1" if t.direction is Direction.ONLINE else "0")
+        else:
+            path, want = f"devices/system/memory/memory{t.unit}/state", t.direction.value
+        try:
+            with open(os.path.join(self.sysfs_root, path)) as f:
+                state = f.read().strip()
+        except OSError:
+            return True  # cpu0 has no online file; a removed block has no state
+        return state == want
 
     def close(self) -> None:
         if self.sock is not None:
@@ -141,4 +180,4 @@ class UeventSource(Source):
 
 
 register(SourceSpec("uevent", KERNEL, "kernel uevents (netlink) for CPUs and memory blocks",
-                    lambda ctx: UeventSource(ctx.clock), order=30))
+                    lambda ctx: UeventSource(ctx.clock, ctx.options.sysfs_root), order=30))

@@ -1,0 +1,81 @@
+"""Issue 16, item 9: forged uevents. A process with CAP_NET_ADMIN (root here) can send to the
+kernel's uevent multicast group, and root can make the kernel send a synthetic uevent by writing
+to a device's `uevent` file. Neither is a transition; a real cpu1 flap still is."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from exporter.clock import MonotonicWallClock
+from exporter.events import MalformedInput, Transition
+from exporter.sources.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT, UeventSource
+from tests.event_log import EventLog
+
+CPU1 = Path("/sys/devices/system/cpu/cpu1")
+
+
+def forged_offline(seqnum: int) -> bytes:
+    return b"\0".join([b"offline@/devices/system/cpu/cpu1", b"ACTION=offline",
+                       b"DEVPATH=/devices/system/cpu/cpu1", b"SUBSYSTEM=cpu",
+                       b"SEQNUM=%d" % seqnum, b""])
+
+
+def send_forged(count: int) -> None:
+    """From user space, to the group the kernel broadcasts uevents on."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
+        s.bind((0, 0))
+        for i in range(count):
+            s.sendto(forged_offline(900_000 + i), (0, KERNEL_GROUP))
+
+
+@pytest.fixture
+def source():
+    log = EventLog()
+    src = UeventSource(MonotonicWallClock())
+    src.open()
+    src.start(log.emit)
+    yield src, log
+    src.stop()
+
+
+@pytest.mark.kernel
+def test_forged_offline_from_user_space_is_not_counted(cpu1, source):
+    src, log = source
+    send_forged(100)
+    log.wait_for(MalformedInput, count=100)
+    assert all("from user space (netlink port" in m.detail for m in log.of(MalformedInput))
+    assert log.of(Transition) == []
+    assert (CPU1 / "online").read_text().strip() == "1"  # it never went offline
+    cpu1.set_online(False)  # a real one still counts, confirmed by sysfs
+    cpu1.set_online(True)
+    log.wait_for(Transition, lambda t: t.unit == 1 and t.direction.value == "online")
+    assert [(t.unit, t.direction.value) for t in log.of(Transition)] == [(1, "offline"),
+                                                                         (1, "online")]
+
+
+@pytest.mark.kernel
+def test_synthetic_uevent_from_the_kernel_is_not_a_transition(cpu1, source):
+    """`echo offline > /sys/devices/system/cpu/cpu1/uevent`: the kernel itself sends it (port
+    0), marked SYNTH_UUID; cpu1 stays online."""
+    src, log = source
+    (CPU1 / "uevent").write_text("offline")
+    bad = log.wait_for(MalformedInput)
+    assert "synthetic uevent offline@/devices/system/cpu/cpu1" in bad.detail
+    assert log.of(Transition) == []
+    assert (CPU1 / "online").read_text().strip() == "1"
+
+
+def test_a_kernel_transition_sysfs_contradicts_is_skipped(tmp_path):
+    """The cross-check, on a sysfs tree where cpu1 is online: an "offline" from the kernel is
+    skipped (stale or impossible), an "online" counts."""
+    cpu = tmp_path / "devices/system/cpu/cpu1"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text("1\n")
+    log = EventLog()
+    src = UeventSource(MonotonicWallClock(), sysfs_root=str(tmp_path))
+    src.handle(forged_offline(1), log.emit, sender=0)
+    assert log.events == [] and src.unconfirmed == 1
+    src.handle(forged_offline(2).replace(b"offline", b"online"), log.emit, sender=0)
+    assert [t.direction.value for t in log.of(Transition)] == ["online"]
