@@ -3,6 +3,12 @@
 
     .venv/bin/python bench/profile.py storm [--cycles 100] [--perf]
     .venv/bin/python bench/profile.py idle [--seconds 60]
+    .venv/bin/python bench/profile.py wake [--cycles 50]
+
+`wake` times one fixed piece of the exporter's own work (decoding a BPF record into a
+Transition, the 64-byte copy included) in the BPF source's thread right after each record woke
+it, by direction, against the same call in a quiet thread: what a CPU transition costs the
+code that runs next to it, whoever that code belongs to.
 
 Prints the CPU seconds the process used, its thread count, and py-spy's samples grouped by
 thread and by the innermost exporter/library function (self time), most first. With --perf,
@@ -73,16 +79,68 @@ def storm(cycles: int) -> None:
             cpu.set_online(True)
 
 
+def wake(cycles: int) -> None:
+    """Thread CPU of RecordDecoder work per record, woken by real transitions vs quiet."""
+    import ctypes
+    import statistics
+    import threading
+
+    from exporter.clock import MonotonicWallClock
+    from exporter.sources import bpf
+
+    source = bpf.BpfSource(MonotonicWallClock())
+    source.open()
+    rows: list[tuple[str, float]] = []
+    events: list = []
+    decode = source._on_sample
+
+    def timed(data: int, size: int) -> None:
+        t = time.thread_time()
+        decode(data, size)
+        rows.append((events[-1].direction.value, time.thread_time() - t))
+
+    source.ring._on_sample = timed  # the same callback, timed: nothing else changes
+    source.start(events.append)
+    quiet = bpf.HotplugRecord(start_ns=1, end_ns=2, kind=bpf.KIND_CPU, cpu=1, online=1)
+    quiet_costs = []
+
+    def quiet_run() -> None:
+        for _ in range(200):
+            t = time.thread_time()
+            decode(ctypes.addressof(quiet), bpf.RECORD_SIZE)
+            quiet_costs.append(time.thread_time() - t)
+            time.sleep(0.002)
+
+    try:
+        q = threading.Thread(target=quiet_run)
+        q.start()
+        q.join()
+        storm(cycles)
+        time.sleep(0.3)
+    finally:
+        source.stop()
+    print(f"quiet: median {statistics.median(quiet_costs) * 1e6:.0f} us (n={len(quiet_costs)})")
+    for direction in ("offline", "online"):
+        xs = [c for d, c in rows if d == direction]
+        if xs:
+            print(f"woken by a cpu1 {direction} record: median "
+                  f"{statistics.median(xs) * 1e6:.0f} us, max {max(xs) * 1e6:.0f} us "
+                  f"(n={len(xs)})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["storm", "idle"])
+    parser.add_argument("what", choices=["storm", "idle", "wake"])
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=997, help="py-spy samples per second")
     parser.add_argument("--perf", action="store_true", help="also perf record, by DSO")
     parser.add_argument("--sources", default="auto")
     args = parser.parse_args()
+    if args.what == "wake":
+        wake(args.cycles if args.cycles != 100 else 50)
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="nre-profile-"))
     with ResizeExporter(args.sources) as ours:
         time.sleep(1.0)  # past start-up
