@@ -38,8 +38,10 @@ def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
         with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
                              "--podresources-socket", "", "--kubelet-root-dir", str(root),
                              "--cgroup-root", cgroup_root) as exp:
-            s = exp.wait_for(lambda s: blocked(s) == 0 and s.value(
+            # The checkpoint and the cgroup read (a gauge appears only once its file was read).
+            s = exp.wait_for(lambda s: blocked(s) is not None and s.value(
                 "node_kubelet_cgroup_cpuset_cpus", state="online") == 2, timeout=15)
+            assert blocked(s) == 0
             assert s.value("node_kubelet_cpu_manager_cpus", set="default", state="online") == 2
             assert s.value("node_resize_exporter_source_up", source="kubelet_checkpoint") == 1
 

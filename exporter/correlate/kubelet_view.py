@@ -149,16 +149,17 @@ class KubeletView:
         return out
 
     def restart_problems(self) -> dict[str, str | None]:
-        """reason -> why a restart now would fail (None: it would not); empty before the
-        first kernel snapshot (nothing to compare with)."""
+        """reason -> why a restart now would fail (None: it would not), for each checkpoint
+        read so far (absent counts as read); nothing before the first kernel snapshot."""
         snap = self.snapshot
         if snap is None:
             return {}
-        cp, mp = self.cpu_checkpoint, self.memory_checkpoint
-        return {
-            CPU_MANAGER: cpu_manager_problem(cp, snap.cpus_online) if cp else None,
-            MEMORY_MANAGER: memory_manager_problem(mp, snap) if mp else None,
-        }
+        out: dict[str, str | None] = {}
+        if self.cpu_checkpoint is not None:
+            out[CPU_MANAGER] = cpu_manager_problem(self.cpu_checkpoint, snap.cpus_online)
+        if self.memory_checkpoint is not None:
+            out[MEMORY_MANAGER] = memory_manager_problem(self.memory_checkpoint, snap)
+        return out
 
     def restart_blocked(self) -> dict[str, int]:
         return {reason: int(problem is not None)
