@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from inotify_simple import INotify, flags  # type: ignore[import-untyped]
+
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
 from exporter.events import (CpuManagerCheckpoint, MalformedInput, MemoryManagerCheckpoint,
@@ -207,7 +209,6 @@ class KubeletCheckpointSource(Source):
     def _watch(self) -> None:
         if self._inotify is not None or not self.root.is_dir():
             return
-        from inotify_simple import INotify, flags  # type: ignore[import-untyped]
         try:
             inotify = INotify(nonblocking=True)
         except OSError as e:
@@ -254,7 +255,6 @@ class KubeletCheckpointSource(Source):
 
     def _relevant(self) -> bool:
         """Drain the inotify queue: did one of the checkpoints (or the root itself) change?"""
-        from inotify_simple import flags  # type: ignore[import-untyped]
         events = list(self._inotify.read(timeout=0))
         if any(e.mask & (flags.IGNORED | flags.Q_OVERFLOW) for e in events):
             # The root was removed or moved (the watch is gone), or events were dropped:
