@@ -313,8 +313,19 @@ class NodeCapacityConfigured:
     configured: Mapping[Resource, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NodeHeartbeat:
+    """Issue 17: the Node's Ready lastHeartbeatTime moved while its capacity did not (a live
+    kubelet's periodic status update). Not a NodeStatus: nothing about capacity changed."""
+
+    time: float
+    node: str
+    heartbeat: float  # wall seconds
+
+
 KernelEvent = Transition | DeviceChange | KernelSnapshot
-KubeEvent = NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
+KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
+             | NodeHeartbeat)
 KubeletLocalEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
                      | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured)
 Event = (KernelEvent | KubeEvent | KubeletLocalEvent | SourceStatus | ProgramStatus | EventsLost

@@ -57,6 +57,7 @@ class Replay:
         }
         self.registry = CollectorRegistry()
         self.registry.register(self.stream.metrics)
+        self.emitted: list = []  # every event the watch sources emitted, in order
 
     def __enter__(self) -> "Replay":
         for source in self.sources.values():
@@ -72,6 +73,7 @@ class Replay:
     def _emitter(self, name: str):
         def emit(event) -> None:
             with self.lock:
+                self.emitted.append(event)
                 self.stream.metrics.on_event(event)
                 self.stream._take(self.stream.correlator.handle(event, name))
         return emit

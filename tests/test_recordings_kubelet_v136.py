@@ -11,6 +11,8 @@ cpu1 offlined for real.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from exporter.events import Direction
@@ -103,6 +105,33 @@ def test_node_watch_unplug_restart_resync(api):
         assert s.value("node_resize_resync_errors_total", resource="cpu",
                        reason="resync_timeout") == 0
         assert s.value("node_kubelet_heartbeat_timestamp_seconds") == at("08:23:57")
+
+
+def _beat(event: dict, stamp: str, rv: int) -> dict:
+    """The recorded Node as its kubelet re-posts it unchanged: every condition's heartbeat at
+    `stamp` (what a live kubelet does at least every nodeStatusReportFrequency, 5 min)."""
+    obj = copy.deepcopy(event["object"])
+    obj["metadata"]["resourceVersion"] = str(rv)
+    for cond in obj["status"]["conditions"]:
+        cond["lastHeartbeatTime"] = f"2026-11-23T{stamp}Z"
+    return {"type": "MODIFIED", "object": obj}
+
+
+def test_a_live_kubelet_s_heartbeat_moves_without_a_node_status(api):
+    """A heartbeat-only Node update is a NodeHeartbeat, not a NodeStatus: the episode side sees
+    no capacity change, the heartbeat gauges move."""
+    node = recording("node-watch-cpu1-unplug-restart.jsonl")
+    with Replay(api) as r:
+        r.kernel(at("08:21:44"), cpus=2)
+        r.publish(node[0], at("08:21:44"))
+        r.publish(_beat(node[0], "08:26:44", 1018), at("08:26:45"))
+        s = r.scrape()
+        assert s.value("node_kubelet_heartbeat_timestamp_seconds") == at("08:26:44")
+        assert s.value("node_kubelet_heartbeat_age_seconds") == 1
+        r.publish(_beat(node[0], "08:26:44", 1019), at("08:27:00"))  # the same heartbeat again
+        assert r.scrape().value("node_kubelet_heartbeat_age_seconds") == 16
+        kinds = [type(e).__name__ for e in r.emitted if type(e).__name__.startswith("Node")]
+        assert kinds == ["NodeStatus", "NodeHeartbeat"]
 
 
 # ---------------------------------------------------------------- pods-watch-readmission-outofcpu

@@ -19,7 +19,7 @@ from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate
 from exporter.correlate.node_view import NodeView
-from exporter.events import (Event, KernelSnapshot, KubeletProcess, NodeStatus,
+from exporter.events import (Event, KernelSnapshot, KubeletProcess, NodeHeartbeat, NodeStatus,
                              PodResourcesAllocatable, PodsRelisted, PodStatus, Transition)
 
 __all__ = ["Correlator", "CorrelatorConfig", "KernelLedger", "NodeView"]
@@ -42,6 +42,7 @@ class Correlator:
             PodsRelisted: self._relist,
             PodResourcesAllocatable: self._podresources,
             KubeletProcess: self._kubelet_process,
+            NodeHeartbeat: self._heartbeat,
         }
         self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
 
@@ -110,6 +111,10 @@ class Correlator:
 
     def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
         self._view.on_podresources(alloc)
+        return []
+
+    def _heartbeat(self, beat: NodeHeartbeat) -> list[EpisodeUpdate]:
+        self._view.on_heartbeat(beat)  # issue 17: a gauge only, no episode reads it
         return []
 
     def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.kube_view import NodeCapacity, PodView, subtract
-from exporter.events import (KernelSnapshot, NodeStatus, PodResourcesAllocatable, PodsRelisted,
-                             PodStatus, Resource)
+from exporter.events import (KernelSnapshot, NodeHeartbeat, NodeStatus,
+                             PodResourcesAllocatable, PodsRelisted, PodStatus, Resource)
 
 # Resources /proc and sysfs always report (hugepage sizes only when the kernel has them).
 _ALWAYS_REPORTED = frozenset({Resource.CPU, Resource.MEMORY, Resource.SWAP})
@@ -27,6 +27,7 @@ class NodeView:
         self.pods = PodView()
         self._podresources: frozenset[int] | None = None
         self._drift_since: dict[Resource, float] = {}
+        self._heartbeat: float | None = None  # the Node's Ready lastHeartbeatTime (issue 17)
 
     # ------------------------------------------------------------ fed by the Correlator
 
@@ -37,6 +38,11 @@ class NodeView:
     def on_node(self, node: NodeStatus) -> None:
         self.node.update(node)
         self._note_drift(node.time)
+        if node.heartbeat is not None:
+            self._heartbeat = node.heartbeat
+
+    def on_heartbeat(self, beat: NodeHeartbeat) -> None:
+        self._heartbeat = beat.heartbeat
 
     def on_pod(self, pod: PodStatus) -> PodStatus | None:
         """Apply the pod; returns what the view held for it before (None: first sight)."""
@@ -99,8 +105,7 @@ class NodeView:
 
     def heartbeat(self) -> float | None:
         """The Node's last Ready heartbeat (wall seconds), None before one is seen."""
-        status = self.node.status
-        return None if status is None else status.heartbeat
+        return self._heartbeat
 
     def heartbeat_age(self) -> float | None:
         """Seconds since that heartbeat by the injected clock (0 if it is in our future)."""

@@ -3,14 +3,15 @@
 Only this node is watched (fieldSelector metadata.name=NODE): a DaemonSet of watches on every
 node object would cost the API server O(nodes^2). A NodeStatus is emitted when capacity or
 allocatable actually change (the first delivery always), not on every heartbeat update, and
-not again after a relist that finds the same values.
+not again after a relist that finds the same values; a heartbeat that moved without them is a
+NodeHeartbeat (issue 17: a dead kubelet is told by its heartbeat's age).
 """
 from __future__ import annotations
 
 import dataclasses
 
 from exporter.clock import Clock
-from exporter.events import MalformedInput, NodeStatus
+from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
 from exporter.kube.capacity_configured import CapacityConfiguredFilter
 from exporter.kube.client import RawNode
 from exporter.kube.convert import node_status
@@ -28,6 +29,7 @@ class KubeNodeSource(ListWatchSource):
         super().__init__(clock, **kwargs)
         self.node_name = node_name
         self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
+        self._beat: float | None = None  # the Ready heartbeat last emitted
         self._configured = CapacityConfiguredFilter()  # issue 13: KEP-3953's condition
 
     def field_selector(self) -> dict[str, str]:
@@ -67,9 +69,12 @@ class KubeNodeSource(ListWatchSource):
         if not isinstance(event, NodeStatus):
             emit(MalformedInput(self.name, "; ".join(converted.problems), now))
             return
-        key = (dataclasses.replace(event, time=0.0, resource_version=""),
+        key = (dataclasses.replace(event, time=0.0, resource_version="", heartbeat=None),
                tuple(converted.problems))
+        beat, self._beat = self._beat, event.heartbeat
         if key == self._last:
+            if event.heartbeat is not None and event.heartbeat != beat:
+                emit(NodeHeartbeat(now, event.node, event.heartbeat))
             return
         self._last = key
         for problem in converted.problems:
