@@ -26,7 +26,7 @@ Kind = tuple[Resource, Change]
 TransitionKey = tuple[Resource, int, Direction, Result]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Track:
     """An open episode plus what the tracker needs to move it on."""
 
