@@ -193,7 +193,21 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
         for update in updates:
             for sink in agent.sinks:
                 sink.on_update(update)
+        _count_changes_while_down(journal, opened.reconciler, ledger)
     return agent
+
+
+def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
+                              ledger: KernelLedger) -> None:
+    """What sysfs says now against what the journal last knew (issue 16, item 14)."""
+    from exporter.down_changes import changes_while_down, state_at_stop
+    if reconciler.initial is None:
+        return
+    changes = changes_while_down(state_at_stop(journal.last_kernel_events()), reconciler.initial)
+    ledger.down_changes.update(changes)
+    for (resource, direction), n in sorted(changes.items(), key=str):
+        log.info("while the exporter was down: %d %s %s transition(s)", n, resource.value,
+                 direction.value)
 
 
 def _fail(message: str) -> int:

@@ -211,3 +211,34 @@ def test_forged_uevents_are_not_counted_by_a_running_exporter(cpu1):
                        result="success") == 0
         assert s.value("node_hotplug_cpus", state="online") == s.value("node_hotplug_cpus",
                                                                        state="present")
+
+
+@pytest.mark.kernel
+def test_sigkill_then_restart_counts_changes_while_down_and_no_request_twice(cpu1, api,
+                                                                              tmp_path):
+    """Item 14: over a SIGKILL and a restart, a resumed episode's request was counted again
+    (51 requests for 50 unplugs), and what the kernel did meanwhile was lost. Now the new
+    process counts the cpu1 online made while it was down, and not the resumed request."""
+    journal = str(tmp_path / "journal.db")
+    args = ("--source", "uevent", "--journal", journal, "--coalesce-window", "60")
+    first = _exporter(api, *args).start()
+    try:
+        cpu1.set_online(False)
+        first.wait_for(lambda s: s.value("node_hot_unplug_request_total", resource="cpu") == 1
+                       and s.value("node_resize_exporter_episodes_open") == 1, timeout=30)
+        first.proc.kill()  # SIGKILL: no flush, no close
+        first.proc.wait(10)
+    finally:
+        first.stop()
+        first.tmp.cleanup()
+    cpu1.set_online(True)  # while no exporter runs
+    with _exporter(api, *args) as second:
+        s = second.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 1,
+                            timeout=30)
+        assert "resumed 1 open episode" in second.logs()
+        assert s.value("node_hot_unplug_request_total", resource="cpu") == 0
+        assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
+                       direction="online") == 1
+        assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
+                       direction="offline") == 0
+        assert "while the exporter was down: 1 cpu online" in second.logs()

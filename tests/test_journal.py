@@ -314,3 +314,30 @@ def test_a_journal_of_a_newer_schema_is_refused_not_relabelled(tmp_path):
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert tables == {"future"}
+
+
+def test_the_kernel_state_the_last_process_knew(tmp_path):
+    """Issue 16, item 14: the last snapshot plus the transitions journaled after it; what sysfs
+    says at the next start is compared with that."""
+    from exporter.down_changes import changes_while_down, state_at_stop
+    from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
+
+    def snap(t: float, cpus: set[int], blocks: set[int]) -> KernelSnapshot:
+        return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1, 2, 3} - cpus),
+                              frozenset({0, 1, 2, 3}), frozenset({0, 1, 2, 3}), 128 << 20,
+                              frozenset(blocks), frozenset(), 1 << 30, 0)
+
+    j = Journal(tmp_path / "j.db", clock=FakeClock(T0))
+    assert state_at_stop(j.last_kernel_events()) is None  # no snapshot yet: nothing to say
+    j.on_event(snap(T0, {0, 1, 2, 3}, {0, 1}))
+    j.on_event(snap(T0 + 1, {0, 1, 2}, {0, 1}))
+    j.on_event(Transition("bpf", Resource.CPU, 2, Direction.OFFLINE, Result.SUCCESS, end=T0 + 2))
+    j.on_event(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.FAILED, end=T0 + 3))
+    j.on_event(lost(T0 + 4))
+    events = j.last_kernel_events()
+    assert [type(e).__name__ for e in events] == ["KernelSnapshot", "Transition", "Transition"]
+    before = state_at_stop(events)
+    assert before.cpus_online == {0, 1} and before.memory_blocks_online == {0, 1}
+    changes = changes_while_down(before, snap(T0 + 100, {0, 1, 2, 3}, {0}))
+    assert changes == {(Resource.CPU, Direction.ONLINE): 2, (Resource.MEMORY, Direction.OFFLINE): 1}
+    j.close()

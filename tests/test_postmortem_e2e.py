@@ -140,7 +140,7 @@ def test_sigkill_mid_episode_then_restart_resumes_and_traces_once(cpu1, tmp_path
 def test_full_journal_disk_is_counted_while_metrics_serve(tmp_path):
     disk = tmp_path / "full"
     disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "nre-e2e", str(disk)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "nre-e2e", str(disk)],
                    check=True)
     try:
         fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)

@@ -299,6 +299,24 @@ class Journal:
             "SELECT exported FROM episodes WHERE id=?", (episode_id,)).fetchone(), None)
         return bool(row and row[0])
 
+    def last_kernel_events(self) -> list[Event]:
+        """The last KernelSnapshot and the Transitions journaled after it, in order: the kernel
+        state the last process knew (exporter/down_changes.py)."""
+        def query(c: sqlite3.Connection) -> list:
+            row = c.execute("SELECT max(seq) FROM events WHERE type='KernelSnapshot'").fetchone()
+            if row is None or row[0] is None:
+                return []
+            return c.execute("SELECT json FROM events WHERE seq >= ? AND type IN "
+                             "('KernelSnapshot', 'Transition') ORDER BY seq",
+                             (row[0],)).fetchall()
+        out = []
+        for (text,) in self._read(query, []):
+            try:
+                out.append(codec.loads(text))
+            except codec.CodecError:
+                self.malformed += 1
+        return out
+
     def open_episodes(self) -> list[Episode]:
         return self._episodes("ended IS NULL AND json IS NOT NULL", ())
 

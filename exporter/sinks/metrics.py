@@ -155,6 +155,14 @@ class MetricsSink(Collector):
         for r, d, res in sorted(keys | set(led.transitions), key=str):
             tx.add_metric([r.value, d.value, res.value], led.transitions.get((r, d, res), 0))
         yield tx
+        down = CounterMetricFamily("node_resize_exporter_down_changes",
+                                   "CPUs and memory blocks found in another state at start than "
+                                   "the journal last knew: changes while the exporter was down.",
+                                   labels=["resource", "direction"])
+        for r in KERNEL_RESOURCES:
+            for d in Direction:
+                down.add_metric([r.value, d.value], led.down_changes.get((r, d), 0))
+        yield down
         dur = HistogramMetricFamily("node_hotplug_transition_duration_seconds",
                                     "Kernel time of one transition, first cpuhp step (or "
                                     "online_pages call) to the last (BPF only).",

@@ -1,15 +1,17 @@
 """The episode statistics, counted from the correlator's updates (and, for balloon resizes, from
 the pod events themselves), as the metrics sink renders them.
 
-    OPENED, RESUMED  -> node_resize_resync_request_total / node_hot_unplug_request_total
+    OPENED           -> node_resize_resync_request_total / node_hot_unplug_request_total
     RESYNCED         -> node_resize_resync_duration_seconds
     ENDED            -> *_errors_total (by outcome; readmission_rejected when a settled
                         readmission rejected pods), node_hot_unplug_readmission_duration_seconds,
                         node_hot_unplug_readmission_pods_total
     PodStatus events -> node_balloon_resize_total, node_balloon_resize_duration_seconds
 
-Errors are counted per episode at its end, requests when it opens (again when it is resumed
-after a restart, since this process's counters start at zero): errors <= requests.
+Errors are counted per episode at its end, requests when it opens, and not again when it is
+resumed after a restart (issue 16: 51 requests for 50 unplugs over a SIGKILL): the process
+that opened it counted it, and Prometheus sums both processes' counters across the reset. So
+within one process an error can be counted for a request its predecessor counted.
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ class EpisodeStats:
         ep, kind = update.episode, update.kind
         increase = ep.change is Change.INCREASE
         if kind is UpdateKind.OPENED or kind is UpdateKind.RESUMED:
-            (self.resync_requests if increase else self.unplug_requests)[ep.resource] += 1
+            if kind is UpdateKind.OPENED:  # a resumed one was counted by the process before
+                (self.resync_requests if increase else self.unplug_requests)[ep.resource] += 1
             self.episodes_open += 1
         elif kind is UpdateKind.RESYNCED:
             if ep.resynced is not None and ep.kernel_done is not None:
