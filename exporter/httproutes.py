@@ -15,10 +15,10 @@ from typing import Callable
 import h11
 
 from exporter.exposition import Exposition
-from exporter.webauth import AUTH_WAIT, AuthBusy, BasicAuth
+from exporter.webauth import AUTH_CONCURRENCY, AUTH_WAIT, AuthBusy, BasicAuth
 
 RENDER_THREADS = 2
-AUTH_THREADS = 2  # = webauth.AUTH_CONCURRENCY: more threads would only wait for a slot
+AUTH_THREADS = AUTH_CONCURRENCY  # more threads would only wait for a slot
 AUTH_QUEUE = 32  # requests waiting for a bcrypt slot (AUTH_WAIT at most); past it 429 at once
 REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
 INDEX = """<html><head><title>node-resize-exporter</title></head><body>

@@ -15,7 +15,9 @@ import bcrypt
 
 AUTH_CACHE_SECONDS = 60.0  # bcrypt costs ~0.1-0.3 s a check; Prometheus scrapes every 15-60 s
 AUTH_CACHE_SIZE = 100
-AUTH_CONCURRENCY = 2  # bcrypt checks at once: 16 password guessers used 174% CPU without it
+# bcrypt checks at once: 16 password guessers used 174% CPU of a 2-CPU node without a bound.
+# One core at most for whoever can reach the port; scrapers are spared by the sliding cache.
+AUTH_CONCURRENCY = 1
 AUTH_WAIT = 1.0  # seconds a check waits for a free slot before the request gets 429
 
 _BCRYPT_HASH = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
@@ -60,8 +62,9 @@ class BasicAuth:
     """bcrypt checks with a short cache of successes.
 
     The cache key is a SHA-256 over user, stored hash and password, so the cache holds no
-    password and a changed hash misses. An unknown user costs one bcrypt check against a dummy
-    hash of the same cost as the real ones. At most `concurrency` bcrypt checks run at once; a
+    password and a changed hash misses; a hit slides the expiry. An unknown user costs one
+    bcrypt check against a dummy hash of the same cost as the real ones. At most `concurrency`
+    bcrypt checks run at once; a
     check that cannot get a slot within `wait` seconds raises AuthBusy. Cache hits need no slot,
     so a scraper whose password was checked in the last minute is answered during a flood of
     guesses.
@@ -93,11 +96,17 @@ class BasicAuth:
                                           password.encode("utf-8", "surrogateescape")])).digest()
 
     def cached(self, user: str, password: str) -> bool:
-        """A success of the last `ttl` seconds (cheap: no bcrypt)."""
+        """A success of the last `ttl` seconds (cheap: no bcrypt). A hit slides the expiry, so
+        a scraper that keeps scraping never needs bcrypt again, and a flood of guesses holding
+        every bcrypt slot cannot lock it out."""
         key, now = self._key(user, password), self.clock()
         with self._lock:
             expiry = self._cache.get(key)
-            return expiry is not None and expiry > now
+            if expiry is None or expiry <= now:
+                return False
+            self._cache[key] = now + self.ttl
+            self._cache.move_to_end(key)
+            return True
 
     def check(self, user: str, password: str) -> bool:
         """The cache, else one bcrypt check (in a slot). AuthBusy when no slot came free."""

@@ -517,6 +517,18 @@ def test_successful_checks_are_cached_briefly_failures_never():
     assert not auth.check("prometheus", "secret")
 
 
+def test_a_scraper_that_keeps_scraping_needs_bcrypt_once():
+    """The cache slides on a hit: while guesses hold every bcrypt slot, a Prometheus scraping
+    every 30 s must never need one again (it would get 429 once its entry expired)."""
+    clock = _Clock()
+    auth = BasicAuth({"prometheus": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))},
+                     ttl=60.0, clock=clock)
+    for _ in range(10):  # five minutes of scrapes
+        assert auth.check("prometheus", "secret")
+        clock.t += 30
+    assert auth.bcrypt_checks == 1
+
+
 def test_an_unknown_user_costs_a_check_of_the_same_cost():
     """Issue 16 item 10: the dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
     seen = []
