@@ -165,7 +165,11 @@ def check_kubelet_restart(options: Options) -> Check:
     except (OSError, ValueError) as e:
         return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
                      "mount the host's /sys and /proc")
-    cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+    try:
+        cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+    except OSError as e:
+        return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
+                     "run check as root on the node (or where the kubelet's root dir is mounted)")
     view = KubeletView()
     for event in (snap, cpu, memory):
         view.handle(event)

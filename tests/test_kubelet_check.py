@@ -100,3 +100,10 @@ def test_an_empty_root_dir_option_is_not_checked(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
     check = check_kubelet_restart(Options(**{**vars(options), "kubelet_root_dir": ""}))
     assert check.status == "warn" and "--kubelet-root-dir is empty" in check.detail
+
+
+def test_an_unreadable_checkpoint_is_not_checked(tmp_path):
+    options = sysfs_tree(tmp_path, "0-1", "")
+    (Path(options.kubelet_root_dir) / "cpu_manager_state").mkdir(parents=True)
+    check = check_kubelet_restart(options)
+    assert check.status == "warn" and "Is a directory" in check.detail

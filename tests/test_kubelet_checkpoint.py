@@ -235,7 +235,7 @@ def test_unchanged_files_are_not_emitted_again(tmp_path):
     source = KubeletCheckpointSource(MonotonicWallClock(), str(tmp_path), interval=3600)
     source.read(emitted.append)
     source.read(emitted.append)
-    assert [type(e).__name__ for e in emitted] == ["CpuManagerCheckpoint",
+    assert [type(e).__name__ for e in emitted] == ["SourceStatus", "CpuManagerCheckpoint",
                                                    "MemoryManagerCheckpoint"]
     source.close()
 
@@ -268,3 +268,24 @@ def test_no_input_crashes_the_parsers(data):
     for event in (cp, mp, snapshot({0})):
         view.handle(event)
     assert set(view.restart_blocked()) == {"cpu_manager_state", "memory_manager_state"}
+
+
+def test_an_unreadable_checkpoint_is_no_verdict_and_the_source_says_why(tmp_path):
+    """Unreadable (here a directory where the file should be: root reads anything else) is not
+    corrupted: no checkpoint event, so no restart_blocked series; the source is down."""
+    from exporter.events import SourceStatus
+    (tmp_path / "cpu_manager_state").mkdir()
+    emitted: list = []
+    source = KubeletCheckpointSource(MonotonicWallClock(), str(tmp_path), interval=3600)
+    source.read(emitted.append)
+    source.read(emitted.append)  # still down: said once
+    [down] = emitted
+    assert isinstance(down, SourceStatus) and not down.up
+    assert "Is a directory" in down.reason and "fix:" in down.reason
+    (tmp_path / "cpu_manager_state").rmdir()
+    write_checkpoint(tmp_path, "cpu_manager_state", fixture("static-0-1"))
+    source.read(emitted.append)
+    assert [type(e).__name__ for e in emitted[1:]] == [
+        "SourceStatus", "CpuManagerCheckpoint", "MemoryManagerCheckpoint"]
+    assert emitted[1].up
+    source.close()

@@ -151,31 +151,28 @@ def parse_memory_manager_state(data: bytes, path: str, now: float) -> MemoryMana
 
 
 def read_file(path: Path) -> bytes | None:
-    """At most MAX_BYTES + 1 bytes of `path`; None when there is no such file."""
+    """At most MAX_BYTES + 1 bytes of `path`; None when there is no such file (nor root).
+    OSError when it cannot be read: that says nothing about what the kubelet would find."""
     try:
         with open(path, "rb") as f:
             return f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
 def read_cpu_manager_state(root: str | Path, now: float) -> CpuManagerCheckpoint:
+    """Raises OSError when the file is there but cannot be read (permissions, I/O)."""
     path = Path(root) / CPU_STATE
-    try:
-        data = read_file(path)
-    except OSError as e:
-        return CpuManagerCheckpoint(now, str(path), True, error=f"unreadable: {e.strerror}")
+    data = read_file(path)
     if data is None:
         return CpuManagerCheckpoint(now, str(path), False)
     return parse_cpu_manager_state(data, str(path), now)
 
 
 def read_memory_manager_state(root: str | Path, now: float) -> MemoryManagerCheckpoint:
+    """Raises OSError when the file is there but cannot be read (permissions, I/O)."""
     path = Path(root) / MEMORY_STATE
-    try:
-        data = read_file(path)
-    except OSError as e:
-        return MemoryManagerCheckpoint(now, str(path), True, error=f"unreadable: {e.strerror}")
+    data = read_file(path)
     if data is None:
         return MemoryManagerCheckpoint(now, str(path), False)
     return parse_memory_manager_state(data, str(path), now)
@@ -200,6 +197,7 @@ class KubeletCheckpointSource(Source):
         self._inotify: Any = None
         self._last_cpu: CpuManagerCheckpoint | None = None
         self._last_memory: MemoryManagerCheckpoint | None = None
+        self._up: bool | None = None
 
     def open(self) -> None:
         # Before the privilege drop: the watch is kept. A missing root (no kubelet yet) is not
@@ -240,8 +238,14 @@ class KubeletCheckpointSource(Source):
             self._inotify = None
         self.waker.close()
 
+    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+        if self._up is not up:  # each change once, not every read
+            self._up = up
+            if not up:
+                self.log.warning("kubelet_checkpoint down: %s", reason)
+            emit(SourceStatus(self.name, up, self.clock.now(), reason))
+
     def loop(self, emit: Emit) -> None:
-        emit(SourceStatus(self.name, True, self.clock.now(), f"reading {self.root}"))
         self.read(emit)
         while not self.stopping.is_set():
             poked, changed = self.waker.wait(self.interval)
@@ -268,8 +272,15 @@ class KubeletCheckpointSource(Source):
     def read(self, emit: Emit) -> None:
         self._watch()  # the root may have appeared since
         now = self.clock.now()
-        cpu = read_cpu_manager_state(self.root, now)
-        memory = read_memory_manager_state(self.root, now)
+        try:
+            cpu = read_cpu_manager_state(self.root, now)
+            memory = read_memory_manager_state(self.root, now)
+        except OSError as e:
+            # Unreadable is not corrupted: no verdict (no series), the source is down, say why.
+            self._set_up(emit, False, f"cannot read {e.filename}: {e.strerror} (fix: mount the "
+                         "kubelet's root dir read-only and run the exporter as root)")
+            return
+        self._set_up(emit, True, f"reading {self.root}")
         for event, last in ((cpu, self._last_cpu), (memory, self._last_memory)):
             if _same(event, last):
                 continue
