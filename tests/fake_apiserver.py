@@ -19,7 +19,9 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   bytes as they are into open watches (half an event line, a line of 10 MiB without a newline);
   set_endless_continue(True) answers every list page with a `continue` token;
   set_watch_error(500) answers every watch with that HTTP status and a Status body (lists
-  still work: a list followed by the same failure, again and again).
+  still work: a list followed by the same failure, again and again);
+  throttle(429, retry_after=2, count=3) answers the next 3 requests with that status and a
+  Retry-After header (request_times holds when each request came, for the tests).
 - recordings (issue 17): replay(path, step) publishes a raw watch stream recorded from a real
   kube-apiserver (tests/fixtures/kubelet-v1.36/) event by event, BOOKMARKs included;
   publish_recorded(event) publishes one.
@@ -116,6 +118,8 @@ class FakeApiServer:
         self._silent = threading.Event()  # set: requests are read and never answered
         self.endless_continue = False
         self.watch_error: int | None = None
+        self.request_times: list[float] = []  # time.monotonic() of each entry in `requests`
+        self._throttle = (0, 429, "1")  # (requests left, status, Retry-After)
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
         self._host, self._port = host, port
         self._httpd: ThreadingHTTPServer | None = None
@@ -221,6 +225,11 @@ class FakeApiServer:
                 if then_hang:
                     watch.queue.put(_HANG)
             return len(self._watches)
+
+    def throttle(self, code: int = 429, retry_after: str = "1", count: int = 1) -> None:
+        """The next `count` requests get `code` with a Retry-After header (429, 503)."""
+        with self._lock:
+            self._throttle = (count, code, retry_after)
 
     def set_watch_error(self, code: int | None) -> None:
         self.watch_error = code
@@ -558,9 +567,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - keep test output clean
         pass
 
-    def _send_json(self, code: int, body: dict) -> None:
+    def _send_json(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -577,6 +588,15 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         with api._lock:
             api.requests.append((url.path, query))
+            api.request_times.append(time.monotonic())
+            left, code, retry_after = api._throttle
+            if left > 0:
+                api._throttle = (left - 1, code, retry_after)
+        if left > 0:
+            self._send_json(code, status_object(code, "TooManyRequests", "please try again "
+                                                "later", {"retryAfterSeconds": int(retry_after)}),
+                            {"Retry-After": retry_after})
+            return
         while api._silent.is_set():  # read, never answered: the client must give up by itself
             if api._stopping.wait(0.05):
                 return

@@ -26,7 +26,9 @@ What we add here:
 """
 from __future__ import annotations
 
+import email.utils
 import random
+import time
 from typing import Any
 
 import httpx2 as httpx
@@ -47,6 +49,8 @@ from exporter.sources.base import Emit, Source, SourceUnavailable
 LIST_MAX_OBJECTS = 10_000
 # What a quiet watch may go without a byte past its own timeoutSeconds before it is dead.
 WATCH_GRACE = 15.0
+# A Retry-After (429, 503) is honoured up to this: a server cannot park the source for longer.
+MAX_RETRY_AFTER = 60.0
 # The converters are total; if one is not, the object is counted and skipped, never fatal.
 _OBJECT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError,
                   RecursionError)
@@ -234,7 +238,7 @@ class ListWatchSource(Source):
             return None
         if code is not None:
             self._set_up(emit, False, f"API server answered {code} for {self.plural}: {message}")
-            self._sleep()
+            self._sleep(_retry_after(e))  # 429/503 say when to come back: not sooner
             return None
         if isinstance(e, AnswerTooLarge):
             self._set_up(emit, False, f"{e}; refused, relisting")
@@ -276,8 +280,11 @@ class ListWatchSource(Source):
         return (f"API server did not answer the {self.plural} list within "
                 f"{self.request_timeout:.0f} s")
 
-    def _sleep(self) -> None:
-        self.stopping.wait(self.backoff.next())
+    def _sleep(self, at_least: float | None = None) -> None:
+        delay = self.backoff.next()
+        if at_least is not None:
+            delay = max(delay, min(at_least, MAX_RETRY_AFTER))
+        self.stopping.wait(delay)
 
     def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
         if self._up is up:
@@ -286,6 +293,21 @@ class ListWatchSource(Source):
         (self.log.info if up else self.log.warning)("%s %s: %s", self.name,
                                                    "up" if up else "down", reason)
         emit(SourceStatus(self.name, up, self.clock.now(), reason))
+
+
+def _retry_after(e: Exception) -> float | None:
+    """Seconds a 429/503 asked us to wait (Retry-After: seconds or an HTTP date), else None."""
+    response = getattr(e, "response", None)
+    if response is None or response.status_code not in (429, 503):
+        return None
+    value = response.headers.get("Retry-After", "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _http_error(e: Exception) -> tuple[int | None, str]:
