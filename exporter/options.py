@@ -197,6 +197,21 @@ class Path_(click.Path):
         super().__init__(dir_okay=False)
 
 
+class RootDir(click.ParamType):
+    """A directory the exporter reads under (issue 13): it may not exist yet (no kubelet has
+    run), but an existing non-directory is a typo. Empty turns the reader off."""
+
+    name = "dir"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        import os
+        text = str(value).strip()
+        if text and os.path.exists(text) and not os.path.isdir(text):
+            self.fail(f"{text!r} is not a directory; pass the directory (or '' to turn this "
+                      "reader off)", param, ctx)
+        return text
+
+
 # ---------------------------------------------------------------- the definitions
 
 
@@ -272,10 +287,10 @@ _DEFINITIONS = (
     # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
     Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
         "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are "
-        "(empty: do not read them)."),
+        "(empty: do not read them).", RootDir()),
     Opt("cgroup_root", ("--cgroup-root",), defaults.CGROUP_ROOT,
         "Where the host's cgroup hierarchy is mounted (the kubepods cpuset is read there; "
-        "empty: do not read it)."),
+        "empty: do not read it).", RootDir()),
     Opt("kube_events", ("--kube-events",), False,
         "Post each episode's start and end as a Kubernetes Event on the Node (needs create "
         "on events: deploy/components/kube-events).", is_flag=True),

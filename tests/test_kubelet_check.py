@@ -107,3 +107,13 @@ def test_an_unreadable_checkpoint_is_not_checked(tmp_path):
     (Path(options.kubelet_root_dir) / "cpu_manager_state").mkdir(parents=True)
     check = check_kubelet_restart(options)
     assert check.status == "warn" and "Is a directory" in check.detail
+
+
+@pytest.mark.parametrize("flag", ["--kubelet-root-dir", "--cgroup-root"])
+def test_a_root_that_is_a_file_is_a_usage_error(tmp_path, flag):
+    file = tmp_path / "typo"
+    file.write_text("")
+    r = subprocess.run([sys.executable, "-m", "exporter", "run", flag, str(file)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"Invalid value for '{flag}': '{file}' is not a directory" in r.stderr
