@@ -117,3 +117,9 @@ def test_a_pod_failed_node_capacity_exceeded_is_a_readmission_rejection():
     [rejected] = [p for p in ended.episode.pods if p.outcome is PodVerdict.REJECTED]
     assert rejected.reason == "NodeCapacityExceeded"
     assert s.stats.readmission_pods[("rejected", "NodeCapacityExceeded")] == 1
+
+
+def test_the_view_knows_the_gates_the_source_reads():
+    from exporter.correlate import kubelet_view
+    from exporter.sources import kubelet_metrics
+    assert kubelet_view.GATES == kubelet_metrics.GATES

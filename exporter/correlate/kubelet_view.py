@@ -18,7 +18,8 @@ from exporter.events import (
 
 CPU_MANAGER = "cpu_manager_state"
 MEMORY_MANAGER = "memory_manager_state"
-BLOCK_REASONS = (CPU_MANAGER, MEMORY_MANAGER)
+# The gates the kubelet metrics source reads (its GATES; not imported: the correlator stays
+# free of the HTTP client; tests/test_kubelet_kep3953.py checks they agree)
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
          "BalloonPod")
 # Start times of one process read two ways (psutil, the kubelet's process_start_time_seconds)
