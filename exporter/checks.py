@@ -136,6 +136,40 @@ def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Chec
         source.close()
 
 
+def check_journal(options: Options) -> Check:
+    """Can `run` journal where it would? A corrupt journal only costs a warning and a counter
+    at run time (journaling stays off), so `check` is where it is said plainly (issue 16)."""
+    import sqlite3
+
+    from exporter.sinks.journal import SCHEMA_VERSION, default_journal_path
+    from exporter.sinks.journal_path import JournalPathError, check_journal_path
+    if options.no_journal:
+        return Check("journal", "ok", "off (--no-journal)")
+    path = Path(options.journal) if options.journal else default_journal_path()
+    fix = (f"move it away (mv {path} {path}.corrupt): `run` starts a new one; until then "
+           "nothing is journaled and node_resize_exporter_sink_errors_total{sink=\"journal\"} "
+           "grows")
+    try:
+        check_journal_path(path)
+    except JournalPathError as e:
+        return Check("journal", "fail", str(e).split(". Fix: ")[0],
+                     str(e).partition(". Fix: ")[2])
+    if not path.exists():
+        return Check("journal", "ok", f"{path} does not exist yet; `run` creates it (0600)")
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5) as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            problems = [r[0] for r in c.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.Error as e:
+        return Check("journal", "fail", f"{path} is corrupt or not a journal: {e}", fix)
+    if problems != ["ok"]:
+        return Check("journal", "fail", f"{path} is corrupt: {'; '.join(problems)[:300]}", fix)
+    if version > SCHEMA_VERSION:
+        return Check("journal", "fail", f"{path} has schema {version}, newer than this "
+                     f"exporter's {SCHEMA_VERSION}", "run the newer exporter, or move it away")
+    return Check("journal", "ok", f"{path} readable, schema {version}, no corruption found")
+
+
 def run_checks(options: Options | None = None) -> list[Check]:
     """Host diagnostics (why a source may fail), then every kernel source the registry knows,
     opened for real."""
@@ -145,7 +179,8 @@ def run_checks(options: Options | None = None) -> list[Check]:
               check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs(options.sysfs_root)]
     ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
     checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
-    return checks + [check_kubelet_restart(options)] + kubernetes_checks(options)
+    return checks + [check_journal(options), check_kubelet_restart(options)] + \
+        kubernetes_checks(options)
 
 
 def check_kubelet_restart(options: Options) -> Check:

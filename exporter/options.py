@@ -318,7 +318,8 @@ ALL: dict[str, Opt] = {o.dest: o for o in _DEFINITIONS}
 RUN = tuple(ALL)
 REPLAY = ("coalesce_window", "resync_deadline", "readmission_settle", "memory_tolerance")
 CHECK = ("sysfs_root", "procfs_root", "kubernetes", "kubeconfig", "node_name",
-         "podresources_socket", "kubelet_metrics_url", "kubelet_root_dir", "cgroup_root")
+         "podresources_socket", "kubelet_metrics_url", "kubelet_root_dir", "cgroup_root",
+         "journal", "no_journal")
 
 
 def apply(names: tuple[str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -242,3 +242,34 @@ def test_sigkill_then_restart_counts_changes_while_down_and_no_request_twice(cpu
         assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
                        direction="offline") == 0
         assert "while the exporter was down: 1 cpu online" in second.logs()
+
+
+def _corrupt_journal(path) -> None:
+    """A real journal whose pages are then overwritten in the middle (a bad disk, a bad copy)."""
+    from exporter.events import EventsLost
+    from exporter.sinks.journal import Journal
+    j = Journal(path)
+    for i in range(200):
+        j.on_event(EventsLost("bpf", i + 1, 1000.0 + i))
+    j.close()
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xde\xad\xbe\xef" * 2048)
+
+
+def test_a_corrupt_journal_is_reported_by_check_and_counted_by_run(api, tmp_path):
+    """Item 15: a corrupt journal turned journaling off with one warning and a counter. `check`
+    now says so with the fix, and `run` counts it in sink_errors_total{sink="journal"} (the
+    series an alert watches) while /metrics keeps serving."""
+    path = tmp_path / "journal.db"
+    _corrupt_journal(path)
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", "--journal", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    line = next(l for l in done.stdout.splitlines() if l.startswith(("OK   journal",
+                                                                      "FAIL journal")))
+    assert line.startswith("FAIL journal") and "is corrupt" in line, done.stdout
+    assert f"mv {path} {path}.corrupt" in done.stdout
+    with _exporter(api, "--journal", str(path)) as exp:
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_sink_errors_total",
+                                           sink="journal", default=0) > 0, timeout=30)
+        assert s.value("node_resize_exporter_source_up", source="sysfs") == 1
