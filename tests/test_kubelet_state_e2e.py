@@ -3,6 +3,7 @@ checkpoint naming CPUs 0-1 (the one a real kubelet v1.36 wrote) and a real kubep
 cgroup; cpu1 goes offline and comes back."""
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -120,3 +121,37 @@ def test_feature_gates_and_kep3953_condition_through_a_running_exporter(tmp_path
     finally:
         kubelet.shutdown()
         kubelet.server_close()
+
+
+def memtotal_bytes() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal")
+
+
+def test_static_memory_manager_blocked_while_a_memory_block_is_offline(memory_block, tmp_path):
+    """A Static memory manager checkpoint recording the memory the kernel has now (the shape
+    of pkg/kubelet/cm/memorymanager/state); one memory block offlined for real: a restart
+    would fail ("the expected machine state is different from the real one")."""
+    root = tmp_path / "kubelet"
+    root.mkdir()
+    total = memtotal_bytes()
+    (root / "memory_manager_state").write_text(json.dumps({
+        "policyName": "Static", "checksum": 1,
+        "machineState": {"0": {"numberOfAssignments": 0, "cells": [0], "memoryMap": {
+            "memory": {"total": total, "systemReserved": 0, "allocatable": total,
+                       "reserved": 0, "free": total}}}}}))
+    mem_blocked = {"name": "node_kubelet_restart_blocked", "reason": "memory_manager_state"}
+    with FakeApiServer() as api:
+        api.set_node(NODE, cpu="2", memory="8Gi")
+        kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
+                             "--podresources-socket", "", "--kubelet-root-dir", str(root),
+                             "--cgroup-root", "") as exp:
+            exp.wait_for(lambda s: s.value(**mem_blocked) == 0, timeout=15)
+            memory_block.set_online(False)
+            exp.wait_for(lambda s: s.value(**mem_blocked) == 1, timeout=15)
+            memory_block.set_online(True)
+            s = exp.wait_for(lambda s: s.value(**mem_blocked) == 0, timeout=15)
+            assert s.value(BLOCKED["name"], reason=BLOCKED["reason"]) == 0  # no CPU checkpoint
