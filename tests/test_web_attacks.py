@@ -159,3 +159,34 @@ def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
     codes = [code for g in guessers for code, _ in g.results]
     assert 429 in codes and 401 in codes, sorted(set(map(str, codes)))
     assert set(codes) <= {401, 429}, sorted(set(map(str, codes)))
+
+
+def test_failures_are_logged_once_per_kind_per_interval_with_a_count():
+    import logging
+
+    from exporter.ratelog import RateLimitedLog
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test.ratelog")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+    clock = Clock()
+    notes = RateLimitedLog(logger, interval=60.0, clock=clock)
+    for i in range(1000):
+        notes.note("gone", "client %s went away", f"10.0.0.{i % 250}")
+        notes.note("tls:UNSUPPORTED_PROTOCOL", "TLS handshake with %s failed", "10.0.0.1")
+    assert records == ["client 10.0.0.0 went away", "TLS handshake with 10.0.0.1 failed"]
+    clock.t = 61.0
+    notes.note("gone", "client %s went away", "10.0.0.9")
+    assert records[-1] == "client 10.0.0.9 went away (and 999 more like it in the last 61s)"
