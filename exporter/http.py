@@ -9,10 +9,11 @@ Built to stay up when anyone who can reach the port misbehaves (issue 16): one a
 loop holds every connection (a connection costs a few KiB, not a thread), HTTP is parsed by h11
 with the request head bounded in size (MAX_HEADER_BYTES) and count (MAX_HEADERS) and in time
 (HEADER_TIMEOUT from the first byte; HANDSHAKE_TIMEOUT for TLS), connections are capped at
-MAX_CONNECTIONS (past it the oldest connection still waiting for a request is closed to make
-room, so a slowloris cannot lock scrapers out), and the work a request causes runs on two small
-thread pools: rendering (shared, see exporter/exposition.py) and bcrypt (bounded, see
-exporter/webauth.py). Failures caused by clients are logged once per kind per minute.
+MAX_CONNECTIONS (past it the oldest connection not computing an answer is closed to make room,
+so neither a slowloris nor a flood of clients can lock a new scraper out), and the work a
+request causes runs on two small thread pools (exporter/httproutes.py): rendering (shared, see
+exporter/exposition.py) and bcrypt (bounded, see exporter/webauth.py). Failures caused by
+clients are logged once per kind per minute (exporter/ratelog.py).
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ LISTEN_BACKLOG = 128
 # overflows, SYNs are dropped and a scraper waits out a retransmit (1 s, then 3 s). Seen with
 # socketserver's 5 and 50 scrapers, and with 128 under a slowloris that reconnects at once.
 KERNEL_BACKLOG = 4096
+
+
 def _connection_cap() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, min(MAX_CONNECTIONS, soft // 2))
@@ -173,7 +176,7 @@ class MetricsServer:
                 return False
             self.evicted += 1
             self.failures.note("evict", "%d connections open (the cap): closing the oldest one "
-                               "still waiting for a request", len(self._conns),
+                               "not being answered to make room", len(self._conns),
                                level=logging.WARNING)
             victim.abort()
             self._conns.pop(victim, None)
