@@ -47,6 +47,8 @@ def machine() -> dict:
                   if line.startswith("MemTotal:"))
     return {"nproc": os.cpu_count(), "kernel": platform.release(), "cpu_model": model,
             "mem_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
+            # Other work on the machine moves every number here: say how busy it was.
+            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
             "node_exporter": node_exporter_path() or "not installed"}
 
 

@@ -48,7 +48,9 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
     before, events_before = _counts(text), _events(text)
     scrapers = [PeriodicScraper(peer.port, iv, cpu_visible, seed=k)
                 for k, iv in enumerate((1.0, 15.0))] if peer else []
-    for s in scrapers:
+    # Ours is scraped every 1 s too, as node_exporter is: the CPU compared includes scrapes.
+    own_scraper = PeriodicScraper(ours.port, 1.0, len, seed=7)
+    for s in [*scrapers, own_scraper]:
         s.start()
     cpu_before = {"ours": ours.stats().cpu_seconds,
                   **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
@@ -77,6 +79,7 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
                  **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
     events = {src: v - events_before.get(src, 0.0) for src, v in _events(text).items()}
     scraper.close()
+    own_scraper.finish()
     peer_seen = {f"{s.interval:g}s": _changes_seen(s.finish(), True) for s in scrapers}
     return {
         "true": sum(true.values()), "refused": refused, "storm_s": storm_s,
@@ -84,6 +87,9 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
         "events_by_source": {k: v for k, v in events.items() if k in ("bpf", "uevent", "sysfs")},
         "node_exporter_seen": peer_seen,
         "cpu_s_per_min": {k: (cpu_after[k] - cpu_before[k]) / window * 60 for k in cpu_before},
+        "cpu_ms_per_transition": {
+            k: (cpu_after[k] - cpu_before[k]) * 1e3 / max(1, sum(true.values()))
+            for k in cpu_before},
     }
 
 
@@ -105,6 +111,9 @@ def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
         "storm_s": Summary.of([r["storm_s"] for r in runs]).as_dict(),
         "cpu_s_per_min": {k: Summary.of([r["cpu_s_per_min"][k] for r in runs]).as_dict()
                           for k in runs[0]["cpu_s_per_min"]} if runs else {},
+        "cpu_ms_per_transition": {
+            k: Summary.of([r["cpu_ms_per_transition"][k] for r in runs]).as_dict()
+            for k in runs[0]["cpu_ms_per_transition"]} if runs else {},
     }
     if peer and runs:
         summary["node_exporter_fraction"] = {

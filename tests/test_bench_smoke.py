@@ -64,6 +64,8 @@ def test_cpu_latency_and_storm(cpu1):
     assert run["events_by_source"]["bpf"] >= run["true"]
     well_formed(result["fidelity"], 1)
     assert all(finite(v) and v >= 0 for v in run["cpu_s_per_min"].values())
+    assert set(run["cpu_ms_per_transition"]) == set(run["cpu_s_per_min"])
+    assert all(finite(v) and v >= 0 for v in run["cpu_ms_per_transition"].values())
     assert set(run["node_exporter_seen"]) == ({"1s", "15s"} if PEER else set())
     assert all(0 <= v <= run["true"] for v in run["node_exporter_seen"].values())
     assert cpu1.online()
