@@ -37,13 +37,17 @@ def _version() -> str:
 
 
 @pytest.fixture(scope="session")
-def image_archive() -> Path:
-    """`make image` (the build script it runs; setup.sh is the caller's business)."""
+def image_archive(tmp_path_factory) -> Path:
+    """`make image` (the build script it runs; setup.sh is the caller's business), written to
+    this session's own directory so parallel sessions never read each other's half-written
+    archive."""
     for tool in ("mmdebstrap", "umoci", "skopeo", "runc"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: run scripts/setup.sh test")
-    subprocess.run([str(BUILD)], check=True, timeout=1800)
-    archive = REPO / "dist" / f"node-resize-exporter-{_version()}.oci.tar"
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([str(BUILD)], check=True, timeout=1800, env={**os.environ,
+                                                                "NRE_IMAGE_OUT": str(out)})
+    archive = out / f"node-resize-exporter-{_version()}.oci.tar"
     assert archive.is_file()
     return archive
 

@@ -58,8 +58,10 @@ if [ ! -s "$base/index.json" ]; then
   umoci init --layout "$work/base.oci"
   umoci new --image "$work/base.oci:base"
   umoci raw add-layer --image "$work/base.oci:base" "$work/base.tar"
-  rm -rf "$base" "$work/base.tar"
-  mv "$work/base.oci" "$base"
+  rm -f "$work/base.tar"
+  rm -rf "$base"  # an incomplete one (no index.json)
+  # Another build may have finished the same layer meanwhile: theirs is as good as ours.
+  mv -T "$work/base.oci" "$base" 2>/dev/null || [ -s "$base/index.json" ]
 fi
 
 # --- layer 2: the wheel and its dependencies ----------------------------------------------------
