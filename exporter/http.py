@@ -6,7 +6,7 @@ password and learns only "ok"); it is still behind TLS and client certificates w
 configured.
 
 Built to stay up when anyone who can reach the port misbehaves (issue 16): one asyncio event
-loop holds every connection (a connection costs a few KiB, not a thread), HTTP is parsed by h11
+loop holds every connection (tens of KiB each at most, not a thread), HTTP is parsed by h11
 with the request head bounded in size (MAX_HEADER_BYTES) and count (MAX_HEADERS) and in time
 (HEADER_TIMEOUT from the first byte; HANDSHAKE_TIMEOUT for TLS), connections are capped at
 MAX_CONNECTIONS (past it the oldest connection not computing an answer is closed to make room,
