@@ -303,8 +303,10 @@ class Journal:
         """The last KernelSnapshot and the Transitions journaled after it, in order: the kernel
         state the last process knew (exporter/down_changes.py)."""
         def query(c: sqlite3.Connection) -> list:
-            row = c.execute("SELECT max(seq) FROM events WHERE type='KernelSnapshot'").fetchone()
-            if row is None or row[0] is None:
+            # Newest first along the primary key: stops at the first snapshot, no full scan.
+            row = c.execute("SELECT seq FROM events WHERE type='KernelSnapshot' "
+                            "ORDER BY seq DESC LIMIT 1").fetchone()
+            if row is None:
                 return []
             return c.execute("SELECT json FROM events WHERE seq >= ? AND type IN "
                              "('KernelSnapshot', 'Transition') ORDER BY seq",
