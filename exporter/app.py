@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from exporter import buildinfo
 from exporter.agent import Agent
 from exporter.clock import MonotonicWallClock
 from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
@@ -222,6 +223,7 @@ def serve(options: Options) -> int:
 
     clock = MonotonicWallClock()
     node = resolve_node_name(options)
+    log.info("node-resize-exporter %s (revision %s)", buildinfo.version(), buildinfo.revision())
     try:
         trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
         if kubernetes_enabled(options):

@@ -40,7 +40,9 @@ def test_diff_between_snapshots_names_each_unit():
     assert got == {(Resource.CPU, 3, Direction.ONLINE), (Resource.MEMORY, 2, Direction.OFFLINE)}
 
 
-def test_golden_exposition():
+def test_golden_exposition(monkeypatch):
+    from exporter import buildinfo
+    monkeypatch.setattr(buildinfo, "revision", lambda: "0123456789abcdef")
     ledger = KernelLedger()
     ledger.handle(SourceStatus("bpf", True, 1.0))
     ledger.handle(SourceStatus("uevent", False, 1.0, "netlink refused"))

@@ -156,7 +156,7 @@ def test_full_journal_disk_is_counted_while_metrics_serve(tmp_path):
             scrape = exp.wait_for(lambda s: (s.value("node_resize_exporter_sink_errors_total",
                                                      sink="journal") or 0) > 0)
             first = scrape.value("node_resize_exporter_sink_errors_total", sink="journal")
-            assert scrape.value("node_resize_exporter_build_info",
+            assert scrape.total("node_resize_exporter_build_info",
                                 version=_version()) == 1
             assert exp.stop() == 0
             logs = exp.logs()

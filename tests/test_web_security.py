@@ -163,7 +163,7 @@ def test_good_client_certificate_gets_metrics(pki, mtls_exporter):
     status, _, body = https_get(mtls_exporter.port, "/metrics", pki.client_context("client"))
     assert status == 200
     scrape = Scrape(body.decode())
-    assert scrape.value("node_resize_exporter_build_info", version=_version()) == 1.0
+    assert scrape.total("node_resize_exporter_build_info", version=_version()) == 1.0
     assert "serving https://127.0.0.1" in mtls_exporter.logs()
 
 

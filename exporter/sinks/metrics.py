@@ -33,7 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from exporter import __version__
+from exporter import __version__, buildinfo
 from exporter.correlate.histogram import Histogram
 from exporter.correlate.kube_view import RESIZE_REASONS, VIEWS
 from exporter.correlate.ledger import KernelLedger
@@ -112,8 +112,9 @@ class MetricsSink(Collector):
     def _self_metrics(self) -> Iterable[Metric]:
         led = self.ledger
         info = GaugeMetricFamily("node_resize_exporter_build_info",
-                                 "Build of the exporter; always 1.", labels=["version"])
-        info.add_metric([__version__], 1)
+                                 "Build of the exporter; always 1.",
+                                 labels=["version", "revision"])
+        info.add_metric([__version__, buildinfo.revision()], 1)
         yield info
         up = GaugeMetricFamily("node_resize_exporter_source_up",
                                "1 when the source is running, 0 when it failed or is down.",
