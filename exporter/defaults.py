@@ -28,6 +28,7 @@ PODRESOURCES_INTERVAL = 30.0
 KUBELET_METRICS_INTERVAL = 60.0
 BALLOON_SELECTOR = "node-resize-exporter.io/balloon=true"
 BALLOON_PRIORITY_CLASSES: tuple[str, ...] = ()  # --balloon-priority-class, repeatable
+NODE_LEASE = True  # watch the node's Lease (the kubelet's 10 s heartbeat)
 
 # The kubelet's local state (issue 13)
 KUBELET_ROOT_DIR = "/var/lib/kubelet"  # the kubelet's --root-dir default

@@ -315,13 +315,17 @@ class NodeCapacityConfigured:
 
 @dataclass(frozen=True)
 class NodeHeartbeat:
-    """Issue 17: the Node's Ready lastHeartbeatTime moved while its capacity did not (a live
-    kubelet's periodic status update). Not a NodeStatus: nothing about capacity changed."""
+    """Issue 17: a sign of life of the kubelet: via "node_status", the Node's Ready
+    lastHeartbeatTime moved while its capacity did not (not a NodeStatus: no capacity changed);
+    via "lease", its node Lease's renewTime moved."""
 
     time: float
     node: str
     heartbeat: float  # wall seconds
+    via: str = "node_status"  # HEARTBEAT_VIA
 
+
+HEARTBEAT_VIA = ("node_status", "lease")
 
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures

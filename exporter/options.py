@@ -279,6 +279,10 @@ _DEFINITIONS = (
         "to a loopback address).", KubeletMetricsURL()),
     Opt("balloon_selector", ("--balloon-selector",), defaults.BALLOON_SELECTOR,
         "Label selector of balloon pods.", LabelSelectorText()),
+    Opt("node_lease", ("--node-lease/--no-node-lease",), defaults.NODE_LEASE,
+        "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, so a "
+        "dead kubelet shows in node_kubelet_heartbeat_age_seconds{via=\"lease\"} within "
+        "seconds (needs list/watch on leases).", is_flag=True),
     Opt("balloon_priority_classes", ("--balloon-priority-class",),
         defaults.BALLOON_PRIORITY_CLASSES,
         "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; "
@@ -362,6 +366,7 @@ class Options:
     kubelet_metrics_url: str | None = None
     balloon_selector: str = defaults.BALLOON_SELECTOR
     balloon_priority_classes: tuple[str, ...] = defaults.BALLOON_PRIORITY_CLASSES
+    node_lease: bool = defaults.NODE_LEASE
     kubelet_root_dir: str = defaults.KUBELET_ROOT_DIR
     cgroup_root: str = defaults.CGROUP_ROOT
     kube_events: bool = False

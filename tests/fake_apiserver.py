@@ -56,7 +56,11 @@ _CLOSE = object()  # queue sentinel: end the stream cleanly
 _HANG = object()  # queue sentinel: send nothing more, keep the connection open until stop()
 _RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
-KINDS = {"nodes": "Node", "pods": "Pod"}
+KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease"}
+# coordination.k8s.io/v1 Leases (issue 17: the node's, in kube-node-lease), served as a third
+# collection next to /api/v1's two.
+_LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
+                "apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
 
 
 def status_object(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -451,6 +455,23 @@ class FakeApiServer:
         with self._lock:
             return copy.deepcopy(self._objects[(collection, key)])
 
+    def set_lease(self, node: str, renew_time: str | None, holder: str | None = None) -> dict:
+        """Create or renew a node's Lease in kube-node-lease, as a kubelet does every 10 s
+        (renew_time: a MicroTime such as 2026-11-23T08:21:44.123456Z)."""
+        with self._lock:
+            old = self._objects.get(("leases", f"kube-node-lease/{node}"))
+            meta = copy.deepcopy(old["metadata"]) if old else {
+                "name": node, "namespace": "kube-node-lease", "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now_iso(),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                     "uid": str(uuid.uuid4())}]}
+            spec: dict[str, Any] = {"holderIdentity": holder or node, "leaseDurationSeconds": 40}
+            if renew_time is not None:
+                spec["renewTime"] = renew_time
+            lease = {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1", "metadata": meta,
+                     "spec": spec}
+            return self._store("leases", f"kube-node-lease/{node}", lease)
+
     # ------------------------------------------------------------ recordings (issue 17)
 
     def publish_recorded(self, event: dict) -> dict:
@@ -477,7 +498,7 @@ class FakeApiServer:
             self._rv = max(self._rv + 1, recorded)
             meta["resourceVersion"] = str(self._rv)
             key = meta["name"] if collection == "nodes" else \
-                f"{meta.get('namespace', 'default')}/{meta['name']}"
+                f"{meta.get('namespace', 'default')}/{meta['name']}"  # pods, leases
             if kind == "DELETED":
                 self._objects.pop((collection, key), None)
             else:
@@ -603,6 +624,8 @@ class _Handler(BaseHTTPRequestHandler):
         if api._delay:
             time.sleep(api._delay)
         parts = url.path.strip("/").split("/")
+        if url.path.strip("/") in _LEASE_PATHS:
+            parts = ["api", "v1", "leases"]
         if len(parts) != 3 or parts[:2] != ["api", "v1"] or parts[2] not in KINDS:
             self._send_json(404, status_object(404, "NotFound",
                                                "the server could not find the requested "

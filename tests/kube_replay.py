@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.correlate import CorrelatorConfig
 from exporter.defaults import BALLOON_SELECTOR
 from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
+from exporter.sources.kube_lease import KubeLeaseSource
 from exporter.sources.kube_node import KubeNodeSource
 from exporter.sources.kube_pods import KubePodsSource
 from testkit.exporter_proc import Scrape, poll_until
@@ -44,7 +45,8 @@ def recording(name: str) -> list[dict]:
 
 class Replay:
     def __init__(self, api: FakeApiServer, *, settle: float = 10.0,
-                 selector: str = BALLOON_SELECTOR, priority_classes: tuple[str, ...] = ()):
+                 selector: str = BALLOON_SELECTOR, priority_classes: tuple[str, ...] = (),
+                 lease: bool = False):
         self.api = api
         self.stream = Stream(CorrelatorConfig(kubernetes=True, readmission_settle=settle))
         self.clock = self.stream.clock
@@ -55,6 +57,8 @@ class Replay:
             "pods": KubePodsSource(self.clock, balloon_selector=selector,
                                    balloon_priority_classes=priority_classes, **common),
         }
+        if lease:  # the node's Lease in kube-node-lease (no recording has one)
+            self.sources["leases"] = KubeLeaseSource(self.clock, **common)
         self.registry = CollectorRegistry()
         self.registry.register(self.stream.metrics)
         self.emitted: list = []  # every event the watch sources emitted, in order
@@ -63,7 +67,7 @@ class Replay:
         for source in self.sources.values():
             source.open()
             source.start(self._emitter(source.name))
-        self.api.wait_for_watches(2)
+        self.api.wait_for_watches(len(self.sources))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -88,8 +92,11 @@ class Replay:
         """Publish one recorded event at `when` and wait until its watch has handled it."""
         if when is not None:
             self.set_clock(when)
-        published = self.api.publish_recorded(event)
-        collection = "nodes" if published["kind"] == "Node" else "pods"
+        return self.seen(self.api.publish_recorded(event))
+
+    def seen(self, published: dict) -> dict:
+        """Wait until the watch of `published`'s kind has handled it (its resourceVersion)."""
+        collection = {"Node": "nodes", "Pod": "pods", "Lease": "leases"}[published["kind"]]
         source = self.sources[collection]
         rv = published["metadata"]["resourceVersion"]
         poll_until(lambda: source.resource_version, lambda v: v is not None and int(v) >= int(rv),

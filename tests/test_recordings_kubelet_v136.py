@@ -26,6 +26,14 @@ def api():
         yield server
 
 
+def beat_at(s, via="node_status"):
+    return s.value("node_kubelet_heartbeat_timestamp_seconds", via=via)
+
+
+def beat_age(s, via="node_status"):
+    return s.value("node_kubelet_heartbeat_age_seconds", via=via)
+
+
 def cpu(s, name, **labels):
     return s.value(name, resource="cpu", unit="core", **labels)
 
@@ -47,10 +55,10 @@ def test_node_watch_unplug_restart_resync(api):
         assert cpu(s, "node_capacity_drift") == 0
         assert s.value("node_capacity_drift", resource="memory", unit="byte") == 0
         assert s.value("node_capacity_kubelet", resource="memory", unit="byte") == NODE_MEMORY
-        assert s.value("node_kubelet_heartbeat_timestamp_seconds") == at("08:21:44")
-        assert s.value("node_kubelet_heartbeat_age_seconds") == 0
+        assert beat_at(s) == at("08:21:44")
+        assert beat_age(s) == 0
         r.publish(node[1], at("08:21:50"))  # BOOKMARK (initial-events-end): nothing moves
-        assert r.scrape().value("node_kubelet_heartbeat_age_seconds") == 6
+        assert beat_age(r.scrape()) == 6
 
         # cpu1 offlined while the kubelet runs: no Node event, the kernel says 1.
         r.kernel(at("08:22:00"), cpus=1, direction=Direction.OFFLINE)
@@ -66,7 +74,7 @@ def test_node_watch_unplug_restart_resync(api):
         s = r.scrape()
         assert cpu(s, "node_capacity_drift") == -1
         assert s.value("node_capacity_drift_seconds", resource="cpu") == 30
-        assert s.value("node_kubelet_heartbeat_age_seconds") == 46
+        assert beat_age(s) == 46
         assert s.total("node_resize_resync_duration_seconds_count", resource="cpu",
                        direction="decrease") == 0
 
@@ -80,7 +88,7 @@ def test_node_watch_unplug_restart_resync(api):
                        direction="decrease") == 1
         assert s.total("node_resize_resync_duration_seconds_sum", resource="cpu",
                        direction="decrease") == 79
-        assert s.value("node_kubelet_heartbeat_age_seconds") == 0
+        assert beat_age(s) == 0
         r.tick(at("08:23:29"))  # readmission settles: no pod on the node, none rejected
         s = r.scrape()
         assert s.value("node_resize_exporter_episodes_open") == 0
@@ -104,7 +112,7 @@ def test_node_watch_unplug_restart_resync(api):
         assert s.value("node_resize_exporter_episodes_open") == 0
         assert s.value("node_resize_resync_errors_total", resource="cpu",
                        reason="resync_timeout") == 0
-        assert s.value("node_kubelet_heartbeat_timestamp_seconds") == at("08:23:57")
+        assert beat_at(s) == at("08:23:57")
 
 
 def _beat(event: dict, stamp: str, rv: int) -> dict:
@@ -126,10 +134,10 @@ def test_a_live_kubelet_s_heartbeat_moves_without_a_node_status(api):
         r.publish(node[0], at("08:21:44"))
         r.publish(_beat(node[0], "08:26:44", 1018), at("08:26:45"))
         s = r.scrape()
-        assert s.value("node_kubelet_heartbeat_timestamp_seconds") == at("08:26:44")
-        assert s.value("node_kubelet_heartbeat_age_seconds") == 1
+        assert beat_at(s) == at("08:26:44")
+        assert beat_age(s) == 1
         r.publish(_beat(node[0], "08:26:44", 1019), at("08:27:00"))  # the same heartbeat again
-        assert r.scrape().value("node_kubelet_heartbeat_age_seconds") == 16
+        assert beat_age(r.scrape()) == 16
         kinds = [type(e).__name__ for e in r.emitted if type(e).__name__.startswith("Node")]
         assert kinds == ["NodeStatus", "NodeHeartbeat"]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.kube_view import NodeCapacity, PodView, subtract
-from exporter.events import (KernelSnapshot, NodeHeartbeat, NodeStatus,
+from exporter.events import (HEARTBEAT_VIA, KernelSnapshot, NodeHeartbeat, NodeStatus,
                              PodResourcesAllocatable, PodsRelisted, PodStatus, Resource)
 
 # Resources /proc and sysfs always report (hugepage sizes only when the kernel has them).
@@ -27,7 +27,8 @@ class NodeView:
         self.pods = PodView()
         self._podresources: frozenset[int] | None = None
         self._drift_since: dict[Resource, float] = {}
-        self._heartbeat: float | None = None  # the Node's Ready lastHeartbeatTime (issue 17)
+        # issue 17: the kubelet's last heartbeat by where it was read (HEARTBEAT_VIA)
+        self._heartbeat: dict[str, float] = {}
 
     # ------------------------------------------------------------ fed by the Correlator
 
@@ -39,10 +40,11 @@ class NodeView:
         self.node.update(node)
         self._note_drift(node.time)
         if node.heartbeat is not None:
-            self._heartbeat = node.heartbeat
+            self._heartbeat["node_status"] = node.heartbeat
 
     def on_heartbeat(self, beat: NodeHeartbeat) -> None:
-        self._heartbeat = beat.heartbeat
+        if beat.via in HEARTBEAT_VIA:  # a closed set: the label stays bounded
+            self._heartbeat[beat.via] = beat.heartbeat
 
     def on_pod(self, pod: PodStatus) -> PodStatus | None:
         """Apply the pod; returns what the view held for it before (None: first sight)."""
@@ -103,13 +105,14 @@ class NodeView:
         """Allocatable minus balloons in the scheduler's view: what it will place pods on."""
         return subtract(self.kubelet_allocatable(), self.balloon_requests("scheduler"))
 
-    def heartbeat(self) -> float | None:
-        """The Node's last Ready heartbeat (wall seconds), None before one is seen."""
-        return self._heartbeat
+    def heartbeat(self, via: str = "node_status") -> float | None:
+        """The kubelet's last heartbeat (wall seconds) read via the Node's Ready condition or
+        its Lease; None before one is seen."""
+        return self._heartbeat.get(via)
 
-    def heartbeat_age(self) -> float | None:
+    def heartbeat_age(self, via: str = "node_status") -> float | None:
         """Seconds since that heartbeat by the injected clock (0 if it is in our future)."""
-        beat = self.heartbeat()
+        beat = self.heartbeat(via)
         return None if beat is None else max(0.0, self._clock.now() - beat)
 
     def podresources_allocatable_cpus(self) -> int | None:

@@ -39,7 +39,7 @@ from exporter.correlate.kube_view import RESIZE_REASONS, VIEWS
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.node_view import NodeView
-from exporter.events import Direction, Event, Resource, Result
+from exporter.events import HEARTBEAT_VIA, Direction, Event, Resource, Result
 from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -250,15 +250,7 @@ class MetricsSink(Collector):
                                     "Balloon resize spec change to applied.")
         _histogram(fam, [], st.balloon_resize_duration)
         yield fam
-        heartbeat = view.heartbeat()
-        if heartbeat is not None:
-            yield GaugeMetricFamily("node_kubelet_heartbeat_timestamp_seconds",
-                                    "The Node's Ready lastHeartbeatTime (seconds since the "
-                                    "epoch).", value=heartbeat)
-            yield GaugeMetricFamily("node_kubelet_heartbeat_age_seconds",
-                                    "Seconds since the Node's Ready lastHeartbeatTime: a dead "
-                                    "kubelet sends no Node update, so this grows while Ready "
-                                    "stays True.", value=view.heartbeat_age() or 0.0)
+        yield from _heartbeats(view)
         allocatable = view.podresources_allocatable_cpus()
         if allocatable is not None:
             yield GaugeMetricFamily("node_podresources_allocatable_cpus",
@@ -289,6 +281,25 @@ class MetricsSink(Collector):
                        "and reason.", ["result", "reason"], _with_zeros(
                            st.balloon_resize_reasons,
                            [("infeasible", why) for why in RESIZE_REASONS[1:]]))
+
+
+def _heartbeats(view: NodeView) -> Iterable[Metric]:
+    """Issue 17: the kubelet's last sign of life, via the Node's Ready condition (posted on a
+    change and at least every 5 min) and its Lease (renewed every 10 s)."""
+    stamp = GaugeMetricFamily("node_kubelet_heartbeat_timestamp_seconds",
+                              "The kubelet's last heartbeat (seconds since the epoch): the "
+                              "Node's Ready lastHeartbeatTime, or its Lease's renewTime.",
+                              labels=["via"])
+    age = GaugeMetricFamily("node_kubelet_heartbeat_age_seconds",
+                            "Seconds since that heartbeat: a dead kubelet sends nothing, so "
+                            "this grows while the Node stays Ready.", labels=["via"])
+    for via in HEARTBEAT_VIA:
+        beat = view.heartbeat(via)
+        if beat is not None:
+            stamp.add_metric([via], beat)
+            age.add_metric([via], view.heartbeat_age(via) or 0.0)
+    yield stamp
+    yield age
 
 
 def _counter(name: str, help_: str, labels: list[str], values: Mapping[Any, int]) -> Metric:
