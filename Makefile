@@ -2,14 +2,21 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: run test lab check bench image
+.PHONY: run test lint lab check bench image
 run:
 	@scripts/setup.sh run
 	@exec .venv/bin/node-resize-exporter run $(ARGS)
 
 test:
 	@scripts/setup.sh test
+	@$(MAKE) --no-print-directory lint
 	@$(PY) -m pytest $(ARGS)
+
+# ruff over the whole tree (ruff.toml); mypy --strict on the pure core (the correlator and the
+# event types), the part every other module trusts.
+lint:
+	@.venv/bin/ruff check --quiet .
+	@.venv/bin/mypy --strict --no-error-summary exporter/correlate exporter/events.py
 
 check:
 	@scripts/setup.sh run

@@ -5,8 +5,9 @@ host's root read-only over 9p and chroots into it, so Python and bcc need no gue
 checkout is a 9p share of its own, mounted at its host path: the guest's tmpfs on /tmp would hide
 a checkout under /tmp. The guest kernel, its modules and headers come from a cache the lab owns
 (scripts/setup.sh lab downloads the Debian packages and unpacks them there, never installs them),
-bind-mounted over the guest's /lib/modules. The archive is written in the cpio "newc" format by hand (a few lines) so the
-build needs no cpio binary and is byte-for-byte reproducible for a given kernel.
+bind-mounted over the guest's /lib/modules. The archive is written in the cpio "newc" format
+by hand (a few lines) so the build needs no cpio binary and is byte-for-byte reproducible for a
+given kernel.
 """
 from __future__ import annotations
 

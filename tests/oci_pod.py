@@ -137,7 +137,8 @@ def bundle_config(image_spec: dict, scratch: Path, args: list[str], env: dict[st
     proc["noNewPrivileges"] = sc.get("allowPrivilegeEscalation", True) is False
     # Root here lacks CAP_SYS_RESOURCE: the runtime must not touch oom_score_adj.
     proc.pop("oomScoreAdj", None)
-    spec["root"] = {"path": spec["root"]["path"], "readonly": bool(sc.get("readOnlyRootFilesystem"))}
+    spec["root"] = {"path": spec["root"]["path"],
+                    "readonly": bool(sc.get("readOnlyRootFilesystem"))}
     spec["hostname"] = os.uname().nodename
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
     if not pod.get("hostNetwork"):

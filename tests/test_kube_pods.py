@@ -11,7 +11,6 @@ from exporter.defaults import BALLOON_SELECTOR as DEFAULT_BALLOON_SELECTOR
 from exporter.options import LabelSelectorText, Options
 from exporter.sources import registry
 from exporter.kube.convert import LabelSelector, pod_status
-from exporter.sources.base import SourceUnavailable
 from exporter.sources.kube_pods import KubePodsSource
 from tests.event_log import EventLog
 from tests.fake_apiserver import FakeApiServer

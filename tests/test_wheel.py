@@ -30,7 +30,8 @@ def installed(tmp_path_factory) -> Path:
     src = tmp / "src"
     # A copy: an in-tree build would leave build/ and *.egg-info in the checkout.
     shutil.copytree(REPO, src, ignore=NOT_SOURCES, symlinks=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"),
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "-w", str(tmp / "dist"),
                     str(src)], check=True, timeout=300)
     venv = tmp / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)],

@@ -1,4 +1,5 @@
-"""The list/watch source: list-then-watch with the recovery rules of client-go's reflector, on top of lightkube.
+"""The list/watch source: list-then-watch with the recovery rules of client-go's reflector,
+on top of lightkube.
 
 What lightkube does (checked in its source, v1.0): `Client.watch` streams (type, object),
 remembers the last object's resourceVersion (BOOKMARK objects included, so bookmarks advance

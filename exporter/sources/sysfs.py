@@ -72,7 +72,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
 
 
 def parse_hotplug_states(text: str) -> dict[int, str]:
-    """/sys/devices/system/cpu/hotplug/states: lines like " 85: ap:offline" -> {85: "ap:offline"}."""
+    """/sys/devices/system/cpu/hotplug/states: " 85: ap:offline" lines -> {85: "ap:offline"}."""
     states: dict[int, str] = {}
     for line in text.splitlines():
         if ":" not in line:
