@@ -240,7 +240,8 @@ def serve(options: Options) -> int:
     try:
         server = MetricsServer(options.listen_host, options.listen_port, registry_,
                                healthy=agent.alive.is_set, web_config=options.web_config_file,
-                               version=agent.state_version)
+                               version=agent.state_version,
+                               telemetry_path=options.web_telemetry_path)
     except ValueError as e:  # --web.config.file: the message names the key and the fix
         agent.close_sources()
         return _fail(str(e))

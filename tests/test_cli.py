@@ -82,3 +82,29 @@ def test_print_bpf_shows_the_program_with_the_states_read_here():
 def test_help_lists_the_commands_and_the_default_port():
     r = cli("run", "--help")
     assert r.returncode == 0 and "0.0.0.0:9862" in r.stdout and "--source" in r.stdout
+
+
+def test_telemetry_path_and_json_logs_as_node_exporter_does():
+    import json
+    import urllib.error
+    import urllib.request
+
+    from testkit.exporter_proc import RunningExporter
+    with RunningExporter("--source", "sysfs", "--web.telemetry-path", "/custom/metrics",
+                         "--log.format", "json", "--node-name", "n1") as exp:
+        with urllib.request.urlopen(exp.url + "/custom/metrics", timeout=5) as r:
+            assert b"node_resize_exporter_build_info" in r.read()
+        try:
+            urllib.request.urlopen(exp.url + "/metrics", timeout=5)
+            raise AssertionError("/metrics still served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+        with urllib.request.urlopen(exp.url + "/", timeout=5) as r:
+            assert b'href="/custom/metrics"' in r.read()
+        exp.stop()
+        lines = [json.loads(line) for line in exp.logs().splitlines() if line.startswith("{")]
+    assert lines, exp.logs()
+    first = lines[0]
+    assert set(first) >= {"ts", "level", "logger", "msg"}
+    assert first["ts"].endswith("Z")  # UTC
+    assert {line["level"] for line in lines} <= {"debug", "info", "warn", "error"}
