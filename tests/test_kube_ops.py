@@ -142,3 +142,40 @@ def test_the_kube_events_component_grants_create_on_events_and_adds_the_flag():
     assert patch == [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
                       "value": "--kube-events"}]
     assert "--kube-events" in ALL["kube_events"].flags
+
+
+def test_the_kubelet_state_component_mounts_the_kubelet_root_read_only_and_shares_pids():
+    import kubernetes_validate
+    import yaml
+
+    from tests.test_deploy import _container, _load
+
+    base = REPO / "deploy" / "components" / "kubelet-state"
+    component = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    ds = _json_patch(_load("daemonset.yaml"), yaml.safe_load(component["patches"][0]["patch"]))
+    kubernetes_validate.validate(ds, kubernetes_validate.latest_version(), strict=True)
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    mounts = {m["mountPath"]: m for m in _container(ds)["volumeMounts"]}
+    assert mounts["/var/lib/kubelet"]["readOnly"] is True
+    # The exporter's defaults read the checkpoints exactly there.
+    from exporter.options import ALL
+    assert ALL["kubelet_root_dir"].default == "/var/lib/kubelet"
+
+
+def _json_patch(doc: dict, ops: list[dict]) -> dict:
+    """RFC 6902 add/replace, with "-" (append), which is all the components use."""
+    for op in ops:
+        *parents, leaf = op["path"].strip("/").split("/")
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            if leaf == "-":
+                node.append(op["value"])
+            else:
+                node[int(leaf)] = op["value"]
+        else:
+            assert op["op"] == "add" or leaf in node, op["path"]
+            node[leaf] = op["value"]
+    return doc
