@@ -300,10 +300,12 @@ def test_watch_stalled_mid_event_line_is_bounded(api, running):
     source, log = running(server_timeout=30, line_timeout=1.0)
     log.wait_for(NodeStatus)
     api.wait_for_watches(1, "nodes")
-    head = b'{"type": "MODIFIED", "object": {"kind": "Node", "metadata": {"name": "n1"'
-    for piece in (head[:20], head[20:40], head[40:]):  # a trickle: each read brings a byte
-        api.send_raw(piece)
-        time.sleep(0.6)  # the trickle's pace (not an assertion)
+    api.send_raw(b'{"type": "MODIFIED", "object": {"kind": "Node", ')
+    for _ in range(50):  # a trickle, a piece every 0.6 s (its pace, not an assertion)
+        time.sleep(0.6)
+        if any(not e.up for e in log.of(SourceStatus)):
+            break  # cut: a piece now would land in the next watch
+        api.send_raw(b'"x": 1, ')
     api.update_node("n1", cpu="4")
     down = log.wait_for(SourceStatus, lambda e: not e.up)
     assert "watch event line took more than 1 s" in down.reason
