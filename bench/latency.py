@@ -72,13 +72,12 @@ def _poll_until_counted(scraper: Scraper, mark: Mark, before: float) -> float:
         time.sleep(0.0005)  # leave the GIL to the in-process agent between scrapes
 
 
-def hook_latencies(marks: list[Mark], arrivals: list[Arrival]
-                   ) -> tuple[list[float], list[float], int]:
-    """Per matched transition, in ms: kernel end -> state, and write returned -> state
-    (negative when the state had it before the syscall returned); transitions never seen."""
+def match_arrivals(marks: list[Mark], arrivals: list[Arrival]
+                   ) -> tuple[list[tuple[Mark, Arrival]], int]:
+    """Each accepted write paired with the first later arrival of its resource and direction;
+    and how many writes no arrival matched."""
     used: set[int] = set()
-    out: list[float] = []
-    after_write: list[float] = []
+    pairs: list[tuple[Mark, Arrival]] = []
     missed = 0
     for mark in marks:
         if mark.errno:
@@ -91,12 +90,20 @@ def hook_latencies(marks: list[Mark], arrivals: list[Arrival]
             missed += 1
             continue
         used.add(match)
-        a = arrivals[match]
-        # BPF records carry the kernel's end stamp; uevents only when they were received.
-        kernel_end = a.transition.end if a.transition.start is not None else mark.w1_wall
-        out.append((a.wall - kernel_end) * 1e3)
-        after_write.append((a.wall - mark.w1_wall) * 1e3)
-    return out, after_write, missed
+        pairs.append((mark, arrivals[match]))
+    return pairs, missed
+
+
+def kernel_end_ms(mark: Mark, a: Arrival) -> float:
+    """Kernel end -> state, ms. BPF records carry the kernel's end stamp; uevents only when
+    they were received, so for them the end is the write's return."""
+    kernel_end = a.transition.end if a.transition.start is not None else mark.w1_wall
+    return (a.wall - kernel_end) * 1e3
+
+
+def after_write_ms(mark: Mark, a: Arrival) -> float:
+    """Write returned -> state, ms (negative when the state had it before the write returned)."""
+    return (a.wall - mark.w1_wall) * 1e3
 
 
 def peer_view(marks: list[Mark], samples: list[Sample], run_end: float) -> dict:
@@ -158,7 +165,11 @@ def _run(resource: str, source: str, n: int, hold: tuple[float, float], seed: in
         run_end = time.monotonic()
         peer_samples = [s.finish() for s in scrapers]
         arrivals = agent.sink.snapshot()
-    hook, after_write, hook_missed = hook_latencies(marks, arrivals)
+    pairs, hook_missed = match_arrivals(marks, arrivals)
+    hook = [kernel_end_ms(m, a) for m, a in pairs]
+    after_write = [after_write_ms(m, a) for m, a in pairs]
+    by_direction = {d: [after_write_ms(m, a) for m, a in pairs if m.direction == d]
+                    for d in ("offline", "online")}
     ok = [m for m in marks if not m.errno]
     scrape = [m.scrape_ms for m in ok if m.scrape_ms is not None]
     result = {
@@ -167,6 +178,10 @@ def _run(resource: str, source: str, n: int, hold: tuple[float, float], seed: in
         "refused": sum(1 for m in marks if m.errno),
         "hook_ms": Summary.of(hook).as_dict(), "hook_missed": hook_missed,
         "hook_after_write_ms": Summary.of(after_write).as_dict(),
+        # Onlines and offlines apart: code run just after a CPU online is slow on some
+        # hypervisors (bench/README.md, profile), offlines are not.
+        "hook_after_write_by_direction_ms": {d: Summary.of(v).as_dict()
+                                             for d, v in by_direction.items()},
         "scrape_ms": Summary.of(scrape).as_dict(),
         "scrape_missed": len(ok) - len(scrape),
         "scrape_resolution_ms": Summary.of(

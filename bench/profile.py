@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,26 @@ def py_spy() -> str:
     if not Path(found).exists():
         raise SystemExit("py-spy missing: .venv/bin/pip install py-spy")
     return found
+
+
+def thread_names(pid: int) -> dict[str, str]:
+    """tid -> Python thread name, from py-spy dump (Python 3.11 leaves comm as "python")."""
+    import re
+    dump = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True,
+                          text=True).stdout
+    return {m.group(1): m.group(2)
+            for m in re.finditer(r'Thread (\d+) \(\w+\): "([^"]+)"', dump)}
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """tid -> seconds on a CPU (schedstat: nanoseconds, not /proc/stat's 10 ms ticks)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def summarize(raw: str, top: int = 25) -> str:
@@ -136,6 +157,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=997, help="py-spy samples per second")
     parser.add_argument("--perf", action="store_true", help="also perf record, by DSO")
+    parser.add_argument("--no-spy", action="store_true",
+                        help="no py-spy: CPU per thread only (what before/after comparisons use)")
     parser.add_argument("--sources", default="auto")
     args = parser.parse_args()
     if args.what == "wake":
@@ -147,10 +170,11 @@ def main() -> int:
         scraper = PeriodicScraper(ours.port, 1.0, len)
         scraper.start()
         raw = tmp / "spy.txt"
-        spy = subprocess.Popen([py_spy(), "record", "--pid", str(ours.pid), "--format", "raw",
-                                "--threads", "--rate", str(args.rate), "--output", str(raw),
-                                "--nonblocking"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+        names = thread_names(ours.pid)
+        spy = None if args.no_spy else subprocess.Popen(
+            [py_spy(), "record", "--pid", str(ours.pid), "--format", "raw", "--threads",
+             "--rate", str(args.rate), "--output", str(raw), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         perf = None
         if args.perf and shutil.which("perf"):
             perf = subprocess.Popen(["perf", "record", "-F", "999", "-g", "-p", str(ours.pid),
@@ -158,12 +182,14 @@ def main() -> int:
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # both profilers attached
         before, t0 = ours.stats().cpu_seconds, time.monotonic()
+        threads_before = thread_cpu(ours.pid)
         if args.what == "storm":
             storm(args.cycles)
             time.sleep(1.0)  # the tail of the burst
         else:
             time.sleep(args.seconds)
         cpu, window = ours.stats().cpu_seconds - before, time.monotonic() - t0
+        threads_after = thread_cpu(ours.pid)
         threads = len(list(Path(f"/proc/{ours.pid}/task").iterdir()))
         for p in (spy, perf):
             if p is not None:
@@ -174,6 +200,9 @@ def main() -> int:
           f"{threads} threads")
     if args.what == "storm":
         print(f"per transition: {cpu / (2 * args.cycles) * 1e3:.2f} ms of CPU")
+    print("CPU per thread (schedstat):", ", ".join(
+        f"{names.get(t, t)} {threads_after[t] - threads_before.get(t, 0.0):.3f} s"
+        for t in threads_after))
     if raw.exists():
         print(summarize(raw.read_text()))
     if perf is not None:

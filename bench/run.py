@@ -45,7 +45,9 @@ def machine() -> dict:
                   if line.startswith("model name")), "unknown")
     mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                   if line.startswith("MemTotal:"))
-    return {"nproc": os.cpu_count(), "kernel": platform.release(), "cpu_model": model,
+    # Configured, not online: a benchmark may start while another test holds cpu1 offline.
+    return {"nproc": os.sysconf("SC_NPROCESSORS_CONF"), "kernel": platform.release(),
+            "cpu_model": model,
             "mem_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
             # Other work on the machine moves every number here: say how busy it was.
             "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
