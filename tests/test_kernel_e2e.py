@@ -165,3 +165,21 @@ def test_running_exporter_maps_no_llvm_and_holds_every_attachment(cpu1):
         cpu1.set_online(True)
         s = exp.wait_for(lambda s: s.value(DUR, resource="cpu", direction="online") == 1)
         assert s.value(DUR, resource="cpu", direction="offline") == 1
+
+
+def test_a_flap_storm_counts_every_transition_once_with_its_duration(cpu1):
+    """Fast flapping puts the BPF source into batched reads (>= 10 wake-ups within a second:
+    records read every 100 ms, exporter/sources/bpf.py); no transition is lost or doubled, and
+    each keeps its kernel duration."""
+    cycles = 15
+    with RunningExporter("--source", "bpf") as exp:
+        for _ in range(cycles):
+            cpu1.set_online(False)
+            cpu1.set_online(True)
+        exp.wait_for(lambda s: tx(s, "cpu", "online") >= cycles)
+        time.sleep(0.5)  # a late duplicate must not count
+        s = exp.scrape()
+        assert tx(s, "cpu", "offline") == cycles and tx(s, "cpu", "online") == cycles
+        assert s.value(DUR, resource="cpu", direction="offline") == cycles
+        assert s.value(DUR, resource="cpu", direction="online") == cycles
+        assert s.value("node_resize_exporter_events_lost_total", source="bpf") == 0
