@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import select
 import socket
 from dataclasses import dataclass
 
@@ -27,12 +26,14 @@ from exporter.events import (
     DeviceChange, Direction, EventsLost, MalformedInput, Resource, Result, SourceStatus,
     Transition,
 )
+from exporter.sources._wake import Waker
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.registry import KERNEL, SourceSpec, register
 
 NETLINK_KOBJECT_UEVENT = 15
 KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth
 RCVBUF = 4 * 1024 * 1024
+IDLE_WAIT_SECONDS = 3600.0  # no timer is needed: a uevent or stop() wakes the loop
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
 
 _DEVPATH = re.compile(r"^/devices/system/(cpu|memory)/(cpu|memory)(\d+)$", re.ASCII)
@@ -98,6 +99,7 @@ class UeventSource(Source):
         self.sock: socket.socket | None = None
         self.sysfs_root = sysfs_root
         self.unconfirmed = 0  # kernel transitions sysfs contradicted (skipped)
+        self._waker: Waker | None = None  # issue 14: sleep until a uevent or stop(), no timer
 
     def open(self) -> None:
         try:
@@ -118,12 +120,14 @@ class UeventSource(Source):
                                     "run in the host network namespace (hostNetwork: true); "
                                     "uevents are not delivered into other namespaces") from e
         self.sock = sock
+        self._waker = Waker()
 
     def loop(self, emit: Emit) -> None:
-        assert self.sock is not None
+        assert self.sock is not None and self._waker is not None
         emit(SourceStatus(self.name, True, self.clock.now()))
+        self._waker.watch(self.sock.fileno())
         while not self.stopping.is_set():
-            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            _poked, ready = self._waker.wait(IDLE_WAIT_SECONDS)
             if not ready:
                 continue
             try:
@@ -173,7 +177,17 @@ class UeventSource(Source):
             return True  # cpu0 has no online file; a removed block has no state
         return state == want
 
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self._waker is not None:
+            self._waker.poke()  # wake the wait now
+        super().stop(timeout)
+
     def close(self) -> None:
+        if self._waker is not None:
+            self._waker.unwatch()
+            self._waker.close()
+            self._waker = None
         if self.sock is not None:
             self.sock.close()
             self.sock = None
