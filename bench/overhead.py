@@ -11,7 +11,7 @@ import contextlib
 import time
 
 from bench.observe import PeriodicScraper
-from bench.procs import NodeExporter, ResizeExporter
+from bench.procs import NodeExporter, ResizeExporter, thread_cpu_seconds
 from bench.stats import Summary
 from testkit import kernel
 
@@ -47,10 +47,12 @@ def idle(seconds: float = 60.0, peer: bool = True, hold_lock=kernel.hotplug_lock
         for s in scrapers:
             s.start()
         before = {name: e.stats() for name, e in exporters.items()}
+        precise0 = {name: thread_cpu_seconds(e.pid) for name, e in exporters.items()}
         t0 = time.monotonic()
         time.sleep(seconds)
         window = time.monotonic() - t0
         after = {name: e.stats() for name, e in exporters.items()}
+        precise1 = {name: thread_cpu_seconds(e.pid) for name, e in exporters.items()}
         for s in scrapers:
             s.finish()
     return {name: {
@@ -58,6 +60,7 @@ def idle(seconds: float = 60.0, peer: bool = True, hold_lock=kernel.hotplug_lock
         "cpu_s_per_min": (after[name].cpu_seconds - before[name].cpu_seconds) / window * 60,
         "cpu_percent_of_core": (after[name].cpu_seconds - before[name].cpu_seconds)
         / window * 100,
+        "cpu_s_per_min_schedstat": (precise1[name] - precise0[name]) / window * 60,
         "rss_mib": after[name].rss_bytes / MiB,
         "anon_mib": after[name].anon_bytes / MiB,
         "file_backed_mib": (after[name].rss_bytes - after[name].anon_bytes) / MiB,

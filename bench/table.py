@@ -109,11 +109,15 @@ def _overhead(o: dict, storm: dict | None) -> list[str]:
     def both(fn) -> tuple[str, str]:
         return fn(idle.get(NRE)), fn(idle.get(NE)) if NE in idle else "-"
 
-    cpu = idle[NRE]["cpu_s_per_min"]
-    peer_cpu = idle[NE]["cpu_s_per_min"] if NE in idle else None
-    a, b = both(lambda x: f"{f(x['cpu_s_per_min'], 3)} s/min ({f(x['cpu_percent_of_core'], 2)}%)")
-    rows.append(f"| idle CPU, both scraped every 15 s ({f(idle[NRE]['window_s'], 0)} s window) "
-                f"| {a} | {b} | <= {NE}'s: "
+    # The schedstat figure (ns) when the run has it; /proc/stat's 10 ms ticks otherwise.
+    key = ("cpu_s_per_min_schedstat" if "cpu_s_per_min_schedstat" in idle[NRE]
+           else "cpu_s_per_min")
+    cpu = idle[NRE][key]
+    peer_cpu = idle[NE][key] if NE in idle else None
+    a, b = both(lambda x: f"{f(x[key], 3)} s/min ({f(x[key] / 60 * 100, 3)}%)")
+    how = "schedstat" if key.endswith("schedstat") else "/proc/stat ticks"
+    rows.append(f"| idle CPU, both scraped every 15 s ({f(idle[NRE]['window_s'], 0)} s window, "
+                f"{how}) | {a} | {b} | <= {NE}'s: "
                 f"{met(None if peer_cpu is None else cpu <= peer_cpu)} |")
     if storm:
         cs = storm["cpu_s_per_min"]
