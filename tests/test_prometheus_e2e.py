@@ -175,6 +175,8 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
         api = FakeApiServer().start()
         stops.append(api.stop)
         api.set_node(NODE, cpu="2", memory=f"{_mem_total_kib()}Ki")
+        # A registered kubelet renews its node Lease (a missing one is an alert of its own).
+        api.set_lease(NODE, time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()))
         kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
         kubelet = Kubelet()
         kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0, 1])
