@@ -127,3 +127,37 @@ def test_telemetry_path_is_a_parameter_and_the_index_links_it():
 def test_a_bad_telemetry_path_is_refused(path):
     with pytest.raises(ValueError, match="--web.telemetry-path"):
         MetricsServer("127.0.0.1", 0, CollectorRegistry(), telemetry_path=path)
+
+
+def test_kept_alive_connections_have_nagle_off():
+    """A kept-alive scraper must not wait out its delayed ACK (40 ms) on every scrape: the
+    server's accepted sockets get TCP_NODELAY, which asyncio leaves off for a listening socket
+    made with proto 0, as ours is."""
+    import asyncio
+    import socket
+
+    from exporter.http import _no_delay
+
+    async def main() -> tuple[int, int]:
+        seen: list[tuple[int, int]] = []
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # proto 0, as the server
+        listener.bind(("127.0.0.1", 0))
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            before = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            _no_delay(writer)
+            seen.append((before, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=listener)
+        _, w = await asyncio.open_connection(*listener.getsockname())
+        while not seen:
+            await asyncio.sleep(0.01)
+        w.close()
+        server.close()
+        return seen[0]
+
+    before, after = asyncio.run(main())
+    assert before == 0  # the premise: asyncio did not set it
+    assert after != 0
