@@ -67,15 +67,30 @@ def test_synthetic_uevent_from_the_kernel_is_not_a_transition(cpu1, source):
     assert (CPU1 / "online").read_text().strip() == "1"
 
 
-def test_a_kernel_transition_sysfs_contradicts_is_skipped(tmp_path):
-    """The cross-check, on a sysfs tree where cpu1 is online: an "offline" from the kernel is
-    skipped (stale or impossible), an "online" counts."""
+def _online(seqnum: int) -> bytes:
+    return forged_offline(seqnum).replace(b"offline", b"online")
+
+
+def test_a_kernel_transition_sysfs_contradicts_counts_only_as_half_of_a_flap(tmp_path):
+    """The cross-check, on a sysfs tree where cpu1 is online. An "offline" from the kernel is
+    held; the kernel's next uevent for cpu1 decides: the opposite one with a later SEQNUM means
+    a flap faster than our read (both count), anything else means it was stale (skipped)."""
     cpu = tmp_path / "devices/system/cpu/cpu1"
     cpu.mkdir(parents=True)
     (cpu / "online").write_text("1\n")
     log = EventLog()
     src = UeventSource(MonotonicWallClock(), sysfs_root=str(tmp_path))
-    src.handle(forged_offline(1), log.emit, sender=0)
-    assert log.events == [] and src.unconfirmed == 1
-    src.handle(forged_offline(2).replace(b"offline", b"online"), log.emit, sender=0)
+
+    src.handle(forged_offline(10), log.emit, sender=0)
+    assert log.events == [] and src.held == 1 and src.unconfirmed == 0
+    src.handle(_online(11), log.emit, sender=0)  # the flap completes: both are real
+    assert [t.direction.value for t in log.of(Transition)] == ["offline", "online"]
+    assert src.held == 0 and src.unconfirmed == 0
+
+    log = EventLog()
+    src.handle(forged_offline(20), log.emit, sender=0)
+    src.handle(forged_offline(21), log.emit, sender=0)  # no explanation: the first was stale
+    assert log.events == [] and src.unconfirmed == 1 and src.held == 1
+    src.handle(_online(5), log.emit, sender=0)  # an older SEQNUM explains nothing
     assert [t.direction.value for t in log.of(Transition)] == ["online"]
+    assert src.unconfirmed == 2 and src.held == 0

@@ -9,9 +9,11 @@ a synthetic uevent by writing to a device's `uevent` file (issue 16, item 9: 100
 `offline@.../cpu1` were counted while cpu1 stayed online). So, as udev does, a datagram counts
 only when its sender is the kernel (netlink port id 0), and not when it is synthetic (the kernel
 marks those with SYNTH_UUID); both are MalformedInput. A CPU or memory-block transition is also
-checked against sysfs before it counts: one the kernel's state contradicts (cpu1 "offline"
-while cpu1/online reads 1) is skipped, logged at debug; the sysfs reconciler puts the gauges
-right either way.
+checked against sysfs before it counts. One the kernel's state contradicts (cpu1 "offline"
+while cpu1/online reads 1) is held: if the kernel's next uevent for that unit is the opposite
+one, with a later SEQNUM (the kernel's own global counter), the pair was a flap faster than our
+read and both count; otherwise the held one is skipped (`unconfirmed`, logged at debug). The
+sysfs reconciler puts the gauges right either way.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ RCVBUF = 4 * 1024 * 1024
 IDLE_WAIT_SECONDS = 3600.0  # no timer is needed: a uevent or stop() wakes the loop
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
 
+MAX_HELD = 4096  # contradicted transitions waiting for their explanation, one per unit at most
 _DEVPATH = re.compile(r"^/devices/system/(cpu|memory)/(cpu|memory)(\d+)$", re.ASCII)
 
 
@@ -99,6 +102,8 @@ class UeventSource(Source):
         self.sock: socket.socket | None = None
         self.sysfs_root = sysfs_root
         self.unconfirmed = 0  # kernel transitions sysfs contradicted (skipped)
+        # (resource, unit) -> (SEQNUM, transition) that sysfs contradicted when it arrived
+        self._held: dict[tuple[Resource, int], tuple[int, Transition]] = {}
         self._waker: Waker | None = None  # issue 14: sleep until a uevent or stop(), no timer
 
     def open(self) -> None:
@@ -157,11 +162,36 @@ class UeventSource(Source):
             emit(MalformedInput(self.name, f"synthetic uevent {ev.action}@{ev.devpath[:80]} "
                                            "(written to a uevent file): not a transition", now))
             return
-        if isinstance(event, Transition) and not self._confirmed(event):
-            self.unconfirmed += 1
-            self.log.debug("uevent %s@%s contradicted by sysfs: skipped", ev.action, ev.devpath)
+        if isinstance(event, Transition):
+            self._transition(event, _seqnum(ev), emit)
             return
         emit(event)
+
+    def _transition(self, t: Transition, seqnum: int | None, emit: Emit) -> None:
+        key = (t.resource, t.unit)
+        held = self._held.pop(key, None)
+        if held is not None:
+            held_seq, held_t = held
+            if (seqnum is not None and seqnum > held_seq
+                    and held_t.direction is not t.direction):
+                emit(held_t)  # the flap that explains why sysfs disagreed: both are real
+            else:
+                self._skip(held_t)
+        if self._confirmed(t):
+            emit(t)
+        elif seqnum is not None and len(self._held) < MAX_HELD:
+            self._held[key] = (seqnum, t)
+        else:
+            self._skip(t)
+
+    def _skip(self, t: Transition) -> None:
+        self.unconfirmed += 1
+        self.log.debug("uevent %s of %s %d contradicted by sysfs: skipped", t.direction.value,
+                       t.resource.value, t.unit)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
     def _confirmed(self, t: Transition) -> bool:
         """Does sysfs agree with the transition now? Unreadable state cannot contradict."""
@@ -191,6 +221,11 @@ class UeventSource(Source):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def _seqnum(ev: Uevent) -> int | None:
+    text = ev.env.get("SEQNUM", "")
+    return int(text) if text.isdigit() and len(text) < 20 else None
 
 
 register(SourceSpec("uevent", KERNEL, "kernel uevents (netlink) for CPUs and memory blocks",
