@@ -28,7 +28,7 @@ from exporter.events import (
 from exporter import libbpf
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.bpf_loader import LoadError, Loaded, load
-from exporter.sources.sysfs import parse_hotplug_states
+from exporter.sources.sysfs import read_hotplug_states
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
@@ -185,8 +185,7 @@ class BpfSource(Source):
 
     def open(self) -> None:
         preflight()
-        states = parse_hotplug_states(
-            (self.sysfs / "devices/system/cpu/hotplug/states").read_text())
+        states = read_hotplug_states(self.sysfs)
         block_file = self.sysfs / "devices/system/memory/block_size_bytes"
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
         self.decoder = RecordDecoder(self.clock, states, block_size)

@@ -180,9 +180,6 @@ class SysfsReader:
             cpus_present=self._cpus("present") or online,
             cpus_possible=self._cpus("possible") or online | offline)
 
-    def hotplug_states(self) -> dict[int, str]:
-        return parse_hotplug_states((self.cpu_dir / "hotplug/states").read_text())
-
 
 def diff_transitions(before: KernelSnapshot, after: KernelSnapshot) -> list[Transition]:
     """CPUs and memory blocks whose state differs between two snapshots."""
