@@ -197,9 +197,9 @@ class ResizeExporter(Exporter):
     def __init__(self, sources: str = "auto", port: int | None = None):
         port = port or free_port()
         self.sources = sources
-        super().__init__([sys.executable, "-m", "exporter", "run", "--listen",
+        super().__init__([sys.executable, "-m", "exporter", "run", "--web.listen-address",
                           f"127.0.0.1:{port}", "--no-journal", "--source", sources,
-                          "--log-level", "info"], port, cwd=REPO)
+                          "--log.level", "info"], port, cwd=REPO)
 
     def ready(self, text: str) -> bool:
         if self.sources in ("auto",) or "bpf" in self.sources.split(","):

@@ -26,8 +26,9 @@ GUEST_JOURNAL_DIR = "/tmp/nre-journal"
 GUEST_JOURNAL = f"{GUEST_JOURNAL_DIR}/journal.db"
 # A journal instead of --no-journal: a refused offline's reason (the BPF return code) is in the
 # episode's transitions, which only the journal shows (`episodes list --json`), not /metrics.
-EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run", "--listen", f"0.0.0.0:{GUEST_PORT}",
-                 "--source", "auto", "--journal", GUEST_JOURNAL, "--log-level", "debug"]
+EXPORTER_ARGV = [GUEST_PYTHON, "-m", "exporter", "run",
+                 "--web.listen-address", f"0.0.0.0:{GUEST_PORT}",
+                 "--source", "auto", "--journal", GUEST_JOURNAL, "--log.level", "debug"]
 EPISODES_ARGV = [GUEST_PYTHON, "-m", "exporter", "episodes", "list", "--json",
                  "--journal", GUEST_JOURNAL]
 EVENTS_ARGV = [GUEST_PYTHON, "-m", "exporter", "episodes", "export", "--journal", GUEST_JOURNAL]

@@ -17,9 +17,10 @@ def cli(*args, timeout=60):
 @pytest.mark.parametrize("args,words", [
     (["run", "--source", "bogus"], ["unknown source bogus", "bpf", "uevent", "sysfs"]),
     (["run", "--source", "bpf,nope"], ["unknown source nope"]),
-    (["run", "--listen", "nonsense"], ["--listen", "HOST:PORT"]),
-    (["run", "--listen", "127.0.0.1:99999"], ["port 1-65535"]),
-    (["run", "--listen", "my-host:9862"], ["not an IP address"]),
+    (["run", "--web.listen-address", "nonsense"], ["--web.listen-address", "HOST:PORT"]),
+    (["run", "--listen", "nonsense"], ["HOST:PORT"]),  # the old name still parses
+    (["run", "--web.listen-address", "127.0.0.1:99999"], ["port 1-65535"]),
+    (["run", "--web.listen-address", "my-host:9862"], ["not an IP address"]),
     (["run", "--sysfs-interval", "-1"], ["must be more than 0"]),
     (["run", "--sysfs-interval", "inf"], ["must be more than 0 and finite"]),
     (["run", "--podresources-interval", "nan"], ["must be more than 0 and finite"]),

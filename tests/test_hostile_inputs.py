@@ -63,7 +63,7 @@ def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
 
 def _run_exit(*args: str) -> subprocess.CompletedProcess:
     """`run` that must refuse to start: its exit status and what it said."""
-    return subprocess.run([sys.executable, "-m", "exporter", "run", "--listen",
+    return subprocess.run([sys.executable, "-m", "exporter", "run", "--web.listen-address",
                            f"127.0.0.1:{free_port()}", "--kubernetes", "off", "--source",
                            "sysfs", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60)

@@ -236,7 +236,7 @@ def test_a_url_the_token_must_not_go_to_is_refused(url, tmp_path):
     import sys
 
     from testkit.exporter_proc import REPO, free_port
-    done = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen",
+    done = subprocess.run([sys.executable, "-m", "exporter", "run", "--web.listen-address",
                            f"127.0.0.1:{free_port()}", "--no-journal", "--kubernetes", "off",
                            "--kubelet-metrics-url", url], cwd=REPO, capture_output=True,
                           text=True, timeout=60)

@@ -356,7 +356,8 @@ def test_bad_web_config_exits_2_naming_the_key(pki, tmp_path, body, words):
     for name in ("server.crt", "server.key"):
         (tmp_path / name).write_bytes((pki.dir / name).read_bytes())
     config = write_config(tmp_path, "web.yml", body)
-    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen", "127.0.0.1:1",
+    r = subprocess.run([sys.executable, "-m", "exporter", "run",
+                        "--web.listen-address", "127.0.0.1:1",
                         "--no-journal", *QUICK, "--web.config.file", str(config)],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -392,7 +393,8 @@ def test_a_web_config_that_is_not_a_small_regular_file_exits_2(pki, tmp_path, ki
         os.mkfifo(tmp_path / "server.crt")
         (tmp_path / "server.key").write_bytes((pki.dir / "server.key").read_bytes())
         config.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
-    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--listen", "127.0.0.1:1",
+    r = subprocess.run([sys.executable, "-m", "exporter", "run",
+                        "--web.listen-address", "127.0.0.1:1",
                         "--no-journal", *QUICK, "--web.config.file", str(config)],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr

@@ -55,17 +55,11 @@ def test_print_bpf_from_another_directory(installed, tmp_path):
     assert "struct hotplug_record" in out.stdout  # the header, inlined from the installed copy
 
 
-def _listen_flag(exe: Path) -> str:
-    help_text = subprocess.run([str(exe), "run", "--help"], capture_output=True, text=True,
-                               timeout=60).stdout
-    return "--web.listen-address" if "--web.listen-address" in help_text else "--listen"
-
-
 def test_installed_exporter_attaches_bpf_and_counts_cpu1(installed, tmp_path, cpu1):
     exe = installed / "node-resize-exporter"
     port = free_port()
     log = open(tmp_path / "exporter.log", "w")
-    proc = subprocess.Popen([str(exe), "run", _listen_flag(exe), f"127.0.0.1:{port}",
+    proc = subprocess.Popen([str(exe), "run", "--web.listen-address", f"127.0.0.1:{port}",
                              "--source", "bpf", "--no-journal"],
                             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
 
