@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import select
 
+from exporter.clock import Clock
+from exporter.sources.base import Source
+
 
 class Waker:
     def __init__(self) -> None:
@@ -55,3 +58,23 @@ class Waker:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+
+class PokedSource(Source):
+    """A source that sleeps on its Waker: until its interval passes, `stop()`, or `poke()` (the
+    agent pokes it after every kernel event). Subclasses wait with `self.waker.wait(...)`."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.waker = Waker()
+
+    def poke(self) -> None:
+        self.waker.poke()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self.waker.poke()  # wake the wait now, not at the next interval
+        super().stop(timeout)
+
+    def close(self) -> None:
+        self.waker.close()

@@ -26,8 +26,8 @@ from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
 from exporter.events import (CpuManagerCheckpoint, MalformedInput, MemoryManagerCheckpoint,
                              SourceStatus)
-from exporter.sources._wake import Waker
-from exporter.sources.base import Emit, Source
+from exporter.sources._wake import PokedSource
+from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceContext, SourceSpec, register
 from exporter.sources.sysfs import parse_cpu_list
 
@@ -186,14 +186,13 @@ def _same(a: Any, b: Any) -> bool:
     return a is not None and b is not None and {**vars(a), "time": 0} == {**vars(b), "time": 0}
 
 
-class KubeletCheckpointSource(Source):
+class KubeletCheckpointSource(PokedSource):
     name = "kubelet_checkpoint"
 
     def __init__(self, clock: Clock, root: str, interval: float = KUBELET_STATE_INTERVAL):
         super().__init__(clock)
         self.root = Path(root)
         self.interval = interval
-        self.waker = Waker()
         self._inotify: Any = None
         self._last_cpu: CpuManagerCheckpoint | None = None
         self._last_memory: MemoryManagerCheckpoint | None = None
@@ -223,20 +222,12 @@ class KubeletCheckpointSource(Source):
         self._inotify = inotify
         self.waker.watch(inotify.fileno())
 
-    def poke(self) -> None:
-        self.waker.poke()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.waker.poke()
-        super().stop(timeout)
-
     def close(self) -> None:
         if self._inotify is not None:
             self.waker.unwatch()
             self._inotify.close()
             self._inotify = None
-        self.waker.close()
+        super().close()
 
     def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
         if self._up is not up:  # each change once, not every read

@@ -17,8 +17,8 @@ from pathlib import Path
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
 from exporter.events import KubepodsCpuset, MalformedInput, SourceStatus
-from exporter.sources._wake import Waker
-from exporter.sources.base import Emit, Source
+from exporter.sources._wake import PokedSource
+from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.sysfs import parse_cpu_list
 
@@ -49,26 +49,14 @@ def read_kubepods_cpuset(root: str | Path, now: float) -> KubepodsCpuset:
     return KubepodsCpuset(now, str(path), parse_cpu_list(text))
 
 
-class KubepodsCgroupSource(Source):
+class KubepodsCgroupSource(PokedSource):
     name = "kubepods_cgroup"
 
     def __init__(self, clock: Clock, root: str, interval: float = KUBELET_STATE_INTERVAL):
         super().__init__(clock)
         self.root = root
         self.interval = interval
-        self.waker = Waker()
         self._last: KubepodsCpuset | None = None
-
-    def poke(self) -> None:
-        self.waker.poke()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.waker.poke()
-        super().stop(timeout)
-
-    def close(self) -> None:
-        self.waker.close()
 
     def loop(self, emit: Emit) -> None:
         emit(SourceStatus(self.name, True, self.clock.now(), f"reading {self.root}"))

@@ -12,8 +12,8 @@ from pathlib import Path
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
 from exporter.events import MalformedInput, MemoryAutoOnline, SourceStatus
-from exporter.sources._wake import Waker
-from exporter.sources.base import Emit, Source
+from exporter.sources._wake import PokedSource
+from exporter.sources.base import Emit
 from exporter.sources.registry import KERNEL, SourceSpec, register
 
 POLICIES = frozenset({"offline", "online", "online_kernel", "online_movable"})
@@ -26,7 +26,7 @@ def parse_auto_online(text: str, now: float) -> MemoryAutoOnline:
     return MemoryAutoOnline(now, policy)
 
 
-class MemoryAutoOnlineSource(Source):
+class MemoryAutoOnlineSource(PokedSource):
     name = "memory_auto_online"
 
     def __init__(self, clock: Clock, sysfs: str = "/sys",
@@ -34,19 +34,7 @@ class MemoryAutoOnlineSource(Source):
         super().__init__(clock)
         self.path = Path(sysfs) / "devices/system/memory/auto_online_blocks"
         self.interval = interval
-        self.waker = Waker()
         self._last = ""
-
-    def poke(self) -> None:
-        self.waker.poke()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.stopping.set()
-        self.waker.poke()
-        super().stop(timeout)
-
-    def close(self) -> None:
-        self.waker.close()
 
     def loop(self, emit: Emit) -> None:
         # Up even without the file (no memory hotplug in this kernel): then there is no policy.
