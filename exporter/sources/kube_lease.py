@@ -17,7 +17,7 @@ from lightkube.generic_resource import GenericNamespacedResource, create_api_inf
 from exporter.clock import Clock
 from exporter.events import MalformedInput, NodeHeartbeat
 from exporter.sources.base import Emit
-from exporter.sources.listwatch import ListWatchSource
+from exporter.sources.one_object import OneObjectSource
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -47,44 +47,24 @@ def renew_time(obj: dict) -> tuple[float | None, str]:
         return None, f"lease spec.renewTime: not an RFC 3339 time: {text[:40]!r}"
 
 
-class KubeLeaseSource(ListWatchSource):
+class KubeLeaseSource(OneObjectSource):
     name = "kube_lease"
     resource = RawLease
     plural = "leases"
     namespace = NODE_LEASE_NAMESPACE
 
     def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
-        super().__init__(clock, **kwargs)
-        self.node_name = node_name
+        super().__init__(clock, node_name=node_name, **kwargs)
         self._renewed: float | None = None  # the renewTime last emitted
         self._problem = ""  # the malformed renewTime last reported (once, not every renewal)
-        self._found = False
 
-    def field_selector(self) -> dict[str, str]:
-        return {"metadata.name": self.node_name}
+    def describe(self) -> str:
+        return f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name}"
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
-        mine = [i for i in items if (i.get("metadata") or {}).get("name") == self.node_name]
-        self._found = bool(mine)
-        if not mine:
-            self._set_up(emit, False, f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name} not found "
-                                      "(a kubelet creates it when it registers the node)")
-            return
-        self._deliver(mine[0], emit)
+    def missing_reason(self) -> str:
+        return f"{self.describe()} not found (a kubelet creates it when it registers the node)"
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
-        if (obj.get("metadata") or {}).get("name") != self.node_name:
-            return  # the field selector should make this impossible; do not trust it blindly
-        if event_type == "DELETED":
-            self._found = False
-            self._set_up(emit, False, f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name} deleted")
-            return
-        if event_type in ("ADDED", "MODIFIED"):
-            self._found = True
-            self._set_up(emit, True, f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name} present")
-            self._deliver(obj, emit)
-
-    def _deliver(self, obj: dict, emit: Emit) -> None:
+    def deliver(self, obj: dict, emit: Emit) -> None:
         now = self.clock.now()
         when, problem = renew_time(obj)
         if problem and problem != self._problem:
@@ -95,10 +75,6 @@ class KubeLeaseSource(ListWatchSource):
         self._renewed = when
         emit(NodeHeartbeat(now, self.node_name, when, via="lease"))
 
-    def _watch_response(self, status_code: int) -> None:
-        if not self._found:
-            return  # a working watch on a missing Lease is still not "up"
-        super()._watch_response(status_code)
 
 
 register(SourceSpec(

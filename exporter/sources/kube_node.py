@@ -15,48 +15,33 @@ from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
 from exporter.kube.capacity_configured import CapacityConfiguredFilter
 from exporter.kube.client import RawNode
 from exporter.kube.convert import node_status
-from exporter.sources.listwatch import ListWatchSource
+from exporter.sources.one_object import OneObjectSource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 
-class KubeNodeSource(ListWatchSource):
+class KubeNodeSource(OneObjectSource):
     name = "kube_node"
     resource = RawNode
     plural = "nodes"
 
     def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
-        super().__init__(clock, **kwargs)
-        self.node_name = node_name
+        super().__init__(clock, node_name=node_name, **kwargs)
         self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
         self._beat: float | None = None  # the Ready heartbeat last emitted
         self._configured = CapacityConfiguredFilter()  # issue 13: KEP-3953's condition
 
-    def field_selector(self) -> dict[str, str]:
-        return {"metadata.name": self.node_name}
+    def describe(self) -> str:
+        return f"Node {self.node_name!r}"
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
-        mine = [i for i in items if (i.get("metadata") or {}).get("name") == self.node_name]
-        if not mine:
-            self._last = None
-            self._set_up(emit, False,
-                         f"Node {self.node_name!r} not found in the API: check --node-name / "
-                         f"NODE_NAME (spec.nodeName via the downward API)")
-            return
-        self._deliver(mine[0], emit)
+    def missing_reason(self) -> str:
+        return (f"Node {self.node_name!r} not found in the API: check --node-name / NODE_NAME "
+                "(spec.nodeName via the downward API)")
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
-        if (obj.get("metadata") or {}).get("name") != self.node_name:
-            return  # the field selector should make this impossible; do not trust it blindly
-        if event_type == "DELETED":
-            self._last = None
-            self._set_up(emit, False, f"Node {self.node_name!r} was deleted")
-            return
-        if event_type in ("ADDED", "MODIFIED"):
-            self._set_up(emit, True, f"Node {self.node_name!r} present")
-            self._deliver(obj, emit)
+    def forget(self) -> None:
+        self._last = None
 
-    def _deliver(self, obj: dict, emit: Emit) -> None:
+    def deliver(self, obj: dict, emit: Emit) -> None:
         now = self.clock.now()
         problems: list[str] = []  # issue 13: KEP-3953's CapacityConfigured, when it changes
         configured = self._configured.feed(obj, now, problems)
@@ -81,10 +66,6 @@ class KubeNodeSource(ListWatchSource):
             emit(MalformedInput(self.name, problem, now))
         emit(event)
 
-    def _watch_response(self, status_code: int) -> None:
-        if self._last is None:
-            return  # a working watch on a missing Node is still not "up"
-        super()._watch_response(status_code)
 
 
 register(SourceSpec(
