@@ -327,10 +327,24 @@ class NodeHeartbeat:
 
 HEARTBEAT_VIA = ("node_status", "lease")
 
+
+@dataclass(frozen=True)
+class NodeWarningEvents:
+    """KEP-3953: the kubelet's Warning Events of one reason on this Node (EmergencyCapacityReduced:
+    it cut the Node's capacity in an emergency), as the API holds them now (Events expire, an
+    hour by default): how often they were reported (the Events' counts, summed) and when last."""
+
+    time: float
+    node: str
+    reason: str
+    occurrences: int
+    last_seen: float | None  # wall seconds of the newest one; None when there are none
+
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
              | NodeHeartbeat)
 KubeletLocalEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
-                     | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured)
+                     | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
+                     | NodeWarningEvents)
 Event = (KernelEvent | KubeEvent | KubeletLocalEvent | SourceStatus | ProgramStatus | EventsLost
          | MalformedInput)

@@ -56,7 +56,7 @@ _CLOSE = object()  # queue sentinel: end the stream cleanly
 _HANG = object()  # queue sentinel: send nothing more, keep the connection open until stop()
 _RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
-KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease"}
+KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
 # coordination.k8s.io/v1 Leases (issue 17: the node's, in kube-node-lease), served as a third
 # collection next to /api/v1's two.
 _LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
@@ -88,7 +88,8 @@ def parse_field_selector(text: str) -> Callable[[dict], bool]:
         else:
             key, value = term.replace("==", "=").split("=", 1)
             terms.append((key, True, value))
-        if terms[-1][0] not in ("metadata.name", "metadata.namespace", "spec.nodeName"):
+        if terms[-1][0] not in ("metadata.name", "metadata.namespace", "spec.nodeName",
+                                "involvedObject.kind", "involvedObject.name", "reason"):
             raise ValueError(f'field label not supported: "{terms[-1][0]}"')
 
     def matches(obj: dict) -> bool:
@@ -455,6 +456,22 @@ class FakeApiServer:
         with self._lock:
             return copy.deepcopy(self._objects[(collection, key)])
 
+    def put_event(self, node: str, reason: str, *, count: int = 1, last: str | None = None,
+                  namespace: str = "default", etype: str = "Warning") -> dict:
+        """An Event about a Node, as the kubelet records one (core/v1, aggregated by count)."""
+        stamp = last or _now_iso()
+        with self._lock:
+            name = f"{node}.{uuid.uuid4().hex[:16]}"
+            event = {"kind": "Event", "apiVersion": "v1",
+                     "metadata": {"name": name, "namespace": namespace,
+                                  "uid": str(uuid.uuid4()), "creationTimestamp": stamp},
+                     "involvedObject": {"kind": "Node", "name": node, "uid": node,
+                                        "apiVersion": "v1"},
+                     "reason": reason, "type": etype, "message": f"{reason} on {node}",
+                     "source": {"component": "kubelet", "host": node},
+                     "firstTimestamp": stamp, "lastTimestamp": stamp, "count": count}
+            return self._store("events", f"{namespace}/{name}", event)
+
     def set_lease(self, node: str, renew_time: str | None, holder: str | None = None) -> dict:
         """Create or renew a node's Lease in kube-node-lease, as a kubelet does every 10 s
         (renew_time: a MicroTime such as 2026-11-23T08:21:44.123456Z)."""
@@ -679,12 +696,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(403, status_object(403, "Forbidden", "events is forbidden"))
                 return
             with api._lock:
-                api._rv += 1
                 meta = body.setdefault("metadata", {})
                 meta["name"] = meta.get("name") or meta.get("generateName", "") + uuid.uuid4(
                 ).hex[:5]
-                meta.update(namespace=parts[3], uid=str(uuid.uuid4()),
-                            resourceVersion=str(api._rv))
+                meta.update(namespace=parts[3], uid=str(uuid.uuid4()))
+                body = api._store("events", f"{parts[3]}/{meta['name']}", body)  # watchable
                 api.events.append(body)
             self._send_json(201, body)
             return

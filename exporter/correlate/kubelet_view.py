@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from exporter.events import (
     CpuManagerCheckpoint, Event, KernelSnapshot, KubeletFeatures, KubeletProcess,
-    KubepodsCpuset, MemoryAutoOnline, MemoryManagerCheckpoint, NodeCapacityConfigured, Resource,
+    KubepodsCpuset, MemoryAutoOnline, MemoryManagerCheckpoint, NodeCapacityConfigured,
+    NodeWarningEvents, Resource,
 )
 
 CPU_MANAGER = "cpu_manager_state"
@@ -106,6 +107,7 @@ class KubeletView:
     restarts: int = 0
     gates: Mapping[str, bool] = field(default_factory=dict)
     capacity_condition: NodeCapacityConfigured | None = None
+    warnings: dict[str, NodeWarningEvents] = field(default_factory=dict)  # by reason
 
     def handle(self, event: Event) -> None:
         if isinstance(event, KernelSnapshot):
@@ -124,6 +126,8 @@ class KubeletView:
             self.gates = {g: v for g, v in event.gates.items() if g in GATES}
         elif isinstance(event, NodeCapacityConfigured):
             self.capacity_condition = event
+        elif isinstance(event, NodeWarningEvents):
+            self.warnings[event.reason] = event
 
     def _process(self, event: KubeletProcess) -> None:
         # A restart is a new start time; a kubelet that vanished and came back is one too,
@@ -192,3 +196,7 @@ class KubeletView:
         # A reason the KEP does not name is "Other": the label set stays bounded.
         reason = cond.reason if cond.reason in CAPACITY_REASONS else "Other"
         return {r: int(r == reason) for r in CAPACITY_REASONS + ("Other",)}
+
+    def warning_events(self) -> dict[str, tuple[int, float | None]]:
+        """reason -> (occurrences in the Events the API holds now, newest one's time)."""
+        return {r: (w.occurrences, w.last_seen) for r, w in sorted(self.warnings.items())}

@@ -68,6 +68,7 @@ class KubeletSink(Collector):
             auto_online = view.memory_auto_online()
             features = view.features()
             configured = view.capacity_configured()
+            warnings = view.warning_events()
             restarts = view.restarts
         fam = GaugeMetricFamily(
             "node_kubelet_cpu_manager_cpus",
@@ -114,3 +115,16 @@ class KubeletSink(Collector):
         for reason, value in configured.items():
             fam.add_metric([reason], value)
         yield fam
+        count = GaugeMetricFamily(
+            "node_kubelet_warning_events",
+            "KEP-3953: the kubelet's Warning Events on this Node (EmergencyCapacityReduced) the "
+            "API holds now, counted by occurrence.", labels=["reason"])
+        last = GaugeMetricFamily(
+            "node_kubelet_warning_event_last_timestamp_seconds",
+            "When the newest of those Events was last reported.", labels=["reason"])
+        for reason, (occurrences, last_seen) in warnings.items():
+            count.add_metric([reason], occurrences)
+            if last_seen is not None:
+                last.add_metric([reason], last_seen)
+        yield count
+        yield last
