@@ -252,7 +252,10 @@ def kubernetes_checks(options: Options) -> list[Check]:
     return checks
 
 
-RBAC_NEEDED = (("list", "nodes"), ("watch", "nodes"), ("list", "pods"), ("watch", "pods"))
+# (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).
+RBAC_NEEDED = tuple((verb, group, resource) for group, resource in (
+    ("", "nodes"), ("", "pods"), ("coordination.k8s.io", "leases"), ("", "events"))
+    for verb in ("list", "watch"))
 
 
 def check_rbac(config: object) -> Check:
@@ -263,9 +266,10 @@ def check_rbac(config: object) -> Check:
     client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
     denied = []
     try:
-        for verb, resource in RBAC_NEEDED:
+        for verb, group, resource in RBAC_NEEDED:
             review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
-                resourceAttributes=ResourceAttributes(verb=verb, resource=resource))))
+                resourceAttributes=ResourceAttributes(verb=verb, group=group,
+                                                      resource=resource))))
             if not (review.status and review.status.allowed):
                 denied.append(f"{verb} {resource}")
     except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
@@ -275,9 +279,10 @@ def check_rbac(config: object) -> Check:
         transport.close()
     if denied:
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
-                     "bind deploy/clusterrole.yaml (list, watch on nodes and pods) to the "
-                     "exporter's service account")
-    return Check("kubernetes RBAC", "ok", "list and watch on nodes and pods allowed")
+                     "bind deploy/clusterrole.yaml (list, watch on nodes, pods, leases and "
+                     "events) to the exporter's service account")
+    return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
+                 "allowed")
 
 
 def check_podresources(path: str) -> Check:
