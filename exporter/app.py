@@ -89,13 +89,14 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
         raise StartupError(f"sysfs/procfs unreadable: {e}") from e
     opened = OpenedSources([reconciler], reconciler)
     for spec in registry.specs(registry.KERNEL):
-        if spec.name == "sysfs" or not (auto or spec.name in options.sources):
+        if spec.name == "sysfs" or not (auto or spec.name in options.sources
+                                        or not spec.selectable):
             continue
         source = spec.factory(ctx)
         try:
             source.open()
         except SourceUnavailable as e:
-            if not auto:
+            if not auto and spec.selectable:
                 opened.close()
                 raise StartupError(f"--source {spec.name}: {e.reason}. Fix: {e.fix}") from e
             log.warning("source %s unavailable: %s (fix: %s)", spec.name, e.reason, e.fix)

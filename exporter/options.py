@@ -70,7 +70,8 @@ class ListenAddress(click.ParamType):
             return value
         text = str(value)
         host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        # isdigit() alone admits "¹" and other digits int() refuses
+        if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             self.fail(f"{text!r}: expected HOST:PORT with a port 1-65535, for example "
                       f"{defaults.LISTEN_ADDRESS} or 127.0.0.1:{defaults.PORT}", param, ctx)
         host = host.strip("[]") or "0.0.0.0"

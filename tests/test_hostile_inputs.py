@@ -54,11 +54,11 @@ def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
         assert {dict(k)["source"] for k in s.series(stamp)} >= sources
         assert 0 < s.value(stamp, source="kube_node") <= time.time()
         api.set_silent(False)
-        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
-                                           source="kube_node") == 1
-                         and s.value("node_capacity_kubelet", resource="cpu",
-                                     unit="core") == 2, timeout=60)
-        assert s.value("node_resize_exporter_source_up", source="kube_pods") == 1
+        # Each watch comes back on its own backoff (up to 30 s): wait for both.
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up", source="kube_node") == 1
+                     and s.value("node_resize_exporter_source_up", source="kube_pods") == 1
+                     and s.value("node_capacity_kubelet", resource="cpu", unit="core") == 2,
+                     timeout=60)
 
 
 def _run_exit(*args: str) -> subprocess.CompletedProcess:

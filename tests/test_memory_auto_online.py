@@ -45,3 +45,15 @@ def test_a_fixture_tree_without_memory_hotplug_emits_nothing(tmp_path):
     source.read(emitted.append)
     assert [type(e) for e in emitted] == [MalformedInput]
     source.close()
+
+
+def test_it_runs_whatever_source_list_is_chosen():
+    """A state reader, not an event source: `--source sysfs` (or any list) keeps it, and it
+    is no --source choice."""
+    from exporter.sources.registry import kernel_source_names
+    from testkit.exporter_proc import RunningExporter
+
+    assert "memory_auto_online" not in kernel_source_names()
+    policy = Path("/sys/devices/system/memory/auto_online_blocks").read_text().strip()
+    with RunningExporter("--source", "sysfs", "--kubernetes", "off") as exp:
+        exp.wait_for(lambda s: s.value("node_hotplug_memory_auto_online", policy=policy) == 1)

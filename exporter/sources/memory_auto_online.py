@@ -60,4 +60,5 @@ class MemoryAutoOnlineSource(PokedSource):
 
 register(SourceSpec(
     "memory_auto_online", KERNEL, "sysfs auto_online_blocks (hot-added memory policy)",
-    lambda ctx: MemoryAutoOnlineSource(ctx.clock, ctx.options.sysfs_root), order=70))
+    lambda ctx: MemoryAutoOnlineSource(ctx.clock, ctx.options.sysfs_root), order=70,
+    selectable=False))

@@ -46,6 +46,9 @@ class SourceSpec:
     # sources are chosen by --source instead.
     wanted: Callable[["Options"], bool] = lambda options: True
     order: int = 50  # start order; lower first (the sysfs truth before the event sources)
+    # Kernel sources: False for a reader of state that runs whatever --source says (like the
+    # sysfs reconciler): it is not an event source to choose.
+    selectable: bool = True
 
 
 _REGISTRY: dict[str, SourceSpec] = {}
@@ -85,4 +88,5 @@ def spec(name: str) -> SourceSpec:
 
 
 def kernel_source_names() -> tuple[str, ...]:
-    return tuple(s.name for s in specs(KERNEL))
+    """The --source choices."""
+    return tuple(s.name for s in specs(KERNEL) if s.selectable)
