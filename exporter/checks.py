@@ -6,7 +6,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.bpf_files import kernel_build_dir
 from exporter.options import Options
 from exporter.privileges import CAPS, capabilities
 from exporter.sources import registry
@@ -38,11 +37,10 @@ def check_capabilities() -> Check:
                  "run as root, or add capabilities BPF and PERFMON (SYS_ADMIN before 5.8)")
 
 
-def check_tracefs() -> Check:
-    if Path("/sys/kernel/tracing/events").exists():
-        return Check("tracefs", "ok", "mounted at /sys/kernel/tracing")
-    return Check("tracefs", "fail", "not mounted at /sys/kernel/tracing",
-                 "mount -t tracefs nodev /sys/kernel/tracing")
+def bpf_requirement_checks() -> list[Check]:
+    """The BPF source's own pre-flight, one line per requirement (the same list it checks)."""
+    from exporter.sources.bpf_requirements import requirements
+    return [Check(r.name, "ok" if r.ok else "fail", r.detail, r.fix) for r in requirements()]
 
 
 def check_btf() -> Check:
@@ -50,37 +48,6 @@ def check_btf() -> Check:
         return Check("BTF", "ok", "/sys/kernel/btf/vmlinux present")
     return Check("BTF", "warn", "no /sys/kernel/btf/vmlinux (not needed: the programs read "
                  "tracepoint args only)", "use a kernel with CONFIG_DEBUG_INFO_BTF for CO-RE tools")
-
-
-def check_headers() -> Check:
-    build = kernel_build_dir()
-    if (build / "Makefile").exists():
-        return Check("kernel headers", "ok", f"{build} -> {build.resolve()}")
-    if Path("/sys/kernel/kheaders.tar.xz").exists():
-        return Check("kernel headers", "ok", "kheaders module")
-    return Check("kernel headers", "fail", f"{build} missing; bcc compiles C at load time",
-                 "scripts/setup.sh run (installs linux-headers-amd64 and links it) or "
-                 "modprobe kheaders")
-
-
-def check_bcc() -> Check:
-    try:
-        import bcc  # noqa: F401
-        return Check("bcc", "ok", f"python bcc at {Path(bcc.__file__).parent}")
-    except ImportError as e:
-        return Check("bcc", "fail", f"cannot import bcc: {e}",
-                     "apt-get install python3-bpfcc; use a venv made with "
-                     "/usr/bin/python3 -m venv --system-site-packages")
-
-
-def check_tracepoints() -> Check:
-    base = Path("/sys/kernel/tracing/events/cpuhp")
-    missing = [t for t in ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
-               if not (base / t).exists()]
-    if not missing:
-        return Check("cpuhp tracepoints", "ok", "cpuhp_enter, cpuhp_multi_enter, cpuhp_exit")
-    return Check("cpuhp tracepoints", "fail", f"missing {', '.join(missing)}",
-                 "mount tracefs; the kernel needs CONFIG_HOTPLUG_CPU and CONFIG_TRACEPOINTS")
 
 
 def check_kprobes() -> Check:
@@ -175,8 +142,8 @@ def run_checks(options: Options | None = None) -> list[Check]:
     opened for real."""
     from exporter.clock import MonotonicWallClock
     options = options or Options()
-    checks = [check_capabilities(), check_tracefs(), check_btf(), check_headers(), check_bcc(),
-              check_tracepoints(), check_kprobes(), check_uevent(), check_sysfs(options.sysfs_root)]
+    checks = [check_capabilities(), *bpf_requirement_checks(), check_btf(), check_kprobes(),
+              check_uevent(), check_sysfs(options.sysfs_root)]
     ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
     checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
     return checks + [check_journal(options), check_kubelet_restart(options)] + \

@@ -13,13 +13,12 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
-import importlib.util
 import os
 import select
 import time
 from pathlib import Path
 
-from exporter.bpf_files import bpf_dir, kernel_build_dir
+from exporter.bpf_files import bpf_dir
 from exporter.clock import MonotonicWallClock
 from exporter.events import (
     Direction, EventsLost, MalformedInput, ProgramStatus, Resource, Result, SourceStatus,
@@ -28,11 +27,11 @@ from exporter.events import (
 from exporter import libbpf
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.bpf_loader import LoadError, Loaded, load
+from exporter.sources.bpf_requirements import TRACEFS, requirements
 from exporter.sources.sysfs import read_hotplug_states
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
-TRACEFS = Path("/sys/kernel/tracing")
 KIND_CPU, KIND_MEMORY = 1, 2
 CPUHP_PROGRAMS = ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
 MEMORY_PROBES = {  # program name -> (kernel function, is return probe)
@@ -142,30 +141,9 @@ def printable_program(states: dict[int, str], ringbuf_pages: int = DEFAULT_RINGB
 
 def preflight() -> None:
     """Raise SourceUnavailable with the fix when bcc cannot compile and attach here."""
-    if os.geteuid() != 0 and not os.access("/sys/kernel/tracing/events", os.R_OK):
-        raise SourceUnavailable("not root and tracefs not readable",
-                                "run as root, or grant CAP_BPF, CAP_PERFMON (kernel >= 5.8)")
-    if not (TRACEFS / "events").exists():
-        raise SourceUnavailable("tracefs is not mounted at /sys/kernel/tracing",
-                                "mount -t tracefs nodev /sys/kernel/tracing")
-    if not (TRACEFS / "events/cpuhp/cpuhp_exit").exists():
-        raise SourceUnavailable("the kernel has no cpuhp tracepoints",
-                                "use a kernel with CONFIG_HOTPLUG_CPU and CONFIG_TRACEPOINTS")
-    build = kernel_build_dir()
-    if not (build / "Makefile").exists() and not Path("/sys/kernel/kheaders.tar.xz").exists():
-        raise SourceUnavailable(f"bcc needs kernel headers and {build} is missing",
-                                "make run / scripts/setup.sh run installs linux-headers-amd64 "
-                                "and links them (or load the kheaders module)")
-    # find_spec, not import: importing bcc maps LLVM for the life of the process. Only the
-    # loader child imports it (and reports an import that fails after all).
-    if importlib.util.find_spec("bcc") is None:
-        raise SourceUnavailable("cannot import bcc (the BPF compiler)",
-                                "apt-get install python3-bpfcc and run with /usr/bin/python3 "
-                                "or a venv made with --system-site-packages")
-    try:
-        libbpf.lib()
-    except libbpf.LibbpfMissing as e:
-        raise SourceUnavailable(str(e).split(" (fix:")[0], libbpf.FIX) from e
+    for req in requirements():
+        if not req.ok:
+            raise SourceUnavailable(req.detail, req.fix)
 
 
 class BpfSource(Source):
