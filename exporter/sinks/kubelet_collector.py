@@ -77,44 +77,26 @@ class KubeletSink(Collector):
         for (name, state), n in sorted(cpus.items()):
             fam.add_metric([name, state], n)
         yield fam
-        fam = GaugeMetricFamily(
-            "node_kubelet_restart_blocked",
-            "1 when a kubelet restart now would fail on this checkpoint (its CPUs or memory "
-            "differ from the kernel's, or it is corrupted): run `node-resize-exporter check`.",
-            labels=["reason"])
-        for reason, value in sorted(blocked.items()):
-            fam.add_metric([reason], value)
-        yield fam
-        fam = GaugeMetricFamily(
-            "node_kubelet_cgroup_cpuset_cpus",
-            "CPUs of the kubepods cgroup's cpuset that are online or offline, and online CPUs "
-            "missing from it (pods cannot run there).", labels=["state"])
-        for state, n in sorted(cgroup.items()):
-            fam.add_metric([state], n)
-        yield fam
-        fam = GaugeMetricFamily(
-            "node_hotplug_memory_auto_online",
-            "1 for the kernel's policy for hot-added memory blocks (auto_online_blocks); "
-            "offline: they stay offline until something onlines them.", labels=["policy"])
-        for policy, value in sorted(auto_online.items()):
-            fam.add_metric([policy], value)
-        yield fam
+        yield _gauge("node_kubelet_restart_blocked",
+                     "1 when a kubelet restart now would fail on this checkpoint (its CPUs or "
+                     "memory differ from the kernel's, or it is corrupted): run "
+                     "`node-resize-exporter check`.", "reason", blocked)
+        yield _gauge("node_kubelet_cgroup_cpuset_cpus",
+                     "CPUs of the kubepods cgroup's cpuset that are online or offline, and "
+                     "online CPUs missing from it (pods cannot run there).", "state", cgroup)
+        yield _gauge("node_hotplug_memory_auto_online",
+                     "1 for the kernel's policy for hot-added memory blocks "
+                     "(auto_online_blocks); offline: they stay offline until something onlines "
+                     "them.", "policy", auto_online)
         yield CounterMetricFamily(
             "node_kubelet_restarts", "Kubelet restarts seen (a new process start time).",
             value=restarts)
-        fam = GaugeMetricFamily(
-            "node_kubelet_feature_enabled",
-            "Resize feature gates as the kubelet's /metrics reports them.", labels=["gate"])
-        for gate, value in features.items():
-            fam.add_metric([gate], value)
-        yield fam
-        fam = GaugeMetricFamily(
-            "node_kubelet_capacity_configured",
-            "KEP-3953's Node condition CapacityConfigured: 1 for its current reason.",
-            labels=["reason"])
-        for reason, value in configured.items():
-            fam.add_metric([reason], value)
-        yield fam
+        yield _gauge("node_kubelet_feature_enabled",
+                     "Resize feature gates as the kubelet's /metrics reports them.", "gate",
+                     features)
+        yield _gauge("node_kubelet_capacity_configured",
+                     "KEP-3953's Node condition CapacityConfigured: 1 for its current reason.",
+                     "reason", configured, ordered=False)
         count = GaugeMetricFamily(
             "node_kubelet_warning_events",
             "KEP-3953: the kubelet's Warning Events on this Node (EmergencyCapacityReduced) the "
@@ -128,3 +110,12 @@ class KubeletSink(Collector):
                 last.add_metric([reason], last_seen)
         yield count
         yield last
+
+
+def _gauge(name: str, help_: str, label: str, values: dict[str, int],
+           ordered: bool = True) -> GaugeMetricFamily:
+    """A gauge family of one label, one series per key."""
+    fam = GaugeMetricFamily(name, help_, labels=[label])
+    for key, value in (sorted(values.items()) if ordered else values.items()):
+        fam.add_metric([key], value)
+    return fam

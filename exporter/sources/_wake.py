@@ -12,7 +12,8 @@ import os
 import select
 
 from exporter.clock import Clock
-from exporter.sources.base import Source
+from exporter.events import SourceStatus
+from exporter.sources.base import Emit, Source
 
 
 class Waker:
@@ -62,11 +63,26 @@ class Waker:
 
 class PokedSource(Source):
     """A source that sleeps on its Waker: until its interval passes, `stop()`, or `poke()` (the
-    agent pokes it after every kernel event). Subclasses wait with `self.waker.wait(...)`."""
+    agent pokes it after every kernel event). The default loop says it is up, then reads
+    (`read(emit)`) after every wake-up; subclasses with more to wait for override `loop`."""
+
+    interval = 60.0
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self.waker = Waker()
+
+    def up_reason(self) -> str:
+        return ""
+
+    def read(self, emit: Emit) -> None:
+        raise NotImplementedError
+
+    def loop(self, emit: Emit) -> None:
+        emit(SourceStatus(self.name, True, self.clock.now(), self.up_reason()))
+        while not self.stopping.is_set():
+            self.read(emit)
+            self.waker.wait(self.interval)
 
     def poke(self) -> None:
         self.waker.poke()

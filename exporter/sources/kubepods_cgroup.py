@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
-from exporter.events import KubepodsCpuset, MalformedInput, SourceStatus
+from exporter.events import KubepodsCpuset, MalformedInput
 from exporter.sources._wake import PokedSource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
@@ -58,11 +58,8 @@ class KubepodsCgroupSource(PokedSource):
         self.interval = interval
         self._last: KubepodsCpuset | None = None
 
-    def loop(self, emit: Emit) -> None:
-        emit(SourceStatus(self.name, True, self.clock.now(), f"reading {self.root}"))
-        while not self.stopping.is_set():
-            self.read(emit)
-            self.waker.wait(self.interval)
+    def up_reason(self) -> str:
+        return f"reading {self.root}"
 
     def read(self, emit: Emit) -> None:
         now = self.clock.now()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from exporter.clock import Clock
 from exporter.defaults import KUBELET_STATE_INTERVAL
-from exporter.events import MalformedInput, MemoryAutoOnline, SourceStatus
+from exporter.events import MalformedInput, MemoryAutoOnline
 from exporter.sources._wake import PokedSource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KERNEL, SourceSpec, register
@@ -36,12 +36,9 @@ class MemoryAutoOnlineSource(PokedSource):
         self.interval = interval
         self._last = ""
 
-    def loop(self, emit: Emit) -> None:
+    def up_reason(self) -> str:
         # Up even without the file (no memory hotplug in this kernel): then there is no policy.
-        emit(SourceStatus(self.name, True, self.clock.now(), str(self.path)))
-        while not self.stopping.is_set():
-            self.read(emit)
-            self.waker.wait(self.interval)
+        return str(self.path)
 
     def read(self, emit: Emit) -> None:
         now = self.clock.now()
