@@ -145,33 +145,23 @@ class LabelSelectorText(click.ParamType):
         return str(value)
 
 
-class PriorityClassName(click.ParamType):
-    """A PriorityClass name (a DNS-1123 subdomain): anything else names no class, and a
-    balloon pattern that silently matches nothing is the failure to avoid."""
+class KubeName(click.ParamType):
+    """A Kubernetes object name (a DNS-1123 subdomain): a node name (anything else could never
+    match a Node, and a newline in it would forge log lines) or a PriorityClass name (a balloon
+    pattern that silently matches nothing is the failure to avoid). Empty: None, when allowed."""
 
-    name = "class"
+    _DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        text = str(value).strip()
-        if len(text) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", text):
-            self.fail(f"{text[:80]!r} is not a PriorityClass name (lower-case letters, digits, "
-                      "'-' and '.', at most 253 characters)", param, ctx)
-        return text
-
-
-class NodeName(click.ParamType):
-    """A Kubernetes node name (a DNS-1123 subdomain): anything else could never match a Node,
-    and a newline in it would forge log lines."""
-
-    name = "name"
+    def __init__(self, what: str, name: str, empty_ok: bool = False) -> None:
+        self.what, self.name, self.empty_ok = what, name, empty_ok
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str | None:
         text = str(value).strip()
-        if not text:
+        if not text and self.empty_ok:
             return None
-        if len(text) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", text):
-            self.fail(f"{text[:80]!r} is not a node name (lower-case letters, digits, '-' and "
-                      "'.', at most 253 characters)", param, ctx)
+        if len(text) > 253 or not self._DNS1123.fullmatch(text):
+            self.fail(f"{text[:80]!r} is not a {self.what} (lower-case letters, digits, '-' "
+                      "and '.', at most 253 characters)", param, ctx)
         return text
 
 
@@ -270,7 +260,8 @@ _DEFINITIONS = (
     Opt("kubeconfig", ("--kubeconfig",), None,
         "Kubeconfig file (default: the in-cluster service account).", Path_()),
     Opt("node_name", ("--node-name",), None,
-        "This node's name [default: the hostname].", NodeName(), envvar="NODE_NAME"),
+        "This node's name [default: the hostname].",
+        KubeName("node name", "name", empty_ok=True), envvar="NODE_NAME"),
     Opt("podresources_socket", ("--podresources-socket",), defaults.PODRESOURCES_SOCKET,
         "The kubelet's podresources gRPC socket (empty: do not poll)."),
     Opt("podresources_interval", ("--podresources-interval",), defaults.PODRESOURCES_INTERVAL,
@@ -287,7 +278,8 @@ _DEFINITIONS = (
     Opt("balloon_priority_classes", ("--balloon-priority-class",),
         defaults.BALLOON_PRIORITY_CLASSES,
         "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; "
-        "for example the cluster-autoscaler's overprovisioning class).", PriorityClassName(),
+        "for example the cluster-autoscaler's overprovisioning class).",
+        KubeName("PriorityClass name", "class"),
         show_default=False, multiple=True),
     # The kubelet's local state (issue 13): checkpoints a restart re-validates, kubepods cgroup
     Opt("kubelet_root_dir", ("--kubelet-root-dir",), defaults.KUBELET_ROOT_DIR,
