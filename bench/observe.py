@@ -68,7 +68,7 @@ class InProcessAgent:
         return self._clock
 
     def __enter__(self) -> "InProcessAgent":
-        self.agent = build_agent(self._options, self._clock, sinks=(self.sink,))
+        self.agent = build_agent(self._options, self._clock, sinks=(self.sink,)).agent
         self.thread = threading.Thread(target=self.agent.run, args=(self.stop,),
                                        name="bench-agent", daemon=True)
         self.thread.start()

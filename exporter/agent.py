@@ -57,14 +57,14 @@ class Agent:
         self.alive = threading.Event()
         self._malformed_logged: set[str] = set()
         self._version = 0  # bumped whenever the correlator's state may have changed
-        self.metrics: Any = None  # the metrics sink, which /metrics renders (exporter/app.py)
         for status in down:  # sources that could not open: their series say so from the start
             self._process(status.source, status, quiet=True)
         # Every other source is "not up yet" until it says otherwise, so each has its
         # source_up series from the first scrape: an API server that never answers is a 0
         # an alert can see, not a missing series (issue 16).
+        said = {s.source for s in down}
         for source in self.sources:
-            if source.name not in {s.source for s in down}:
+            if source.name not in said:
                 self._process(source.name, SourceStatus(source.name, False, clock.now(),
                                                         "starting"), quiet=True)
 

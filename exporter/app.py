@@ -168,24 +168,36 @@ def preflight_kubernetes(options: Options, node: str) -> None:
                            "--kubernetes auto to start without it")
 
 
+@dataclass
+class Built:
+    """What build_agent made: the agent, the metrics sink /metrics renders, and the two
+    decisions taken once for every part (the node's name, whether Kubernetes is joined)."""
+
+    agent: Agent
+    metrics: Any
+    node: str
+    kubernetes: bool
+
+
 def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = None,
-                sinks: tuple[Any, ...] = ()) -> Agent:
+                sinks: tuple[Any, ...] = (), node: str | None = None) -> Built:
     """The agent without the HTTP side: the correlator with its ledger and node view, the
     opened sources, the sinks (the journal first, then the metrics sink, then `sinks`), and the
     episodes the journal kept open, resumed through every sink. Raises StartupError."""
     from exporter.sinks.metrics import MetricsSink
     kubernetes = kubernetes_enabled(options)
+    node = node or resolve_node_name(options)
     config = correlator_config(options, kubernetes)
     ledger, view = KernelLedger(), NodeView(config, clock)
     correlator = Correlator(config, clock, ledger=ledger, view=view)
-    ctx = registry.SourceContext(options, clock, resolve_node_name(options))
+    ctx = registry.SourceContext(options, clock, node)
     opened = open_sources(ctx, kubernetes)
     log.info("sources: %s", ", ".join(s.name for s in opened.running))
     _log_unattached(opened.running)
     agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
                   reconciler=opened.reconciler, down=tuple(opened.down))
-    agent.metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
-    agent.add_sink(agent.metrics)
+    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
+    agent.add_sink(metrics)
     for sink in sinks:
         agent.add_sink(sink)
     if journal is not None:
@@ -196,7 +208,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
             for sink in agent.sinks:
                 sink.on_update(update)
         _count_changes_while_down(journal, opened.reconciler, ledger)
-    return agent
+    return Built(agent, metrics, node, kubernetes)
 
 
 def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
@@ -224,18 +236,20 @@ def serve(options: Options) -> int:
 
     clock = MonotonicWallClock()
     node = resolve_node_name(options)
+    kubernetes = kubernetes_enabled(options)
     log.info("node-resize-exporter %s (revision %s)", buildinfo.version(), buildinfo.revision())
     try:
         trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
-        if kubernetes_enabled(options):
+        if kubernetes:
             preflight_kubernetes(options, node)
         journal = open_journal(options, clock)
     except (ValueError, OSError, StartupError) as e:
         return _fail(str(e))
     try:
-        agent = build_agent(options, clock, journal=journal)
+        built = build_agent(options, clock, journal=journal, node=node)
     except StartupError as e:
         return _fail(str(e))
+    agent = built.agent
 
     registry_ = CollectorRegistry()
     try:
@@ -258,13 +272,13 @@ def serve(options: Options) -> int:
     # After the drop: the span processor starts a thread, which would keep what it inherited.
     if trace_config is not None:
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
-    if options.kube_events and kubernetes_enabled(options):
+    if options.kube_events and kubernetes:
         from exporter.sinks.kube_events import KubeEventsSink, lightkube_poster
         try:
             agent.add_sink(KubeEventsSink(node, lightkube_poster(options.kubeconfig)))
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
-    registry_.register(agent.metrics)
+    registry_.register(built.metrics)
     # Issue 13: the kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
     from exporter.sinks.kubelet_collector import KubeletSink
