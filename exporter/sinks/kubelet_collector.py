@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.correlate.model import EpisodeUpdate
-from exporter.events import DeviceChange, Event, KernelSnapshot, Transition
+from exporter.events import DeviceChange, Event, Transition
 
 # Sources that re-read when poked (by name, from the registry)
 POKED = ("kubelet_checkpoint", "kubepods_cgroup", "memory_auto_online")
@@ -47,7 +47,8 @@ class KubeletSink(Collector):
     def on_event(self, event: Event) -> None:
         with self.lock:
             self.view.handle(event)
-        if isinstance(event, (Transition, DeviceChange, KernelSnapshot)):
+        # A kernel event, not the sysfs snapshot that follows each one: one re-read per event.
+        if isinstance(event, (Transition, DeviceChange)):
             for poke in self._pokes:
                 poke()
 
