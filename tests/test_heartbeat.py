@@ -85,9 +85,10 @@ def test_a_running_exporter_reads_the_lease_and_can_be_told_not_to(tmp_path):
         common = ("--source", "sysfs", "--kubeconfig", kubeconfig, "--node-name", NODE,
                   "--podresources-socket", "", "--kubelet-root-dir", "", "--cgroup-root", "")
         with RunningExporter(*common) as exp:
-            s = exp.wait_for(lambda s: beat(s, "lease", "timestamp") is not None)
+            # The Node and the Lease arrive on two watches: wait for both, in either order.
+            s = exp.wait_for(lambda s: beat(s, "lease", "timestamp") is not None
+                             and beat(s, "node_status", "timestamp") is not None)
             assert beat(s, "lease", "timestamp") == at("08:21:44") + 0.25
-            assert beat(s, "node_status", "timestamp") is not None  # set_node's Ready
             s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                                source="kube_lease") == 1)
             query = api.requests_for("leases", watch=True)[-1]
