@@ -63,12 +63,14 @@ class Correlator:
         # Deadlines that fell due before this event are decided first, on the state before it.
         # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
         # every open episode. The heap's head says whether anything is due at all.
-        now = self._clock.now()
-        upto = float(when) if when < now else now
         due = self._next_due
-        if due and due[0][0] <= upto:
-            return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
-        return self._mark_resynced_by(apply(event))
+        if due and due[0][0] <= when:  # the clock is read only when something may be due
+            now = self._clock.now()
+            upto = float(when) if when < now else now
+            if due[0][0] <= upto:
+                return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
+        updates = apply(event)
+        return self._mark_resynced_by(updates) if updates else updates
 
     def tick(self) -> list[EpisodeUpdate]:
         return self._mark_resynced_by(self._tracker.advance(self._clock.now()))

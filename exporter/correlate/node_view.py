@@ -27,6 +27,7 @@ class NodeView:
         self.pods = PodView()
         self._podresources: frozenset[int] | None = None
         self._drift_since: dict[Resource, float] = {}
+        self._drift_inputs: tuple[object, object] | None = None  # see _note_drift
         # issue 17: the kubelet's last heartbeat by where it was read (HEARTBEAT_VIA)
         self._heartbeat: dict[str, float] = {}
 
@@ -130,6 +131,15 @@ class NodeView:
         Runs on every snapshot and Node update: written out rather than through drift()."""
         since = self._drift_since
         snap, status = self.snapshot, self.node.status
+        # What it is a function of: the kernel's capacities (the fields KernelSnapshot.capacity
+        # reads) and the Node's. Most snapshots and Node updates repeat the last values, and
+        # then nothing here can change.
+        inputs = (None if snap is None else (len(snap.cpus_online), snap.mem_total_bytes,
+                                             snap.swap_total_bytes, snap.hugepages_bytes),
+                  None if status is None else status.capacity)
+        if inputs == self._drift_inputs:
+            return
+        self._drift_inputs = inputs
         if snap is None or status is None:
             since.clear()
             return
