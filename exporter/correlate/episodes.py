@@ -61,6 +61,14 @@ def _copy(ep: Episode) -> Episode:
     return new
 
 
+def _update(kind: UpdateKind, episode: Episode, when: float) -> EpisodeUpdate:
+    # EpisodeUpdate is frozen; its generated __init__ sets each field through
+    # object.__setattr__, twice the cost of this (one update for every other event).
+    update = object.__new__(EpisodeUpdate)
+    update.__dict__.update(kind=kind, episode=episode, time=when)
+    return update
+
+
 def _describe_failures(transitions: list[Transition]) -> str:
     failed = [t for t in transitions if t.result is Result.FAILED]
     words = []
@@ -120,7 +128,7 @@ class EpisodeTracker:
                           last_change=max((p.time for p in ep.pods), default=None))
             self._add(track)
             self._remember_id(ep.id)
-            updates.append(self._update(UpdateKind.RESUMED, track, now))
+            updates.append(_update(UpdateKind.RESUMED, _copy(ep), now))
         return updates
 
     @property
@@ -138,8 +146,7 @@ class EpisodeTracker:
             return
         for track, i in self._open.startless(t):
             if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
-                self._open.forget_startless(track, i, t)
-                track.ep.transitions[i] = t
+                self._open.replace(track, i, t)
                 track.ep.opened = min(track.ep.opened, t.start)
                 self._deadlines.schedule(track)  # an earlier opening may bring a mismatch forward
                 return
@@ -153,7 +160,8 @@ class EpisodeTracker:
     # ------------------------------------------------------------ events (state already advanced)
 
     def on_transition(self, t: Transition) -> list[EpisodeUpdate]:
-        if t.resource not in EPISODE_RESOURCES:
+        resource = t.resource
+        if resource not in EPISODE_RESOURCES:
             return []
         change = _CHANGE[t.direction]
         began = t.end if t.start is None else min(t.start, t.end)
@@ -161,25 +169,23 @@ class EpisodeTracker:
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
         if t.result is Result.SUCCESS:
-            for track in self._open.of_kind((t.resource, _OPPOSITE[change])):
+            for track in self._open.of_kind((resource, _OPPOSITE[change])):
                 if track.ep.kernel_done is None:
-                    success_end = track.last_success_end
+                    success_end = track.success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
-                updates += self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
-                                     _SUPERSEDED[(t.resource, change)])
-        joinable = [tr for tr in self._open.in_kernel((t.resource, change))
-                    if t.end < tr.last_end + self._config.coalesce_window]
-        if joinable:
-            track = joinable[-1]
-            track.ep.transitions.append(t)
-            self._open.appended(track, t)
-            track.last_end = max(track.last_end, t.end)
+                updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
+                                         _SUPERSEDED[(resource, change)]))
+        kind = (resource, change)
+        joined = self._open.joinable(kind, t.end, self._config.coalesce_window)
+        if joined is not None:
+            self._open.append(joined, t)
             # Sources deliver out of order: a transition that began earlier widens the episode
             # (its id stays, so that a replay keeps it).
-            track.ep.opened = min(track.ep.opened, began)
-            self._note_kernel_after(track)
-            return updates + [self._update(UpdateKind.TRANSITION, track, t.end)]
-        ep_id = base_id = self._ids.make(t.resource, change, began)
+            joined.ep.opened = min(joined.ep.opened, began)
+            self._note_kernel_after(joined)
+            updates.append(_update(UpdateKind.TRANSITION, _copy(joined.ep), t.end))
+            return updates
+        ep_id = base_id = self._ids.make(resource, change, began)
         n = 1
         while ep_id in self._open.by_id or ep_id in self._recent_ids:
             n += 1
@@ -187,14 +193,15 @@ class EpisodeTracker:
         self._remember_id(ep_id)
         snap = self._view.snapshot
         ep = _new_episode(
-            id=ep_id, resource=t.resource, change=change, opened=began, transitions=[t],
+            id=ep_id, resource=resource, change=change, opened=began, transitions=[t],
             # A snapshot taken after the transition already shows its effect.
-            kernel_before=snap.capacity(t.resource) if snap and snap.time <= began else None,
-            kubelet_before=self._view.kubelet(t.resource))
-        track = Track(ep, last_end=t.end, kind=(t.resource, change))
+            kernel_before=snap.capacity(resource) if snap and snap.time <= began else None,
+            kubelet_before=self._view.kubelet(resource))
+        track = Track(ep, last_end=t.end, kind=kind)
         self._add(track)
         self._note_kernel_after(track)
-        return updates + [self._update(UpdateKind.OPENED, track, began)]
+        updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
+        return updates
 
     def on_snapshot(self) -> list[EpisodeUpdate]:
         if self._open.stale:
@@ -239,7 +246,6 @@ class EpisodeTracker:
             self._deadlines.entered_resync(track)
         self._deadlines.schedule(track)
 
-
     # ------------------------------------------------------------ time
 
     def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
@@ -252,8 +258,9 @@ class EpisodeTracker:
             updates += self._check_resync(track) if cfg.kubernetes else []
         if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
             # A resumed episode from a run that had a Node source.
-            return updates + self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
-                                       "no Kubernetes source configured")
+            updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
+                                     "no Kubernetes source configured"))
+            return updates
         if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
@@ -261,40 +268,40 @@ class EpisodeTracker:
             settled = None if moved is None else max(moved + cfg.readmission_settle,
                                                       ep.kernel_done)
             if settled is not None and settled <= min(upto, deadline):
-                updates += self._end_mismatch(track, settled)
+                updates.append(self._end_mismatch(track, settled))
             elif upto >= deadline:
                 if moved is not None:
-                    updates += self._end_mismatch(track, deadline)
+                    updates.append(self._end_mismatch(track, deadline))
                 else:
                     ep.kubelet_after = self._view.kubelet(ep.resource)
-                    updates += self._end(track, Outcome.RESYNC_TIMEOUT, deadline,
-                                         f"Node capacity {ep.resource.value} "
-                                         f"{_num(ep.kubelet_after)} did not reach the kernel's "
-                                         f"{_num(self._deadlines.kernel_now(ep))} within "
-                                         f"{cfg.resync_deadline:g} s")
+                    updates.append(self._end(
+                        track, Outcome.RESYNC_TIMEOUT, deadline,
+                        f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
+                        f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
+                        f"{cfg.resync_deadline:g} s"))
         if ep.phase is Phase.READMISSION:
             assert ep.resynced is not None
             since = max(ep.resynced, track.last_change or ep.resynced)
             if upto >= since + cfg.readmission_settle:
-                updates += self._settle(track, since)
+                updates.append(self._settle(track, since))
         return updates
 
     # ------------------------------------------------------------ phases
 
     def _close_kernel(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
-        success_end = track.last_success_end
+        success_end = track.success_end
         ep.kernel_done = track.last_end if success_end is None else success_end
         self._note_kernel_after(track)
         if success_end is None:
-            return self._end(track, Outcome.KERNEL_FAILED, ep.kernel_done,
-                             _describe_failures(ep.transitions))
+            return [self._end(track, Outcome.KERNEL_FAILED, ep.kernel_done,
+                              _describe_failures(ep.transitions))]
         if not self._config.kubernetes:
-            return self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
-                             "no Kubernetes source configured")
+            return [self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
+                              "no Kubernetes source configured")]
         self._open.set_phase(track, Phase.RESYNC)
         self._deadlines.entered_resync(track)
-        return [self._update(UpdateKind.KERNEL_DONE, track, ep.kernel_done)]
+        return [_update(UpdateKind.KERNEL_DONE, _copy(ep), ep.kernel_done)]
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
@@ -308,14 +315,15 @@ class EpisodeTracker:
         # An update delivered before the kernel phase closed still counts (a fast kubelet).
         ep.resynced = max(ep.kernel_done, self._view.kubelet_since(ep.resource))
         ep.kubelet_after = kubelet
-        updates = [self._update(UpdateKind.RESYNCED, track, ep.resynced)]
+        updates = [_update(UpdateKind.RESYNCED, _copy(ep), ep.resynced)]
         if ep.change is Change.INCREASE:
-            return updates + self._end(track, Outcome.CONVERGED, ep.resynced,
-                                       f"Node capacity {ep.resource.value} {_num(kubelet)}")
+            updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
+                                     f"Node capacity {ep.resource.value} {_num(kubelet)}"))
+            return updates
         self._open.set_phase(track, Phase.READMISSION)
         return updates
 
-    def _end_mismatch(self, track: Track, at: float) -> list[EpisodeUpdate]:
+    def _end_mismatch(self, track: Track, at: float) -> EpisodeUpdate:
         ep = track.ep
         ep.kubelet_after = self._view.kubelet(ep.resource)
         return self._end(track, Outcome.MISMATCH, at,
@@ -327,7 +335,7 @@ class EpisodeTracker:
         ep = track.ep
         if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
             return []
-        since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.last_success_end
+        since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.success_end
         if since is None or pod.time < since:
             return []
         outcome = PodOutcome(pod.time, pod.namespace, pod.name, pod.uid, PodVerdict.REJECTED,
@@ -345,9 +353,9 @@ class EpisodeTracker:
         track.last_change = pod.time if track.last_change is None else max(track.last_change,
                                                                             pod.time)
         ep.pods.append(outcome)
-        return [self._update(UpdateKind.POD, track, pod.time)]
+        return [_update(UpdateKind.POD, _copy(ep), pod.time)]
 
-    def _settle(self, track: Track, settled: float) -> list[EpisodeUpdate]:
+    def _settle(self, track: Track, settled: float) -> EpisodeUpdate:
         ep = track.ep
         assert ep.kernel_done is not None
         ep.readmission_settled = settled
@@ -358,26 +366,19 @@ class EpisodeTracker:
         return self._end(track, Outcome.CONVERGED, settled,
                          f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
 
-    def _end(self, track: Track, outcome: Outcome, at: float, detail: str
-             ) -> list[EpisodeUpdate]:
+    def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
         ep = track.ep
         self._open.remove(track)
         ep.outcome, ep.ended, ep.phase = outcome, at, Phase.ENDED
-        failed = [t for t in ep.transitions if t.result is Result.FAILED]
-        if failed and outcome is not Outcome.KERNEL_FAILED:
-            detail += f" ({len(failed)} of {len(ep.transitions)} transitions failed: " \
+        if track.failed and outcome is not Outcome.KERNEL_FAILED:
+            detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
                       f"{_describe_failures(ep.transitions)})"
         ep.detail = detail
-        return [self._update(UpdateKind.ENDED, track, at)]
+        # Final, and no index holds it any more: nothing changes it after this, so the update
+        # carries the episode itself, not a copy.
+        return _update(UpdateKind.ENDED, ep, at)
 
     # ------------------------------------------------------------ helpers
-
-    def _update(self, kind: UpdateKind, track: Track, when: float) -> EpisodeUpdate:
-        # EpisodeUpdate is frozen; its generated __init__ sets each field through
-        # object.__setattr__, twice the cost of this (one update for every other event).
-        update = object.__new__(EpisodeUpdate)
-        update.__dict__.update(kind=kind, episode=_copy(track.ep), time=when)
-        return update
 
     def _note_kernel_after(self, track: Track) -> None:
         snap, ep = self._view.snapshot, track.ep

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exporter.correlate.model import Episode, Phase, PodOutcome
@@ -39,11 +39,15 @@ class Track:
     after_fresh: bool = False  # kernel_after read from a snapshot taken after kernel_done
     scheduled: float = math.inf  # due time of this track's live heap entry (inf: none)
     closed: bool = False
+    # Kept by OpenEpisodes as transitions come (add, append, replace) rather than found by a
+    # scan of them when asked (on every supersede and every end):
+    success_end: float | None = None  # latest end of a transition the kernel completed
+    failed: int = 0  # transitions the kernel refused
 
-    @property
-    def last_success_end(self) -> float | None:
-        ends = [t.end for t in self.ep.transitions if t.result is Result.SUCCESS]
-        return max(ends) if ends else None
+
+def _success_end(transitions: list[Transition]) -> float | None:
+    ends = [t.end for t in transitions if t.result is Result.SUCCESS]
+    return max(ends) if ends else None
 
 
 def by_seq(tracks: Iterable[Track]) -> list[Track]:
@@ -88,8 +92,7 @@ class OpenEpisodes:
         if ep.kubelet_before is None:
             self.no_baseline[track.seq] = track
         for i, t in enumerate(ep.transitions):
-            if t.start is None:
-                self._startless.setdefault(_key(t), {})[(track.seq, i)] = track
+            self._take(track, i, t)
         self._enter(track, ep.phase)
 
     def remove(self, track: Track) -> None:
@@ -125,11 +128,29 @@ class OpenEpisodes:
             self.unknown_kernel.get(track.ep.resource, {}).pop(track.seq, None)
             self.waiting -= 1
 
-    def appended(self, track: Track, t: Transition) -> None:
-        """`t` was appended to the track's transitions."""
+    def append(self, track: Track, t: Transition) -> None:
+        """A transition joins the track's episode."""
+        track.ep.transitions.append(t)
+        track.last_end = max(track.last_end, t.end)
+        self._take(track, len(track.ep.transitions) - 1, t)
+
+    def _take(self, track: Track, index: int, t: Transition) -> None:
+        """Transition `index` of the track's episode: into its tallies and the start-less index."""
+        if t.result is Result.SUCCESS:
+            end = track.success_end
+            track.success_end = t.end if end is None else max(end, t.end)
+        elif t.result is Result.FAILED:
+            track.failed += 1
         if t.start is None:
-            index = len(track.ep.transitions) - 1
             self._startless.setdefault(_key(t), {})[(track.seq, index)] = track
+
+    def replace(self, track: Track, index: int, t: Transition) -> None:
+        """The start-less record at `index` gives way to `t`, the same transition with the
+        kernel's own times (found by startless(): same result, so `failed` stays)."""
+        old = track.ep.transitions[index]
+        self._startless.get(_key(old), {}).pop((track.seq, index), None)
+        track.ep.transitions[index] = t
+        track.success_end = _success_end(track.ep.transitions)
 
     # ------------------------------------------------------------ questions
 
@@ -137,18 +158,23 @@ class OpenEpisodes:
         tracks = self._by_kind.get(kind)
         return list(tracks.values()) if tracks else []
 
-    def in_kernel(self, kind: Kind) -> list[Track]:
+    def joinable(self, kind: Kind, end: float, window: float) -> Track | None:
+        """The latest-opened episode of this kind still in its kernel phase whose coalescing
+        window a transition that ended at `end` falls in."""
         tracks = self._in_kernel.get(kind)
-        return list(tracks.values()) if tracks else []
+        if tracks:
+            for track in reversed(tracks.values()):
+                if end < track.last_end + window:
+                    return track
+        return None
 
-    def startless(self, t: Transition) -> Iterator[tuple[Track, int]]:
+    def startless(self, t: Transition) -> list[tuple[Track, int]]:
         """(track, index) of each start-less record of the same transition, in opening order."""
-        entries = self._startless.get(_key(t), {})
-        for (_, index), track in sorted(entries.items(), key=lambda kv: kv[0]):
-            yield track, index
-
-    def forget_startless(self, track: Track, index: int, t: Transition) -> None:
-        self._startless.get(_key(t), {}).pop((track.seq, index), None)
+        entries = self._startless.get(_key(t))
+        if not entries:
+            return []
+        return [(track, index) for (_, index), track in sorted(entries.items(),
+                                                                 key=lambda kv: kv[0])]
 
     # ------------------------------------------------------------ deadlines
 
@@ -169,4 +195,4 @@ class OpenEpisodes:
                 continue  # ended, or superseded by an earlier entry
             track.scheduled = math.inf
             due.append(track)
-        return by_seq(due)
+        return by_seq(due) if len(due) > 1 else due
