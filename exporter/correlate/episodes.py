@@ -192,14 +192,15 @@ class EpisodeTracker:
             ep_id = f"{base_id}-{n}"
         self._remember_id(ep_id)
         snap = self._view.snapshot
+        kernel = None if snap is None else snap.capacity(resource)
         ep = _new_episode(
             id=ep_id, resource=resource, change=change, opened=began, transitions=[t],
             # A snapshot taken after the transition already shows its effect.
-            kernel_before=snap.capacity(resource) if snap and snap.time <= began else None,
-            kubelet_before=self._view.kubelet(resource))
+            kernel_before=kernel if snap is not None and snap.time <= began else None,
+            # In the kernel phase, the latest snapshot's (what _note_kernel_after sets).
+            kernel_after=kernel, kubelet_before=self._view.kubelet(resource))
         track = Track(ep, last_end=t.end, kind=kind)
         self._add(track)
-        self._note_kernel_after(track)
         updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
         return updates
 

@@ -58,10 +58,6 @@ class ParsedId:
 _PAIRS = [a + b for a in ALPHABET for b in ALPHABET]
 
 
-def _base32_micro(micro: int) -> str:
-    return _PAIRS[micro >> 10] + _PAIRS[micro & 1023]
-
-
 class IdMaker:
     """Formats ids; remembers the last second formatted (episodes come in bursts)."""
 
@@ -78,7 +74,7 @@ class IdMaker:
         if second != self._second or not self._stamp:
             self._second = second
             self._stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(second))
-        return f"{kind}-{self._stamp}-{_base32_micro(micro)}"
+        return f"{kind}-{self._stamp}-{_PAIRS[micro >> 10]}{_PAIRS[micro & 1023]}"
 
 
 def episode_id(resource: Resource, change: Change, began: float) -> str:
