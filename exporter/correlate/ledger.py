@@ -92,4 +92,7 @@ class KernelLedger:
         return True
 
     def _histogram(self, resource: Resource, direction: Direction) -> Histogram:
-        return self.durations.setdefault((resource, direction), Histogram(KERNEL_BUCKETS))
+        histogram = self.durations.get((resource, direction))
+        if histogram is None:  # not setdefault: that would build a Histogram on every call
+            histogram = self.durations[(resource, direction)] = Histogram(KERNEL_BUCKETS)
+        return histogram
