@@ -26,6 +26,11 @@ from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, Po
 from exporter.correlate.node_view import NodeView
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
+# Enum members the per-event paths test, bound once as module globals: on Python 3.11
+# `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's cost.
+_KERNEL, _RESYNC, _READMISSION, _ENDED = Phase.KERNEL, Phase.RESYNC, Phase.READMISSION, Phase.ENDED
+_SUCCESS = Result.SUCCESS
+
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
@@ -118,7 +123,7 @@ class EpisodeTracker:
         """
         updates = []
         for kept in episodes:
-            if kept.outcome is not None or kept.phase is Phase.ENDED or kept.id in self._open:
+            if kept.outcome is not None or kept.phase is _ENDED or kept.id in self._open:
                 continue
             ep = _copy(kept)
             ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.REJECTED]
@@ -168,7 +173,7 @@ class EpisodeTracker:
         updates: list[EpisodeUpdate] = []
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
-        if t.result is Result.SUCCESS:
+        if t.result is _SUCCESS:
             for track in self._open.of_kind((resource, _OPPOSITE[change])):
                 if track.ep.kernel_done is None:
                     success_end = track.success_end
@@ -243,7 +248,7 @@ class EpisodeTracker:
 
     def _add(self, track: Track) -> None:
         self._open.add(track)
-        if track.ep.phase is Phase.RESYNC:
+        if track.ep.phase is _RESYNC:
             self._deadlines.entered_resync(track)
         self._deadlines.schedule(track)
 
@@ -252,17 +257,17 @@ class EpisodeTracker:
     def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
         ep, cfg = track.ep, self._config
         updates: list[EpisodeUpdate] = []
-        if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
+        if ep.phase is _KERNEL and upto >= track.last_end + cfg.coalesce_window:
             updates += self._close_kernel(track)
             # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
             # snapshot can change that, and their handlers check: not every event re-checks.)
             updates += self._check_resync(track) if cfg.kubernetes else []
-        if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
+        if ep.phase in (_RESYNC, _READMISSION) and not cfg.kubernetes:
             # A resumed episode from a run that had a Node source.
             updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
                                      "no Kubernetes source configured"))
             return updates
-        if ep.phase is Phase.RESYNC:
+        if ep.phase is _RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self._deadlines.mismatch_since(track)
@@ -280,7 +285,7 @@ class EpisodeTracker:
                         f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
                         f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
                         f"{cfg.resync_deadline:g} s"))
-        if ep.phase is Phase.READMISSION:
+        if ep.phase is _READMISSION:
             assert ep.resynced is not None
             since = max(ep.resynced, track.last_change or ep.resynced)
             if upto >= since + cfg.readmission_settle:
@@ -300,13 +305,13 @@ class EpisodeTracker:
         if not self._config.kubernetes:
             return [self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
                               "no Kubernetes source configured")]
-        self._open.set_phase(track, Phase.RESYNC)
+        self._open.set_phase(track, _RESYNC)
         self._deadlines.entered_resync(track)
         return [_update(UpdateKind.KERNEL_DONE, _copy(ep), ep.kernel_done)]
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
-        if ep.phase is not Phase.RESYNC:
+        if ep.phase is not _RESYNC:
             return []
         assert ep.kernel_done is not None
         kubelet, kernel = self._view.kubelet(ep.resource), self._deadlines.kernel_now(ep)
@@ -321,7 +326,7 @@ class EpisodeTracker:
             updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
                                      f"Node capacity {ep.resource.value} {_num(kubelet)}"))
             return updates
-        self._open.set_phase(track, Phase.READMISSION)
+        self._open.set_phase(track, _READMISSION)
         return updates
 
     def _end_mismatch(self, track: Track, at: float) -> EpisodeUpdate:
@@ -336,7 +341,7 @@ class EpisodeTracker:
         ep = track.ep
         if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
             return []
-        since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.success_end
+        since = ep.kernel_done if ep.phase is not _KERNEL else track.success_end
         if since is None or pod.time < since:
             return []
         outcome = PodOutcome(pod.time, pod.namespace, pod.name, pod.uid, PodVerdict.REJECTED,
@@ -370,7 +375,7 @@ class EpisodeTracker:
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
         ep = track.ep
         self._open.remove(track)
-        ep.outcome, ep.ended, ep.phase = outcome, at, Phase.ENDED
+        ep.outcome, ep.ended, ep.phase = outcome, at, _ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
             detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
                       f"{_describe_failures(ep.transitions)})"
@@ -385,7 +390,7 @@ class EpisodeTracker:
         snap, ep = self._view.snapshot, track.ep
         if snap is None or track.after_fresh:
             return
-        if ep.phase is Phase.KERNEL or snap.time >= (ep.kernel_done or math.inf):
+        if ep.phase is _KERNEL or snap.time >= (ep.kernel_done or math.inf):
             ep.kernel_after = snap.capacity(ep.resource)
             track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
             if track.after_fresh:

@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from exporter.correlate.model import Episode, Phase, PodOutcome
 from exporter.events import Change, Direction, Resource, Result, Transition
 
+# Enum members the per-event paths test, bound once as module globals: on Python 3.11
+# `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's cost.
+_KERNEL, _RESYNC = Phase.KERNEL, Phase.RESYNC
+_SUCCESS, _FAILED = Result.SUCCESS, Result.FAILED
+
 Kind = tuple[Resource, Change]
 # What a transition is, bar its times: the key a duplicate with the kernel's times is found by.
 TransitionKey = tuple[Resource, int, Direction, Result]
@@ -114,16 +119,16 @@ class OpenEpisodes:
         self._enter(track, phase)
 
     def _enter(self, track: Track, phase: Phase) -> None:
-        if phase is Phase.KERNEL:
+        if phase is _KERNEL:
             self._in_kernel.setdefault(track.kind, {})[track.seq] = track
-        elif phase is Phase.RESYNC:
+        elif phase is _RESYNC:
             self.resync.setdefault(track.ep.resource, {})[track.seq] = track
             self.waiting += 1
 
     def _leave(self, track: Track, phase: Phase) -> None:
-        if phase is Phase.KERNEL:
+        if phase is _KERNEL:
             self._in_kernel.get(track.kind, {}).pop(track.seq, None)
-        elif phase is Phase.RESYNC:
+        elif phase is _RESYNC:
             del self.resync[track.ep.resource][track.seq]
             self.unknown_kernel.get(track.ep.resource, {}).pop(track.seq, None)
             self.waiting -= 1
@@ -136,10 +141,10 @@ class OpenEpisodes:
 
     def _take(self, track: Track, index: int, t: Transition) -> None:
         """Transition `index` of the track's episode: into its tallies and the start-less index."""
-        if t.result is Result.SUCCESS:
+        if t.result is _SUCCESS:
             end = track.success_end
             track.success_end = t.end if end is None else max(end, t.end)
-        elif t.result is Result.FAILED:
+        elif t.result is _FAILED:
             track.failed += 1
         if t.start is None:
             self._startless.setdefault(_key(t), {})[(track.seq, index)] = track
