@@ -46,6 +46,8 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
     scraper = Scraper(ours.port, keepalive=False)
     text = scraper.get()
     before, events_before = _counts(text), _events(text)
+    bpf_up = any(dict(k).get("source") == "bpf" and v == 1 for k, v in
+                 parse_samples(text, "node_resize_exporter_source_up").items())
     scrapers = [PeriodicScraper(peer.port, iv, cpu_visible, seed=k)
                 for k, iv in enumerate((1.0, 15.0))] if peer else []
     # Ours is scraped every 1 s too, as node_exporter is: the CPU compared includes scrapes.
@@ -71,7 +73,13 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
     while True:  # the exporter may still be working through the burst
         text = scraper.get()
         counted = {d: _counts(text)[d] - before[d] for d in true}
-        if all(counted[d] >= true[d] for d in true) or time.monotonic() > deadline:
+        # The uevent or sysfs copy can complete the count while the BPF source is still
+        # reading its last batch of records (storms are read in 100 ms batches): wait for
+        # the BPF copies too, so events_by_source is the whole storm.
+        bpf_seen = _events(text).get("bpf", 0.0) - events_before.get("bpf", 0.0)
+        settled = all(counted[d] >= true[d] for d in true) and (
+            not bpf_up or bpf_seen >= sum(true.values()))
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     window = time.monotonic() - t0
