@@ -52,7 +52,10 @@ def _new_episode(**fields: object) -> Episode:
     """Episode(**fields) without its generated __init__ (18 fields, two default factories),
     which costs more than a plain dict update, on the path every new episode takes."""
     ep = object.__new__(Episode)
-    ep.__dict__.update(_DEFAULTS, pods=[], **fields)
+    attrs = ep.__dict__
+    attrs.update(_DEFAULTS)  # two updates: cheaper than one that also takes keywords
+    attrs.update(fields)
+    attrs["pods"] = []
     return ep
 
 

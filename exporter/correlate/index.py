@@ -112,6 +112,11 @@ class OpenEpisodes:
         for i, t in enumerate(ep.transitions):
             if t.start is None:
                 self._startless.get(_key(t), {}).pop((seq, i), None)
+        # Its heap entry stays until it pops (a heap cannot drop one from the middle); one at
+        # the head goes now, or the next event would go through advance() only to skip it.
+        heap = self.heap
+        while heap and heap[0][2].closed:
+            heapq.heappop(heap)
 
     def set_phase(self, track: Track, phase: Phase) -> None:
         self._leave(track, track.ep.phase)
