@@ -28,6 +28,7 @@ from exporter.events import (
     DeviceChange, Direction, EventsLost, MalformedInput, Resource, Result, SourceStatus,
     Transition,
 )
+from exporter.sources import _uevent_filter
 from exporter.sources._wake import Waker
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.registry import KERNEL, SourceSpec, register
@@ -124,6 +125,10 @@ class UeventSource(Source):
             raise SourceUnavailable(f"cannot join the kernel uevent group: {e}",
                                     "run in the host network namespace (hostNetwork: true); "
                                     "uevents are not delivered into other namespaces") from e
+        try:  # issue 14: not woken for devices we ignore (cpuid, msr: in the online window)
+            _uevent_filter.attach(sock)
+        except OSError as e:  # a sandbox without socket filters: we still see every uevent
+            self.log.info("uevent socket filter refused (%s): waking for every device", e)
         self.sock = sock
         self._waker = Waker()
 
