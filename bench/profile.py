@@ -4,6 +4,7 @@
     .venv/bin/python bench/profile.py storm [--cycles 100] [--perf]
     .venv/bin/python bench/profile.py idle [--seconds 60]
     .venv/bin/python bench/profile.py wake [--cycles 50]
+    .venv/bin/python bench/profile.py window [--cycles 100]   (bench/window.py)
 
 `wake` times one fixed piece of the exporter's own work (decoding a BPF record into a
 Transition, the 64-byte copy included) in the BPF source's thread right after each record woke
@@ -152,7 +153,7 @@ def wake(cycles: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["storm", "idle", "wake"])
+    parser.add_argument("what", choices=["storm", "idle", "wake", "window"])
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=997, help="py-spy samples per second")
@@ -163,6 +164,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "wake":
         wake(args.cycles if args.cycles != 100 else 50)
+        return 0
+    if args.what == "window":
+        from bench import window
+        window.floor(args.cycles)
+        window.touch(20)
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="nre-profile-"))
     with ResizeExporter(args.sources) as ours:
