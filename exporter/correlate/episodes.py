@@ -144,7 +144,8 @@ class EpisodeTracker:
         return len(self._open)
 
     def open_episodes(self) -> list[Episode]:
-        return [_copy(t.ep) for t in sorted(self._open.by_id.values(), key=lambda t: t.ep.opened)]
+        return [_copy(self._shown(t))
+                for t in sorted(self._open.by_id.values(), key=lambda t: t.ep.opened)]
 
     def enrich(self, t: Transition) -> None:
         """A duplicate carrying the kernel's own times (a BPF record after the uevent of the same
@@ -207,7 +208,7 @@ class EpisodeTracker:
             kernel_before=kernel if snap is not None and snap.time <= began else None,
             # In the kernel phase, the latest snapshot's (what _note_kernel_after sets).
             kernel_after=kernel, kubelet_before=self._view.kubelet(resource))
-        track = Track(ep, last_end=t.end, kind=kind)
+        track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
         self._add(track)
         updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
         return updates
@@ -362,7 +363,7 @@ class EpisodeTracker:
         track.last_change = pod.time if track.last_change is None else max(track.last_change,
                                                                             pod.time)
         ep.pods.append(outcome)
-        return [_update(UpdateKind.POD, _copy(ep), pod.time)]
+        return [_update(UpdateKind.POD, _copy(self._shown(track)), pod.time)]
 
     def _settle(self, track: Track, settled: float) -> EpisodeUpdate:
         ep = track.ep
@@ -376,7 +377,7 @@ class EpisodeTracker:
                          f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
 
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
-        ep = track.ep
+        ep = self._shown(track)
         self._open.remove(track)
         ep.outcome, ep.ended, ep.phase = outcome, at, _ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
@@ -398,6 +399,21 @@ class EpisodeTracker:
             track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
             if track.after_fresh:
                 self._open.stale.pop(track.seq, None)
+                track.following = False
+            else:
+                # Until its kernel phase closes, every later snapshot's value would be written
+                # here: _shown() reads it from the view instead, when it counts.
+                self._open.follow(track, ep.phase is _KERNEL and ep.kernel_done is None)
+
+    def _shown(self, track: Track) -> Episode:
+        """The track's episode, its kernel_after brought up to the latest snapshot if it follows
+        it: call before the episode goes out (an update, open_episodes(), its end)."""
+        ep = track.ep
+        if track.following:
+            snap = self._view.snapshot
+            assert snap is not None  # following starts from a snapshot
+            ep.kernel_after = snap.capacity(ep.resource)
+        return ep
 
 
 def _num(value: float | None) -> str:

@@ -42,6 +42,9 @@ class Track:
     rejected: dict[str, PodOutcome] = field(default_factory=dict)
     last_change: float | None = None  # latest new pod rejection (readmission settle)
     after_fresh: bool = False  # kernel_after read from a snapshot taken after kernel_done
+    # In its kernel phase, kernel_after is the latest snapshot's: rather than rewritten on every
+    # snapshot, it is filled in when the episode is shown (EpisodeTracker._shown).
+    following: bool = False
     scheduled: float = math.inf  # due time of this track's live heap entry (inf: none)
     closed: bool = False
     # Kept by OpenEpisodes as transitions come (add, append, replace) rather than found by a
@@ -74,7 +77,8 @@ class OpenEpisodes:
         self.waiting = 0  # how many are in phase RESYNC
         # RESYNC episodes the latest snapshot predates (no kernel capacity for them yet).
         self.unknown_kernel: dict[Resource, dict[int, Track]] = {}
-        self.stale: dict[int, Track] = {}  # kernel_after not yet from a snapshot after the kernel
+        # kernel_after not yet from a snapshot after the kernel phase (and not following)
+        self.stale: dict[int, Track] = {}
         self.no_baseline: dict[int, Track] = {}  # kubelet_before still unknown
         self._startless: dict[TransitionKey, dict[tuple[int, int], Track]] = {}
         self.heap: list[tuple[float, int, Track]] = []
@@ -92,7 +96,7 @@ class OpenEpisodes:
         ep = track.ep
         self.by_id[ep.id] = track
         self._by_kind.setdefault(track.kind, {})[track.seq] = track
-        if not track.after_fresh:
+        if not track.after_fresh and not track.following:
             self.stale[track.seq] = track
         if ep.kubelet_before is None:
             self.no_baseline[track.seq] = track
@@ -117,6 +121,15 @@ class OpenEpisodes:
         heap = self.heap
         while heap and heap[0][2].closed:
             heapq.heappop(heap)
+
+    def follow(self, track: Track, following: bool) -> None:
+        """Whether the track's kernel_after follows the latest snapshot (or waits in `stale`
+        for a snapshot to date it)."""
+        if following:
+            self.stale.pop(track.seq, None)
+        elif track.following:
+            self.stale[track.seq] = track
+        track.following = following
 
     def set_phase(self, track: Track, phase: Phase) -> None:
         self._leave(track, track.ep.phase)

@@ -145,8 +145,9 @@ class NodeView:
             return
         within = self._config.within
         capacity = status.capacity
-        for resource in [r for r in since if r not in capacity]:
-            del since[resource]
+        for resource in list(since):
+            if resource not in capacity:
+                del since[resource]
         for resource, kubelet in capacity.items():
             if resource not in _ALWAYS_REPORTED and resource not in snap.hugepages_bytes:
                 since.pop(resource, None)
