@@ -134,9 +134,17 @@ def _drive(resource: str, n: int, hold: tuple[float, float], seed: int,
     try:
         for _ in range(n):
             before = _counter(scraper.get(), resource, direction)
+            arrived = agent.sink.count()
             w0 = agent.clock.now()
             err = write(direction)
             w1, w1_mono = agent.clock.now(), time.monotonic()
+            if not err:
+                # Let the in-process agent take the transition before this thread polls
+                # /metrics: both share this process's GIL, and a polling loop holding it
+                # delayed the agent's thread by up to a switch interval (1 ms), which a real
+                # exporter process, with a GIL of its own, never sees. The first poll starts
+                # later by as much; the /metrics figure stays an upper bound.
+                agent.sink.wait_beyond(arrived, timeout=2.0)
             mark = Mark(resource, direction, w0, w1, w1_mono, err, truth())
             marks.append(mark)
             if not err:

@@ -34,7 +34,7 @@ class ArrivalSink:
     def __init__(self, clock):
         self.clock = clock
         self.arrivals: list[Arrival] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
 
     def on_event(self, event) -> None:
         pass
@@ -44,9 +44,19 @@ class ArrivalSink:
             now = self.clock.now()
             with self.lock:
                 self.arrivals.append(Arrival(now, update.episode.transitions[-1]))
+                self.lock.notify_all()
 
     def close(self) -> None:
         pass
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.arrivals)
+
+    def wait_beyond(self, count: int, timeout: float) -> bool:
+        """Block (GIL released) until more than `count` arrivals, or timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.arrivals) > count, timeout)
 
     def snapshot(self) -> list[Arrival]:
         with self.lock:
