@@ -39,12 +39,20 @@ def cycle_cpu(exp, cpu, n, wait_each=False):
 ])
 def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, durations, wait_each):
     with RunningExporter(*args) as exp:
-        before = exp.scrape()
+        # /healthz answers once the source threads started, not once the agent has taken
+        # their first events: sysfs says it is up from its own thread.
+        before = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                                source="sysfs") == 1)
         assert tx(before, "cpu", "offline") == 0 and tx(before, "cpu", "online") == 0
-        assert before.value("node_resize_exporter_source_up", source="sysfs") == 1
         cycle_cpu(exp, cpu1, N, wait_each)
+        # Durations come only from BPF, on its own thread: under auto the uevent copy can
+        # complete the counts first, so wait for the BPF copies too.
         after = exp.wait_for(lambda s: tx(s, "cpu", "online") >= N
-                             and s.value("node_hotplug_cpus", state="online") == 2)
+                             and s.value("node_hotplug_cpus", state="online") == 2
+                             and (not durations or (
+                                 s.value(DUR, 0, resource="cpu", direction="offline") >= N
+                                 and s.value(DUR, 0, resource="cpu", direction="online") >= N)),
+                             timeout=30)
         time.sleep(0.5)  # late duplicates (uevent after BPF, sysfs re-read) must not count
         after = exp.scrape()
         assert tx(after, "cpu", "offline") == N
@@ -89,14 +97,17 @@ def test_refused_cpu_offline_is_a_failed_transition(cpu1):
         # After the refusal, ordinary transitions are still seen (the rollback was swallowed).
         cpu1.set_online(False)
         cpu1.set_online(True)
-        s = exp.wait_for(lambda s: tx(s, "cpu", "online") == 1)
+        # The count can come from the uevent copy before BPF's record (the only one with a
+        # duration) is read: wait for that record too.
+        s = exp.wait_for(lambda s: tx(s, "cpu", "online") == 1
+                         and s.value(DUR, 0, resource="cpu", direction="online") == 1)
         assert tx(s, "cpu", "offline") == 1 and tx(s, "cpu", "offline", "failed") == 1
         assert s.value(DUR, resource="cpu", direction="offline") == 2
 
 
 def test_memory_block_offline_online(memory_block):
     with RunningExporter() as exp:
-        s0 = exp.scrape()
+        s0 = exp.wait_for(_has_snapshot)
         mem0 = s0.value("node_capacity_kernel", resource="memory", unit="byte")
         blocks0 = s0.value("node_hotplug_memory_blocks", state="online")
         block_bytes = int(open("/sys/devices/system/memory/block_size_bytes").read(), 16)
@@ -118,7 +129,7 @@ def test_memory_block_offline_online(memory_block):
 
 def test_refused_memory_offline_leaves_every_gauge_right(refused_memory_block):
     with RunningExporter("--sysfs-interval", "0.2") as exp:
-        s0 = exp.scrape()
+        s0 = exp.wait_for(_has_snapshot)
         assert refused_memory_block.try_offline() != 0
         time.sleep(1.0)  # several reconciles
         s = exp.scrape()
@@ -135,8 +146,9 @@ def test_sigterm_stops_cleanly_and_detaches_bpf():
     exp = RunningExporter().start()
     try:
         pid = exp.proc.pid
-        s = exp.scrape()
-        assert s.value("node_resize_exporter_bpf_program_attached", program="cpuhp_exit") == 1
+        # Said by the BPF source's thread after /healthz may already answer: wait for it.
+        exp.wait_for(lambda s: s.value("node_resize_exporter_bpf_program_attached",
+                                       program="cpuhp_exit") == 1)
         # While running, the process holds BPF program fds (anon_inode:bpf-prog).
         fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
         assert any("bpf-prog" in f for f in fds)
@@ -185,6 +197,12 @@ def test_a_flap_storm_counts_every_transition_once_with_its_duration(cpu1):
         assert s.value(DUR, resource="cpu", direction="offline") == cycles
         assert s.value(DUR, resource="cpu", direction="online") == cycles
         assert s.value("node_resize_exporter_events_lost_total", source="bpf") == 0
+
+
+def _has_snapshot(scrape) -> bool:
+    """The sysfs reconciler's first read has reached the gauges. /healthz answers as soon as
+    the source threads started, before the agent took their first events."""
+    return scrape.value("node_capacity_kernel", resource="memory", unit="byte") is not None
 
 
 def _fd_links(pid: int) -> list[str]:
