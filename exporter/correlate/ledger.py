@@ -30,12 +30,14 @@ class SourceState:
 
 @dataclass
 class KernelLedger:
-    seen: dict[str, Counter[UnitKey]] = field(default_factory=dict)  # per source
-    best: Counter[UnitKey] = field(default_factory=Counter)
+    # The counts every event or transition moves are plain dicts: on Python 3.11 a Counter's
+    # subscripts cost three times a dict's (a dict subclass misses the interpreter's fast path).
+    seen: dict[str, dict[UnitKey, int]] = field(default_factory=dict)  # per source
+    best: dict[UnitKey, int] = field(default_factory=dict)
     transitions: Counter[tuple[Resource, Direction, Result]] = field(default_factory=Counter)
     durations: dict[tuple[Resource, Direction], Histogram] = field(default_factory=dict)
     snapshot: KernelSnapshot | None = None
-    events: Counter[str] = field(default_factory=Counter)
+    events: dict[str, int] = field(default_factory=dict)  # per source, every kind
     lost: Counter[str] = field(default_factory=Counter)
     malformed: Counter[str] = field(default_factory=Counter)
     sources: dict[str, SourceState] = field(default_factory=dict)
@@ -72,7 +74,7 @@ class KernelLedger:
 
     def _delivered(self, name: str | None, when: object) -> None:
         if name:
-            self.events[name] += 1
+            self.events[name] = self.events.get(name, 0) + 1
             if isinstance(when, (int, float)) and when > self.last_event.get(name, 0.0):
                 self.last_event[name] = float(when)
 
@@ -82,10 +84,10 @@ class KernelLedger:
         key = (t.resource, t.unit, t.direction, t.result)
         seen = self.seen.get(t.source)
         if seen is None:
-            seen = self.seen[t.source] = Counter()
-        count = seen[key] + 1
+            seen = self.seen[t.source] = {}
+        count = seen.get(key, 0) + 1
         seen[key] = count
-        if count <= self.best[key]:
+        if count <= self.best.get(key, 0):
             return False
         self.best[key] = count
         self.transitions[(t.resource, t.direction, t.result)] += 1
