@@ -96,8 +96,9 @@ class Correlator:
         return self._tracker.on_transition(t)
 
     def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
+        previous = self._view.snapshot
         self._view.on_snapshot(snap)
-        return self._tracker.on_snapshot()
+        return self._tracker.on_snapshot(previous is not None and snap.time < previous.time)
 
     def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
         self._view.on_node(node)

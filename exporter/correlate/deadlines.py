@@ -35,7 +35,6 @@ class Deadlines:
         # What the view said per resource when last looked at.
         self._seen_since: dict[Resource, float | None] = {}
         self._seen_apart: dict[Resource, bool] = {}
-        self._seen_snap_time = -math.inf
 
     def schedule(self, track: Track) -> None:
         self._open.schedule(track, self.due(track))
@@ -43,6 +42,12 @@ class Deadlines:
     def entered_resync(self, track: Track) -> None:
         """The track is now waiting for a resync: if no snapshot postdates its kernel phase
         yet, the first that does must look at it again."""
+        if self._open.waiting == 1:
+            # The first to wait: forget what was seen before, so that it is looked at again on
+            # the next change (an extra look, never a missed one). The tracker does not call
+            # view_moved() while nothing waits.
+            self._seen_since.clear()
+            self._seen_apart.clear()
         if self.kernel_now(track.ep) is None:
             self._open.unknown_kernel.setdefault(track.ep.resource, {})[track.seq] = track
 
@@ -66,15 +71,12 @@ class Deadlines:
         assert ep.resynced is not None
         return max(ep.resynced, track.last_change or ep.resynced) + cfg.readmission_settle
 
-    def view_moved(self) -> list[Track]:
+    def view_moved(self, regressed: bool = False) -> list[Track]:
         """After a Node update or a kernel snapshot: reschedule what the new view may bring
         forward, and return the episodes waiting for a resync of a resource on which Node and
         kernel now agree, in opening order (each of them resyncs, bar the few the latest
-        snapshot predates)."""
+        snapshot predates). `regressed`: a snapshot stamped before the one it replaced."""
         snap = self._view.snapshot
-        regressed = snap is not None and snap.time < self._seen_snap_time
-        if snap is not None:
-            self._seen_snap_time = snap.time
         if not self._open.waiting:
             # Nothing waits: forget what was seen, so that the next episode to wait is
             # looked at again on the next change (an extra look, never a missed one).

@@ -213,11 +213,12 @@ class EpisodeTracker:
         updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
         return updates
 
-    def on_snapshot(self) -> list[EpisodeUpdate]:
+    def on_snapshot(self, regressed: bool) -> list[EpisodeUpdate]:
+        """`regressed`: the new snapshot is stamped before the one it replaced."""
         if self._open.stale:
             for track in list(self._open.stale.values()):
                 self._note_kernel_after(track)
-        return self._resync_agreeing()
+        return self._resync_agreeing(regressed)
 
     def on_node(self) -> list[EpisodeUpdate]:
         for track in list(self._open.no_baseline.values()) if self._open.no_baseline else ():
@@ -243,9 +244,11 @@ class EpisodeTracker:
 
     # ------------------------------------------------------------ bookkeeping
 
-    def _resync_agreeing(self) -> list[EpisodeUpdate]:
+    def _resync_agreeing(self, regressed: bool = False) -> list[EpisodeUpdate]:
+        if not self._open.waiting:
+            return []  # nothing can resync (and the deadlines have nothing to reschedule)
         updates: list[EpisodeUpdate] = []
-        for track in self._deadlines.view_moved():
+        for track in self._deadlines.view_moved(regressed):
             updates += self._check_resync(track)
             self._deadlines.schedule(track)
         return updates

@@ -53,11 +53,16 @@ class KernelLedger:
 
         `source` names who delivered it when the event itself does not say (KernelSnapshot
         from sysfs, Kubernetes events from their watches)."""
-        if type(event) is Transition:  # half of all events: the general path below, unrolled
-            self._delivered(event.source or source, event.end)
-            return self._transition(event)
-        self._delivered(getattr(event, "source", None) or source,
-                        getattr(event, "time", None) or getattr(event, "end", None))
+        when: object
+        if type(event) is Transition:  # half of all events: no getattr() that misses
+            name, when = event.source or source, event.end
+        else:
+            name = getattr(event, "source", None) or source
+            when = getattr(event, "time", None) or getattr(event, "end", None)
+        if name:
+            self.events[name] = self.events.get(name, 0) + 1
+            if isinstance(when, (int, float)) and when > self.last_event.get(name, 0.0):
+                self.last_event[name] = float(when)
         if isinstance(event, Transition):
             return self._transition(event)
         if isinstance(event, KernelSnapshot):
@@ -71,12 +76,6 @@ class KernelLedger:
         elif isinstance(event, MalformedInput):
             self.malformed[event.source] += 1
         return True
-
-    def _delivered(self, name: str | None, when: object) -> None:
-        if name:
-            self.events[name] = self.events.get(name, 0) + 1
-            if isinstance(when, (int, float)) and when > self.last_event.get(name, 0.0):
-                self.last_event[name] = float(when)
 
     def _transition(self, t: Transition) -> bool:
         if t.start is not None:  # t.duration (only BPF knows the start), without the call
