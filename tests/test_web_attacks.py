@@ -17,7 +17,7 @@ import pytest
 from exporter.http import (
     HEADER_TIMEOUT, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEADER_BYTES, MAX_HEADERS,
 )
-from testkit.exporter_proc import RunningExporter
+from testkit.exporter_proc import RunningExporter, poll_until
 from testkit.web_attacks import (
     BigHeaders, Peak, Scraper, Slowloris, proc_status, raise_fd_limit, vanish_mid_request,
 )
@@ -36,6 +36,15 @@ def exporter():
         yield exp
 
 
+def _attack_for(seconds: float, scraper: Scraper) -> None:
+    """Keep the attack up `seconds`, and on until the scraper has had its answers: a scrape
+    under attack on a loaded 2-vCPU machine can take a second or more, and _answered() needs
+    five. Failed scrapes are results too: a server that fails them still fails _answered()."""
+    time.sleep(seconds)
+    poll_until(lambda: len(scraper.results), lambda n: n >= 5, 30, 0.1,
+               lambda n: AssertionError(f"{n} scrapes in {seconds + 30} s: {scraper.results}"))
+
+
 def _answered(scraper: Scraper) -> None:
     assert len(scraper.results) >= 5, scraper.results
     assert not scraper.failures, scraper.failures[:10]
@@ -47,7 +56,7 @@ def test_slowloris_holds_neither_threads_nor_the_scraper(exporter):
         with Slowloris(exporter.port, 1500, interval=1.0) as attack:
             assert len(attack.socks) >= 1400  # the attack really connected
             with Scraper(exporter.port, timeout=5.0) as scraper:
-                time.sleep(6)
+                _attack_for(6, scraper)
     _answered(scraper)
     assert peak.max["threads"] <= base["threads"] + THREADS_BOUND, (base, peak.max)
     # The cap, plus a few of asyncio's accept bursts (accepted, not yet counted; cut, not yet
@@ -84,7 +93,7 @@ def test_unfinished_requests_with_huge_headers_are_cut(exporter):
     with Peak(exporter.proc.pid) as peak:
         with BigHeaders(exporter.port, n=100, headers=99, size=64 * 1024 - 64) as attack:
             with Scraper(exporter.port, timeout=5.0) as scraper:
-                time.sleep(6)
+                _attack_for(6, scraper)
     _answered(scraper)
     assert peak.max["rss"] - base["rss"] < 48 * MiB, (base, peak.max)
     assert peak.max["threads"] <= base["threads"] + THREADS_BOUND, (base, peak.max)
@@ -152,7 +161,7 @@ def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
             g.__enter__()
         try:
             with Scraper(exp.port, headers=basic(password), timeout=5.0) as scraper:
-                time.sleep(6)
+                _attack_for(6, scraper)
         finally:
             for g in guessers:
                 g.__exit__()
