@@ -174,6 +174,7 @@ class EpisodeTracker:
             return []
         change = _CHANGE[t.direction]
         began = t.end if t.start is None else min(t.start, t.end)
+        kind = (resource, change)
         updates: list[EpisodeUpdate] = []
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
@@ -183,8 +184,7 @@ class EpisodeTracker:
                     success_end = track.success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
                 updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
-                                         _SUPERSEDED[(resource, change)]))
-        kind = (resource, change)
+                                         _SUPERSEDED[kind]))
         joined = self._open.joinable(kind, t.end, self._config.coalesce_window)
         if joined is not None:
             self._open.append(joined, t)

@@ -196,8 +196,8 @@ class OpenEpisodes:
         entries = self._startless.get(_key(t))
         if not entries:
             return []
-        return [(track, index) for (_, index), track in sorted(entries.items(),
-                                                                 key=lambda kv: kv[0])]
+        # Sorted by key, (seq, index): unique, so the tracks themselves are never compared.
+        return [(track, index) for (_, index), track in sorted(entries.items())]
 
     # ------------------------------------------------------------ deadlines
 
