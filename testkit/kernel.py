@@ -135,6 +135,13 @@ class Baseline:
         blocks = {b.n: b.state() == "online" for b in memory_blocks() if b.path.exists()}
         return cls(cpus, blocks)
 
+    def changed(self) -> bool:
+        """Something online at capture is not online now (cheap: reads the state files)."""
+        cpus = [Cpu(n) for n, was in self.cpus_online.items() if was]
+        blocks = [MemoryBlock(n) for n, was in self.blocks_online.items() if was]
+        return (any(c.path.exists() and not c.online() for c in cpus)
+                or any(b.path.exists() and b.state() != "online" for b in blocks))
+
     def restore(self) -> None:
         for n, was_online in self.cpus_online.items():
             if was_online:

@@ -18,9 +18,13 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     # Belt and braces: every test restores in its own finally; this catches a crash between.
+    # Under the lock: another session's test may hold cpu1 offline right now, and onlining it
+    # under that test moved its counts (test_faults saw a CPU come back mid-episode).
     baseline = getattr(session.config, "_hotplug_baseline", None)
-    if baseline is not None:
-        baseline.restore()
+    # Taken only when something is off, so sessions that hotplug nothing never wait for it.
+    if baseline is not None and baseline.changed():
+        with kernel.hotplug_lock():
+            baseline.restore()
 
 
 @pytest.hookimpl(hookwrapper=True)
