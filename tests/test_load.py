@@ -89,8 +89,12 @@ def test_fifty_scrapers_through_three_storms(cpu1, tmp_path):
         with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
                              "--podresources-socket", "/nonexistent/kubelet.sock",
                              "--coalesce-window", "0.05", "--readmission-settle", "1") as exp:
+            # The scrapers count a scrape without node_hotplug_cpus as failed: wait for the
+            # first sysfs read too (its own thread; the Node comes on the watch's).
             exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
-                                           unit="core") == 2, timeout=30)
+                                           unit="core") == 2
+                         and s.value("node_hotplug_cpus", state="online") is not None,
+                         timeout=30)
             rss = []
             for storm in range(STORMS):
                 base = exp.scrape()
