@@ -41,11 +41,12 @@ def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
             with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                                  "--node-name", "cat-node",
                                  "--podresources-socket", str(tmp / "kubelet.sock")) as exp:
-                # Families with samples once the Node, the balloon pod and the kubelet answered.
-                exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus") == 1.0
-                             and s.value("node_balloon_pods") == 1.0
-                             and s.series("node_capacity_kubelet"), timeout=30)
-                text = exp.scrape().text
+                # Families with samples once the Node, the balloon pod, the kubelet and the
+                # first sysfs read (the kernel families) are in: four threads, any order.
+                text = exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus") == 1.0
+                                    and s.value("node_balloon_pods") == 1.0
+                                    and s.series("node_capacity_kubelet")
+                                    and s.series("node_capacity_kernel"), timeout=30).text
     finally:
         server.stop()
     found = {}
