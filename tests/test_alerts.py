@@ -370,11 +370,12 @@ def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
             with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                                  "--node-name", "live-node",
                                  "--podresources-socket", sock) as exporter:
-                # podresources declares its families once it has had an answer.
+                # podresources declares its families once it has had an answer, the kernel
+                # ones once the first sysfs read is in: two threads, either first.
                 scrape = exporter.wait_for(
                     lambda s: s.value("node_resize_exporter_source_up", source="podresources")
-                    == 1.0, timeout=30)
-                exposed = _exposed_names(exporter.scrape().text)
+                    == 1.0 and s.series("node_capacity_kernel"), timeout=30)
+                exposed = _exposed_names(scrape.text)
     finally:
         server.stop()
     assert scrape is not None
