@@ -57,3 +57,35 @@ def test_it_runs_whatever_source_list_is_chosen():
     policy = Path("/sys/devices/system/memory/auto_online_blocks").read_text().strip()
     with RunningExporter("--source", "sysfs", "--kubernetes", "off") as exp:
         exp.wait_for(lambda s: s.value("node_hotplug_memory_auto_online", policy=policy) == 1)
+
+
+def test_only_the_kernel_events_that_can_change_a_source_poke_it():
+    """Issue 14: a CPU transition does not wake the auto_online_blocks reader, nor a memory one
+    the kubepods cpuset reader; the checkpoint reader (CPU and memory managers) takes both."""
+    from exporter.events import Direction, Resource, Result, Transition
+    from exporter.sinks.kubelet_collector import KubeletSink
+
+    poked: list[str] = []
+
+    class Recorder:
+        def __init__(self, name: str):
+            self.name = name
+
+        def poke(self) -> None:
+            poked.append(self.name)
+
+    class AgentLike:
+        sources = [Recorder(n) for n in ("kubelet_checkpoint", "kubepods_cgroup",
+                                         "memory_auto_online", "sysfs")]
+
+        def add_sink(self, sink) -> None:
+            self.sink = sink
+
+    agent = AgentLike()
+    sink = KubeletSink.attach(agent)
+    assert agent.sink is sink
+    for resource, want in ((Resource.CPU, ["kubelet_checkpoint", "kubepods_cgroup"]),
+                           (Resource.MEMORY, ["kubelet_checkpoint", "memory_auto_online"])):
+        poked.clear()
+        sink.on_event(Transition("bpf", resource, 1, Direction.OFFLINE, Result.SUCCESS, end=1.0))
+        assert poked == want

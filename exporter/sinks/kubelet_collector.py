@@ -22,14 +22,21 @@ from prometheus_client.registry import Collector
 
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.correlate.model import EpisodeUpdate
-from exporter.events import DeviceChange, Event, Transition
+from exporter.events import DeviceChange, Event, Resource, Transition
 
-# Sources that re-read when poked (by name, from the registry)
-POKED = ("kubelet_checkpoint", "kubepods_cgroup", "memory_auto_online")
+# Sources that re-read when poked (by name, from the registry), and the kernel events that
+# can change what they read: a re-read after any other is a wasted wake-up (issue 14: in a CPU
+# flap storm each one lands in the online window).
+POKED: dict[str, frozenset[Resource]] = {
+    "kubelet_checkpoint": frozenset({Resource.CPU, Resource.MEMORY}),  # CPU and memory managers
+    "kubepods_cgroup": frozenset({Resource.CPU}),  # the cpuset
+    "memory_auto_online": frozenset({Resource.MEMORY}),  # the hot-added memory policy
+}
 
 
 class KubeletSink(Collector):
-    def __init__(self, pokes: Iterable[Callable[[], None]] = ()) -> None:
+    def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
+                 ) -> None:
         self.view = KubeletView()
         self.lock = threading.Lock()
         self._pokes = list(pokes)
@@ -38,7 +45,7 @@ class KubeletSink(Collector):
     @classmethod
     def attach(cls, agent: Any) -> "KubeletSink":
         """Built for a running agent: pokes its re-reading sources, and is one of its sinks."""
-        sink = cls([s.poke for s in agent.sources if s.name in POKED])
+        sink = cls([(POKED[s.name], s.poke) for s in agent.sources if s.name in POKED])
         agent.add_sink(sink)
         return sink
 
@@ -49,8 +56,9 @@ class KubeletSink(Collector):
             self.view.handle(event)
         # A kernel event, not the sysfs snapshot that follows each one: one re-read per event.
         if isinstance(event, (Transition, DeviceChange)):
-            for poke in self._pokes:
-                poke()
+            for resources, poke in self._pokes:
+                if event.resource in resources:
+                    poke()
 
     def on_update(self, update: EpisodeUpdate) -> None:
         pass  # nothing here depends on episodes
