@@ -4,7 +4,7 @@ The kubelet writes the kubepods cpuset once and does not follow hotplug. On cgro
 kernel removes an offlined CPU from `cpuset.cpus` for good: after cpu1 comes back online the
 pods still cannot use it (measured on this project's CI machine: 0-1 -> 0 when offlined, still
 0 after onlining). On cgroup v2 `cpuset.cpus.effective` follows the online CPUs. Re-read after
-every kernel event (the kubelet sink pokes this source) and on a slow timer; a cgroup file
+every CPU event (the kubelet sink pokes this source) and on a slow timer; a cgroup file
 gives no inotify event when the kernel changes it.
 
 Where: `<cgroup root>/cpuset/kubepods[.slice]/cpuset.cpus` (v1; cgroupfs and systemd
