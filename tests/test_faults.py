@@ -48,9 +48,10 @@ def test_bpf_unavailable_at_start_falls_back_and_says_why_once(cpu1, fault):
     wrapper, reason, fix = NO_BPF[fault]
     assert (TRACEFS / "events").exists(), "the machine's tracefs must be mounted for this test"
     with RunningExporter("--kubernetes", "off", wrapper=wrapper) as exp:
-        first = exp.scrape()
+        # uevent says it is up from its own thread, which /healthz does not wait for.
+        first = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                               source="uevent") == 1)
         assert first.value("node_resize_exporter_source_up", source="bpf") == 0
-        assert first.value("node_resize_exporter_source_up", source="uevent") == 1
         before = first.value("node_hotplug_transitions_total", 0.0, resource="cpu",
                              direction="offline", result="success")
         cpu1.set_online(False)
@@ -251,8 +252,9 @@ def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
     # (120 records), so the kernel must fail reservations; the BPF side counts them.
     with RunningExporter("--source", "bpf", "--ringbuf-pages", "1", "--kubernetes", "off",
                          "--sysfs-interval", "1") as exp:
-        before = exp.scrape()
-        assert before.value("node_resize_exporter_source_up", source="bpf") == 1
+        # Up is said from the BPF source's thread, which /healthz does not wait for.
+        before = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                                source="bpf") == 1)
         exp.proc.send_signal(signal.SIGSTOP)
         try:
             for _ in range(60):
