@@ -122,8 +122,13 @@ class RunningExporter:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             return Scrape(r.read().decode())
 
-    def wait_for(self, predicate, timeout: float = 10.0, interval: float = 0.05) -> Scrape:
-        """Scrape until predicate(scrape) is true; the last scrape is in the error otherwise."""
+    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.05) -> Scrape:
+        """Scrape until predicate(scrape) is true; the last scrape is in the error otherwise.
+
+        The predicate names everything the caller then asserts on that another thread
+        delivers (each source has its own, and /healthz answers before any of them spoke).
+        The bound is for a loaded 2-vCPU CI machine: it costs nothing when the condition
+        holds, which is the moment this returns."""
         return poll_until(self.scrape, predicate, timeout, interval, lambda scrape: AssertionError(
             f"condition not met in {timeout}s; last scrape:\n{scrape.text}\n"
             f"logs:\n{self.logs_tail()}"))
