@@ -9,8 +9,8 @@ them, and to the metrics sink, which reads them at scrape time under the agent's
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from math import isfinite
 from typing import Any
 
 from exporter.clock import Clock
@@ -57,7 +57,7 @@ class Correlator:
         if apply is None:
             return []
         when: object = event.end if isinstance(event, Transition) else event.time
-        if not isinstance(when, (int, float)) or not math.isfinite(when):
+        if not isinstance(when, (int, float)) or not isfinite(when):
             self.malformed_events += 1
             return []
         # Deadlines that fell due before this event are decided first, on the state before it.
@@ -90,7 +90,7 @@ class Correlator:
     # ------------------------------------------------------------ per event type
 
     def _transition(self, t: Transition) -> list[EpisodeUpdate]:
-        if t.start is not None and not math.isfinite(t.start):
+        if t.start is not None and not isfinite(t.start):
             self.malformed_events += 1
             return []
         return self._tracker.on_transition(t)
@@ -122,7 +122,7 @@ class Correlator:
 
     def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:
         start = process.start_time
-        if start is not None and math.isfinite(start) and start not in self._kubelet_starts:
+        if start is not None and isfinite(start) and start not in self._kubelet_starts:
             self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
         return []
 
