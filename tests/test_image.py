@@ -148,6 +148,13 @@ def _wait(scrape, container: Container, predicate, what: str, timeout: float = 1
                                                f"{container.logs()[-6000:]}"))
 
 
+def _bpf_attached(s: Scrape) -> bool:
+    """The BPF source's thread has said up and which programs it attached (all at once)."""
+    return (s.value("node_resize_exporter_source_up", source="bpf") == 1
+            and s.value("node_resize_exporter_bpf_program_attached",
+                        program="cpuhp_exit") is not None)
+
+
 def _pod(unpacked, tmp_path, web_secret, **kwargs) -> tuple[dict, str, int]:
     _, image_spec = unpacked
     files, _ = web_secret
@@ -173,8 +180,9 @@ def test_image_counts_cpu1_through_bpf_with_the_daemonsets_security(unpacked, tm
     files, password = web_secret
     with Container(spec, tmp_path) as c:
         scrape = _scraper(c, port, files / "tls.crt", password)
-        up = _wait(scrape, c, lambda s: s.value("node_resize_exporter_source_up",
-                                                source="bpf") is not None, "never served")
+        # source_up exists from the first scrape ("starting", 0); each source's thread says
+        # up later, and /metrics answers before: wait for BPF's own word and its programs.
+        up = _wait(scrape, c, _bpf_attached, "bpf never came up")
         startup = time.monotonic() - c.started
         status = _status(c.pid())
         assert status["Seccomp"].strip() == "2", "no seccomp filter on the exporter"
@@ -202,8 +210,7 @@ def test_image_uses_its_own_headers_on_a_node_without_any(unpacked, tmp_path, we
     files, password = web_secret
     with Container(spec, tmp_path) as c:
         scrape = _scraper(c, port, files / "tls.crt", password)
-        up = _wait(scrape, c, lambda s: s.value("node_resize_exporter_source_up",
-                                                source="bpf") is not None, "never served")
+        up = _wait(scrape, c, _bpf_attached, "bpf never came up")
         assert up.value("node_resize_exporter_source_up", source="bpf") == 1, c.logs()
         assert up.value("node_resize_exporter_bpf_program_attached", program="cpuhp_exit") == 1
 
@@ -217,9 +224,11 @@ def test_runtime_default_seccomp_refuses_bpf_and_the_rest_runs(unpacked, tmp_pat
     files, password = web_secret
     with Container(spec, tmp_path) as c:
         scrape = _scraper(c, port, files / "tls.crt", password)
+        # bpf is down from the first scrape (it failed to open); uevent and sysfs say up from
+        # their own threads, after /metrics may already answer: wait for both.
         up = _wait(scrape, c, lambda s: s.value("node_resize_exporter_source_up",
-                                                source="bpf") is not None, "never served")
+                                                source="uevent") == 1
+                   and s.value("node_resize_exporter_source_up", source="sysfs") == 1,
+                   "uevent and sysfs never came up")
         assert up.value("node_resize_exporter_source_up", source="bpf") == 0
-        assert up.value("node_resize_exporter_source_up", source="uevent") == 1
-        assert up.value("node_resize_exporter_source_up", source="sysfs") == 1
         assert "bpf" in c.logs() and "Operation not permitted" in c.logs(), c.logs()
