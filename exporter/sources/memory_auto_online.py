@@ -2,8 +2,8 @@
 
 "offline" (the kernel default without CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE) means a hot-added
 DIMM stays offline until a udev rule or an agent onlines it: present, but not capacity. Read at
-start, after every memory-block event (the kubelet sink pokes this source) and on a slow timer: sysfs
-gives no notification when root changes the policy.
+start, after every memory-block event (the kubelet sink pokes this source) and on a slow timer:
+sysfs gives no notification when root changes the policy.
 """
 from __future__ import annotations
 
