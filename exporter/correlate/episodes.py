@@ -157,7 +157,8 @@ class EpisodeTracker:
             if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
                 self._open.replace(track, i, t)
                 track.ep.opened = min(track.ep.opened, t.start)
-                self._deadlines.schedule(track)  # an earlier opening may bring a mismatch forward
+                if track.ep.phase is not _KERNEL:  # (a kernel-phase deadline runs from last_end)
+                    self._deadlines.schedule(track)  # an earlier opening may bring one forward
                 return
 
     def _remember_id(self, ep_id: str) -> None:

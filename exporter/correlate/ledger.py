@@ -20,6 +20,8 @@ from exporter.events import (
 )
 
 UnitKey = tuple[Resource, int, Direction, Result]
+# The other events the ledger keeps something of, beyond their count.
+_KEPT = (KernelSnapshot, SourceStatus, ProgramStatus, EventsLost, MalformedInput)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class KernelLedger:
                 self.last_event[name] = float(when)
         if isinstance(event, Transition):
             return self._transition(event)
+        if not isinstance(event, _KEPT):
+            return True  # Node and pod updates, and the like: counted above, nothing more
         if isinstance(event, KernelSnapshot):
             self.snapshot = event
         elif isinstance(event, SourceStatus):
