@@ -219,7 +219,8 @@ class EpisodeTracker:
         if self._open.stale:
             for track in list(self._open.stale.values()):
                 self._note_kernel_after(track)
-        return self._resync_agreeing(regressed)
+        # While nothing waits, nothing can resync (and the deadlines have nothing to move).
+        return self._resync_agreeing(regressed) if self._open.waiting else []
 
     def on_node(self) -> list[EpisodeUpdate]:
         for track in list(self._open.no_baseline.values()) if self._open.no_baseline else ():
@@ -228,7 +229,7 @@ class EpisodeTracker:
             if track.ep.kubelet_before is not None:
                 del self._open.no_baseline[track.seq]
                 self._deadlines.schedule(track)
-        return self._resync_agreeing()
+        return self._resync_agreeing() if self._open.waiting else []
 
     def on_pod(self, pod: PodStatus, prev: PodStatus | None) -> list[EpisodeUpdate]:
         """`prev`: the view's record of this pod before this event (the view has it already)."""
@@ -246,8 +247,6 @@ class EpisodeTracker:
     # ------------------------------------------------------------ bookkeeping
 
     def _resync_agreeing(self, regressed: bool = False) -> list[EpisodeUpdate]:
-        if not self._open.waiting:
-            return []  # nothing can resync (and the deadlines have nothing to reschedule)
         updates: list[EpisodeUpdate] = []
         for track in self._deadlines.view_moved(regressed):
             updates += self._check_resync(track)
@@ -381,7 +380,7 @@ class EpisodeTracker:
                          f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
 
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
-        ep = self._shown(track)
+        ep = self._shown(track) if track.following else track.ep
         self._open.remove(track)
         ep.outcome, ep.ended, ep.phase = outcome, at, _ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:

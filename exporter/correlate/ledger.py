@@ -36,7 +36,7 @@ class KernelLedger:
     # subscripts cost three times a dict's (a dict subclass misses the interpreter's fast path).
     seen: dict[str, dict[UnitKey, int]] = field(default_factory=dict)  # per source
     best: dict[UnitKey, int] = field(default_factory=dict)
-    transitions: Counter[tuple[Resource, Direction, Result]] = field(default_factory=Counter)
+    transitions: dict[tuple[Resource, Direction, Result], int] = field(default_factory=dict)
     durations: dict[tuple[Resource, Direction], Histogram] = field(default_factory=dict)
     snapshot: KernelSnapshot | None = None
     events: dict[str, int] = field(default_factory=dict)  # per source, every kind
@@ -93,7 +93,8 @@ class KernelLedger:
         if count <= self.best.get(key, 0):
             return False
         self.best[key] = count
-        self.transitions[(t.resource, t.direction, t.result)] += 1
+        counted = (t.resource, t.direction, t.result)
+        self.transitions[counted] = self.transitions.get(counted, 0) + 1
         return True
 
     def _histogram(self, resource: Resource, direction: Direction) -> Histogram:
