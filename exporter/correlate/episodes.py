@@ -210,7 +210,8 @@ class EpisodeTracker:
             # In the kernel phase, the latest snapshot's (what _note_kernel_after sets).
             kernel_after=kernel, kubelet_before=self._view.kubelet(resource))
         track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
-        self._add(track)
+        self._open.add(track)
+        self._deadlines.schedule(track)  # (_add, less the resync a new episode is not in)
         updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
         return updates
 
