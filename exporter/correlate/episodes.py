@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import replace
-from enum import Enum
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
@@ -24,6 +23,8 @@ from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
                                       PodVerdict, UpdateKind)
 from exporter.correlate.node_view import NodeView
+from exporter.correlate.records import (copy_episode, describe_failures, make_update,
+                                        new_episode)
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 # Enum members the per-event paths test, bound once as module globals: on Python 3.11
@@ -39,57 +40,6 @@ _CHANGE = {Direction.ONLINE: Change.INCREASE, Direction.OFFLINE: Change.DECREASE
 _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
 _SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
                for r in Resource for c in Change}
-
-# Every other field's default, for _new_episode: all immutable (checked here), so sharing
-# them is safe; the two lists are given anew each time.
-_DEFAULTS = {k: v for k, v in Episode(id="", resource=Resource.CPU, change=Change.INCREASE,
-                                      opened=0.0).__dict__.items()
-             if k not in ("transitions", "pods")}
-assert all(isinstance(v, (str, float, int, Enum, type(None))) for v in _DEFAULTS.values())
-
-
-def _new_episode(**fields: object) -> Episode:
-    """Episode(**fields) without its generated __init__ (18 fields, two default factories),
-    which costs more than a plain dict update, on the path every new episode takes."""
-    ep = object.__new__(Episode)
-    attrs = ep.__dict__
-    attrs.update(_DEFAULTS)  # two updates: cheaper than one that also takes keywords
-    attrs.update(fields)
-    attrs["pods"] = []
-    return ep
-
-
-def _copy(ep: Episode) -> Episode:
-    """A copy sinks may keep: the two lists are the only mutable parts. (dataclasses.replace
-    re-runs __init__ field by field and was a fifth of the correlator's time.)"""
-    new = object.__new__(Episode)
-    new.__dict__.update(ep.__dict__)
-    new.transitions = list(ep.transitions)
-    new.pods = list(ep.pods)
-    return new
-
-
-def _update(kind: UpdateKind, episode: Episode, when: float) -> EpisodeUpdate:
-    # EpisodeUpdate is frozen; its generated __init__ sets each field through
-    # object.__setattr__, twice the cost of this (one update for every other event).
-    update = object.__new__(EpisodeUpdate)
-    update.__dict__.update(kind=kind, episode=episode, time=when)
-    return update
-
-
-def _describe_failures(transitions: list[Transition]) -> str:
-    failed = [t for t in transitions if t.result is Result.FAILED]
-    words = []
-    for t in failed[:4]:
-        what = f"{'cpu' if t.resource is Resource.CPU else 'memory block '}{t.unit} " \
-               f"{t.direction.value} failed"
-        why = " ".join(x for x in (
-            f"cpuhp state {t.failed_state}" if t.failed_state else "", t.error or "") if x)
-        words.append(f"{what}: {why}" if why else what)
-    if len(failed) > 4:
-        words.append(f"and {len(failed) - 4} more")
-    return "; ".join(words)
-
 
 class EpisodeTracker:
     def __init__(self, config: CorrelatorConfig, view: NodeView) -> None:
@@ -128,7 +78,7 @@ class EpisodeTracker:
         for kept in episodes:
             if kept.outcome is not None or kept.phase is _ENDED or kept.id in self._open:
                 continue
-            ep = _copy(kept)
+            ep = copy_episode(kept)
             ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.REJECTED]
             rejected = {p.uid: p for p in ep.pods}
             track = Track(ep, last_end=max([t.end for t in ep.transitions], default=ep.opened),
@@ -136,7 +86,7 @@ class EpisodeTracker:
                           last_change=max((p.time for p in ep.pods), default=None))
             self._add(track)
             self._remember_id(ep.id)
-            updates.append(_update(UpdateKind.RESUMED, _copy(ep), now))
+            updates.append(make_update(UpdateKind.RESUMED, copy_episode(ep), now))
         return updates
 
     @property
@@ -144,7 +94,7 @@ class EpisodeTracker:
         return len(self._open)
 
     def open_episodes(self) -> list[Episode]:
-        return [_copy(self._shown(t))
+        return [copy_episode(self._shown(t))
                 for t in sorted(self._open.by_id.values(), key=lambda t: t.ep.opened)]
 
     def enrich(self, t: Transition) -> None:
@@ -193,7 +143,7 @@ class EpisodeTracker:
             # (its id stays, so that a replay keeps it).
             joined.ep.opened = min(joined.ep.opened, began)
             self._note_kernel_after(joined)
-            updates.append(_update(UpdateKind.TRANSITION, _copy(joined.ep), t.end))
+            updates.append(make_update(UpdateKind.TRANSITION, copy_episode(joined.ep), t.end))
             return updates
         ep_id = base_id = self._ids.make(resource, change, began)
         n = 1
@@ -203,7 +153,7 @@ class EpisodeTracker:
         self._remember_id(ep_id)
         snap = self._view.snapshot
         kernel = None if snap is None else snap.capacity(resource)
-        ep = _new_episode(
+        ep = new_episode(
             id=ep_id, resource=resource, change=change, opened=began, transitions=[t],
             # A snapshot taken after the transition already shows its effect.
             kernel_before=kernel if snap is not None and snap.time <= began else None,
@@ -212,7 +162,7 @@ class EpisodeTracker:
         track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
         self._open.add(track)
         self._deadlines.schedule(track)  # (_add, less the resync a new episode is not in)
-        updates.append(_update(UpdateKind.OPENED, _copy(ep), began))
+        updates.append(make_update(UpdateKind.OPENED, copy_episode(ep), began))
         return updates
 
     def on_snapshot(self, regressed: bool) -> list[EpisodeUpdate]:
@@ -309,13 +259,13 @@ class EpisodeTracker:
         self._note_kernel_after(track)
         if success_end is None:
             return [self._end(track, Outcome.KERNEL_FAILED, ep.kernel_done,
-                              _describe_failures(ep.transitions))]
+                              describe_failures(ep.transitions))]
         if not self._config.kubernetes:
             return [self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
                               "no Kubernetes source configured")]
         self._open.set_phase(track, _RESYNC)
         self._deadlines.entered_resync(track)
-        return [_update(UpdateKind.KERNEL_DONE, _copy(ep), ep.kernel_done)]
+        return [make_update(UpdateKind.KERNEL_DONE, copy_episode(ep), ep.kernel_done)]
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
@@ -329,7 +279,7 @@ class EpisodeTracker:
         # An update delivered before the kernel phase closed still counts (a fast kubelet).
         ep.resynced = max(ep.kernel_done, self._view.kubelet_since(ep.resource))
         ep.kubelet_after = kubelet
-        updates = [_update(UpdateKind.RESYNCED, _copy(ep), ep.resynced)]
+        updates = [make_update(UpdateKind.RESYNCED, copy_episode(ep), ep.resynced)]
         if ep.change is Change.INCREASE:
             updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
                                      f"Node capacity {ep.resource.value} {_num(kubelet)}"))
@@ -367,7 +317,7 @@ class EpisodeTracker:
         track.last_change = pod.time if track.last_change is None else max(track.last_change,
                                                                             pod.time)
         ep.pods.append(outcome)
-        return [_update(UpdateKind.POD, _copy(self._shown(track)), pod.time)]
+        return [make_update(UpdateKind.POD, copy_episode(self._shown(track)), pod.time)]
 
     def _settle(self, track: Track, settled: float) -> EpisodeUpdate:
         ep = track.ep
@@ -386,11 +336,11 @@ class EpisodeTracker:
         ep.outcome, ep.ended, ep.phase = outcome, at, _ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
             detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
-                      f"{_describe_failures(ep.transitions)})"
+                      f"{describe_failures(ep.transitions)})"
         ep.detail = detail
         # Final, and no index holds it any more: nothing changes it after this, so the update
         # carries the episode itself, not a copy.
-        return _update(UpdateKind.ENDED, ep, at)
+        return make_update(UpdateKind.ENDED, ep, at)
 
     # ------------------------------------------------------------ helpers
 
