@@ -135,3 +135,30 @@ def test_kubelet_metrics_source_reports_a_restart_without_hostpid():
     for event in emitted:
         view.handle(event)
     assert view.restarts == 1
+
+
+def test_the_process_table_is_read_from_path_procfs(tmp_path):
+    """--path.procfs (a host /proc mounted elsewhere): psutil reads that one, not /proc."""
+    import psutil
+    import pytest
+
+    elsewhere, empty = tmp_path / "host-proc", tmp_path / "empty"
+    elsewhere.mkdir()
+    empty.mkdir()
+    if subprocess.run(["mount", "-t", "proc", "proc", str(elsewhere)]).returncode != 0:
+        pytest.fail("mounting a procfs needs root (CI runs as root)")
+    proc = spawn(tmp_path)
+    try:
+        found: list[KubeletProcess] = []
+        KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
+                             procfs_root=str(elsewhere)).poll(found.append)
+        assert psutil.PROCFS_PATH == str(elsewhere)
+        assert [e.pid for e in found] == [proc.pid]
+        nothing: list[KubeletProcess] = []
+        KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
+                             procfs_root=str(empty)).poll(nothing.append)
+        assert [e.pid for e in nothing] == [None]  # no process table there: not found
+    finally:
+        psutil.PROCFS_PATH = "/proc"
+        terminate(proc)
+        subprocess.run(["umount", str(elsewhere)])

@@ -43,10 +43,13 @@ def start_time_from_metrics(body: bytes) -> float | None:
 def find_process(name: str) -> tuple[int, float] | None:
     """(pid, start time in wall seconds) of the oldest process called `name`, or None."""
     found: list[tuple[float, int]] = []
-    for proc in psutil.process_iter(["name", "create_time"]):
-        info = proc.info
-        if info.get("name") == name and info.get("create_time") is not None:
-            found.append((float(info["create_time"]), proc.pid))
+    try:
+        for proc in psutil.process_iter(["name", "create_time"]):
+            info = proc.info
+            if info.get("name") == name and info.get("create_time") is not None:
+                found.append((float(info["create_time"]), proc.pid))
+    except (OSError, IndexError):  # --path.procfs is no process table (psutil: IndexError)
+        return None
     if not found:
         return None
     start, pid = min(found)
@@ -64,8 +67,11 @@ class KubeletProcessSource(Source):
     name = "kubelet_process"
 
     def __init__(self, clock: Clock, *, process_name: str = KUBELET,
-                 interval: float = KUBELET_PROCESS_INTERVAL) -> None:
+                 interval: float = KUBELET_PROCESS_INTERVAL, procfs_root: str = "/proc") -> None:
         super().__init__(clock)
+        # --path.procfs: psutil reads the process table from one module-wide path (its
+        # documented knob for a host /proc mounted elsewhere); this source is its only user.
+        psutil.PROCFS_PATH = procfs_root
         self.process_name = process_name
         self.interval = interval
         self._pid: int | None = None
@@ -103,4 +109,4 @@ class KubeletProcessSource(Source):
 
 register(SourceSpec(
     "kubelet_process", KUBERNETES, "the kubelet process's start time (psutil, hostPID)",
-    lambda ctx: KubeletProcessSource(ctx.clock), order=62))
+    lambda ctx: KubeletProcessSource(ctx.clock, procfs_root=ctx.options.procfs_root), order=62))
