@@ -36,6 +36,7 @@ resourceVersion, quantity strings, conditions). Usage:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -782,3 +783,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+@contextlib.contextmanager
+def serving_node(directory: str, node: str, cpu: str = "2", memory: str = "8Gi"):
+    """A running FakeApiServer holding Node `node`, its kubeconfig written under `directory`
+    and kept at `.kubeconfig`: what the tests that run against one Node start from."""
+    with FakeApiServer() as server:
+        server.set_node(node, cpu=cpu, memory=memory)
+        server.kubeconfig = server.write_kubeconfig(os.path.join(directory, "kubeconfig"))
+        yield server

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from testkit.exporter_proc import RunningExporter, free_port
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import FakeApiServer, serving_node
 
 pytestmark = pytest.mark.kernel
 NODE = "resize-test-node"
@@ -21,9 +21,7 @@ def memtotal_ki() -> int:
 
 @pytest.fixture
 def api(tmp_path):
-    with FakeApiServer() as server:
-        server.set_node(NODE, cpu="2", memory=f"{memtotal_ki()}Ki")
-        server.kubeconfig = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    with serving_node(str(tmp_path), NODE, memory=f"{memtotal_ki()}Ki") as server:
         yield server
 
 

@@ -11,16 +11,14 @@ from exporter.events import NodeWarningEvents
 from exporter.sources.kube_node_events import REASON, KubeNodeEventsSource
 from testkit.exporter_proc import RunningExporter
 from tests.event_log import EventLog
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import serving_node
 
 NODE = "n1"
 
 
 @pytest.fixture
 def api(tmp_path):
-    with FakeApiServer() as server:
-        server.set_node(NODE, cpu="2", memory="8Gi")
-        server.kubeconfig = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    with serving_node(str(tmp_path), NODE) as server:
         yield server
 
 

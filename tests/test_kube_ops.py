@@ -14,7 +14,7 @@ from exporter.correlate.model import Episode, EpisodeUpdate, Outcome, UpdateKind
 from exporter.events import Change, Resource
 from exporter.sinks.kube_events import KubeEventsSink, describe, event_object
 from testkit.exporter_proc import REPO, RunningExporter, poll_until
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import serving_node
 
 NODE = "ops-node"
 
@@ -28,9 +28,7 @@ def check(*args: str) -> str:
 
 @pytest.fixture
 def api(tmp_path):
-    with FakeApiServer() as server:
-        server.set_node(NODE, cpu="2", memory="8Gi")
-        server.kubeconfig = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    with serving_node(str(tmp_path), NODE) as server:
         yield server
 
 
