@@ -15,13 +15,10 @@ import math
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
-from exporter.correlate.model import Episode, Phase
+from exporter.correlate.model import ENDED, KERNEL, RESYNC, Episode
 from exporter.correlate.node_view import NodeView
 from exporter.events import Resource
 
-# Enum members the per-event paths test, bound once as module globals: on Python 3.11
-# `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's cost.
-_KERNEL, _RESYNC, _ENDED = Phase.KERNEL, Phase.RESYNC, Phase.ENDED
 
 # Resources a kernel Transition can be about (per CPU, per memory block).
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -55,13 +52,13 @@ class Deadlines:
         """When the tracker next has something to decide for this track, given the state now:
         the conditions of EpisodeTracker._advance_one, solved for `upto`."""
         ep, cfg = track.ep, self._config
-        if ep.phase is _KERNEL:
+        if ep.phase is KERNEL:
             return track.last_end + cfg.coalesce_window
-        if ep.phase is _ENDED:
+        if ep.phase is ENDED:
             return math.inf
         if not cfg.kubernetes:
             return -math.inf  # a resumed episode from a run that had a Node source: at once
-        if ep.phase is _RESYNC:
+        if ep.phase is RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self.mismatch_since(track)

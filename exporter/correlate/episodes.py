@@ -20,16 +20,14 @@ from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
 from exporter.correlate.ids import IdMaker
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
-from exporter.correlate.model import (Episode, EpisodeUpdate, Outcome, Phase, PodOutcome,
-                                      PodVerdict, UpdateKind)
+from exporter.correlate.model import (ENDED, KERNEL, READMISSION, RESYNC, Episode,
+                                      EpisodeUpdate, Outcome, PodOutcome, PodVerdict,
+                                      UpdateKind)
 from exporter.correlate.node_view import NodeView
 from exporter.correlate.records import (copy_episode, describe_failures, make_update,
                                         new_episode)
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
-# Enum members the per-event paths test, bound once as module globals: on Python 3.11
-# `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's cost.
-_KERNEL, _RESYNC, _READMISSION, _ENDED = Phase.KERNEL, Phase.RESYNC, Phase.READMISSION, Phase.ENDED
 _SUCCESS = Result.SUCCESS
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
@@ -76,7 +74,7 @@ class EpisodeTracker:
         """
         updates = []
         for kept in episodes:
-            if kept.outcome is not None or kept.phase is _ENDED or kept.id in self._open:
+            if kept.outcome is not None or kept.phase is ENDED or kept.id in self._open:
                 continue
             ep = copy_episode(kept)
             ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.REJECTED]
@@ -107,7 +105,7 @@ class EpisodeTracker:
             if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
                 self._open.replace(track, i, t)
                 track.ep.opened = min(track.ep.opened, t.start)
-                if track.ep.phase is not _KERNEL:  # (a kernel-phase deadline runs from last_end)
+                if track.ep.phase is not KERNEL:  # (a kernel-phase deadline runs from last_end)
                     self._deadlines.schedule(track)  # an earlier opening may bring one forward
                 return
 
@@ -206,7 +204,7 @@ class EpisodeTracker:
 
     def _add(self, track: Track) -> None:
         self._open.add(track)
-        if track.ep.phase is _RESYNC:
+        if track.ep.phase is RESYNC:
             self._deadlines.entered_resync(track)
         self._deadlines.schedule(track)
 
@@ -215,17 +213,17 @@ class EpisodeTracker:
     def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
         ep, cfg = track.ep, self._config
         updates: list[EpisodeUpdate] = []
-        if ep.phase is _KERNEL and upto >= track.last_end + cfg.coalesce_window:
+        if ep.phase is KERNEL and upto >= track.last_end + cfg.coalesce_window:
             updates += self._close_kernel(track)
             # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
             # snapshot can change that, and their handlers check: not every event re-checks.)
             updates += self._check_resync(track) if cfg.kubernetes else []
-        if ep.phase in (_RESYNC, _READMISSION) and not cfg.kubernetes:
+        if ep.phase in (RESYNC, READMISSION) and not cfg.kubernetes:
             # A resumed episode from a run that had a Node source.
             updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
                                      "no Kubernetes source configured"))
             return updates
-        if ep.phase is _RESYNC:
+        if ep.phase is RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self._deadlines.mismatch_since(track)
@@ -243,7 +241,7 @@ class EpisodeTracker:
                         f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
                         f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
                         f"{cfg.resync_deadline:g} s"))
-        if ep.phase is _READMISSION:
+        if ep.phase is READMISSION:
             assert ep.resynced is not None
             since = max(ep.resynced, track.last_change or ep.resynced)
             if upto >= since + cfg.readmission_settle:
@@ -263,13 +261,13 @@ class EpisodeTracker:
         if not self._config.kubernetes:
             return [self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
                               "no Kubernetes source configured")]
-        self._open.set_phase(track, _RESYNC)
+        self._open.set_phase(track, RESYNC)
         self._deadlines.entered_resync(track)
         return [make_update(UpdateKind.KERNEL_DONE, copy_episode(ep), ep.kernel_done)]
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
-        if ep.phase is not _RESYNC:
+        if ep.phase is not RESYNC:
             return []
         assert ep.kernel_done is not None
         kubelet, kernel = self._view.kubelet(ep.resource), self._deadlines.kernel_now(ep)
@@ -284,7 +282,7 @@ class EpisodeTracker:
             updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
                                      f"Node capacity {ep.resource.value} {_num(kubelet)}"))
             return updates
-        self._open.set_phase(track, _READMISSION)
+        self._open.set_phase(track, READMISSION)
         return updates
 
     def _end_mismatch(self, track: Track, at: float) -> EpisodeUpdate:
@@ -299,7 +297,7 @@ class EpisodeTracker:
         ep = track.ep
         if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
             return []
-        since = ep.kernel_done if ep.phase is not _KERNEL else track.success_end
+        since = ep.kernel_done if ep.phase is not KERNEL else track.success_end
         if since is None or pod.time < since:
             return []
         outcome = PodOutcome(pod.time, pod.namespace, pod.name, pod.uid, PodVerdict.REJECTED,
@@ -333,7 +331,7 @@ class EpisodeTracker:
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
         ep = self._shown(track) if track.following else track.ep
         self._open.remove(track)
-        ep.outcome, ep.ended, ep.phase = outcome, at, _ENDED
+        ep.outcome, ep.ended, ep.phase = outcome, at, ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
             detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
                       f"{describe_failures(ep.transitions)})"
@@ -348,7 +346,7 @@ class EpisodeTracker:
         snap, ep = self._view.snapshot, track.ep
         if snap is None or track.after_fresh:
             return
-        if ep.phase is _KERNEL or snap.time >= (ep.kernel_done or math.inf):
+        if ep.phase is KERNEL or snap.time >= (ep.kernel_done or math.inf):
             ep.kernel_after = snap.capacity(ep.resource)
             track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
             if track.after_fresh:
@@ -357,7 +355,7 @@ class EpisodeTracker:
             else:
                 # Until its kernel phase closes, every later snapshot's value would be written
                 # here: _shown() reads it from the view instead, when it counts.
-                self._open.follow(track, ep.phase is _KERNEL and ep.kernel_done is None)
+                self._open.follow(track, ep.phase is KERNEL and ep.kernel_done is None)
 
     def _shown(self, track: Track) -> Episode:
         """The track's episode, its kernel_after brought up to the latest snapshot if it follows

@@ -18,12 +18,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporter.correlate.model import Episode, Phase, PodOutcome
+from exporter.correlate.model import KERNEL, RESYNC, Episode, Phase, PodOutcome
 from exporter.events import Change, Direction, Resource, Result, Transition
 
-# Enum members the per-event paths test, bound once as module globals: on Python 3.11
-# `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's cost.
-_KERNEL, _RESYNC = Phase.KERNEL, Phase.RESYNC
 _SUCCESS, _FAILED = Result.SUCCESS, Result.FAILED
 
 Kind = tuple[Resource, Change]
@@ -137,16 +134,16 @@ class OpenEpisodes:
         self._enter(track, phase)
 
     def _enter(self, track: Track, phase: Phase) -> None:
-        if phase is _KERNEL:
+        if phase is KERNEL:
             self._in_kernel.setdefault(track.kind, {})[track.seq] = track
-        elif phase is _RESYNC:
+        elif phase is RESYNC:
             self.resync.setdefault(track.ep.resource, {})[track.seq] = track
             self.waiting += 1
 
     def _leave(self, track: Track, phase: Phase) -> None:
-        if phase is _KERNEL:
+        if phase is KERNEL:
             self._in_kernel.get(track.kind, {}).pop(track.seq, None)
-        elif phase is _RESYNC:
+        elif phase is RESYNC:
             del self.resync[track.ep.resource][track.seq]
             self.unknown_kernel.get(track.ep.resource, {}).pop(track.seq, None)
             self.waiting -= 1

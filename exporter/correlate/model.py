@@ -18,6 +18,11 @@ class Phase(str, enum.Enum):
     ENDED = "ended"
 
 
+# The phases as module globals, for the per-event paths (episodes, index, deadlines) to import:
+# on Python 3.11 `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's.
+KERNEL, RESYNC, READMISSION, ENDED = Phase.KERNEL, Phase.RESYNC, Phase.READMISSION, Phase.ENDED
+
+
 class Outcome(str, enum.Enum):
     CONVERGED = "converged"
     KERNEL_FAILED = "kernel_failed"
