@@ -5,7 +5,7 @@ For each transition, in one run:
   end is the BPF record's end stamp for CPUs; for memory blocks on kernels where BPF cannot see
   them (no kprobes here) it is the moment the sysfs write returned.
 - scrape: a separate `node-resize-exporter run` process, polled right after the sysfs write
-  returned until its node_hotplug_transitions_total moved. An upper bound: it includes the
+  returned until its node_resize_kernel_transitions_total moved. An upper bound: it includes the
   HTTP round trip (a fresh connection each poll), and its resolution is one scrape.
 - node_exporter: scraped every 1 s and every 15 s from a random phase; a transition counts as
   shown when a scrape before the next transition shows the new state.
@@ -55,7 +55,7 @@ def meminfo_total() -> int:
 
 
 def _counter(text: str, resource: str, direction: str) -> float:
-    return value(text, "node_hotplug_transitions_total", resource=resource,
+    return value(text, "node_resize_kernel_transitions_total", resource=resource,
                  direction=direction, result="success") or 0.0
 
 

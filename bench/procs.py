@@ -206,7 +206,7 @@ class ResizeExporter(Exporter):
             return (value(text, "node_resize_exporter_bpf_program_attached",
                           program="cpuhp_exit") == 1.0
                     and value(text, "node_resize_exporter_source_up", source="bpf") == 1.0)
-        return value(text, "node_capacity_kernel", resource="cpu", unit="core") is not None
+        return value(text, "node_resize_kernel_capacity", resource="cpu", unit="core") is not None
 
 
 class NodeExporter(Exporter):

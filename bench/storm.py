@@ -21,7 +21,7 @@ SETTLE_TIMEOUT = 10.0
 
 def _counts(text: str) -> dict[str, float]:
     out = {"offline": 0.0, "online": 0.0}
-    for labels, v in parse_samples(text, "node_hotplug_transitions_total").items():
+    for labels, v in parse_samples(text, "node_resize_kernel_transitions_total").items():
         d = dict(labels)
         if d.get("resource") == "cpu" and d.get("result") == "success":
             out[d["direction"]] += v

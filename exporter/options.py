@@ -273,7 +273,7 @@ _DEFINITIONS = (
         "Label selector of balloon pods.", LabelSelectorText()),
     Opt("node_lease", ("--node-lease/--no-node-lease",), defaults.NODE_LEASE,
         "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, so a "
-        "dead kubelet shows in node_kubelet_heartbeat_age_seconds{via=\"lease\"} within "
+        "dead kubelet shows in node_resize_kubelet_heartbeat_age_seconds{via=\"lease\"} within "
         "seconds (needs list/watch on leases).", is_flag=True),
     Opt("balloon_priority_classes", ("--balloon-priority-class",),
         defaults.BALLOON_PRIORITY_CLASSES,

@@ -3,8 +3,8 @@
 Each scenario does one thing to the guest (through QMP or the guest agent), waits until the
 kernel has done it (the guest's own sysfs says so), then scrapes the exporter through the
 hostfwd until its counters show it, and compares exactly: deltas of
-node_hotplug_transitions_total, of the duration histogram's _count (BPF records only), the
-gauges, and node_capacity_kernel against the guest's MemTotal. The scenarios share one guest
+node_resize_kernel_transitions_total, of the duration histogram's _count (BPF records only), the
+gauges, and node_resize_kernel_capacity against the guest's MemTotal. The scenarios share one guest
 and run in order (the DIMM added first is the one removed later).
 
 `run_all` boots the guest, runs the infrastructure checks and every scenario, and always stops
@@ -27,9 +27,9 @@ from lab.qemu import GiB, GuestConfig
 BUDGET_SECONDS = 570.0  # the whole lab, boot included, must end inside 10 minutes
 DIMM_ID = "dimm0"
 CPU_ID = "cpu1"
-TX = "node_hotplug_transitions_total"
-DURATION_COUNT = "node_hotplug_transition_duration_seconds_count"
-DURATION_SUM = "node_hotplug_transition_duration_seconds_sum"
+TX = "node_resize_kernel_transitions_total"
+DURATION_COUNT = "node_resize_kernel_transition_duration_seconds_count"
+DURATION_SUM = "node_resize_kernel_transition_duration_seconds_sum"
 EVENTS = "node_resize_exporter_events_total"
 
 
@@ -72,13 +72,13 @@ class Counts:
 
     def capacity(self, resource: str) -> float | None:
         unit = "core" if resource == "cpu" else "byte"
-        return self.scrape.value("node_capacity_kernel", None, resource=resource, unit=unit)
+        return self.scrape.value("node_resize_kernel_capacity", None, resource=resource, unit=unit)
 
     def cpus(self, state: str) -> float | None:
-        return self.scrape.value("node_hotplug_cpus", None, state=state)
+        return self.scrape.value("node_resize_kernel_cpus", None, state=state)
 
     def blocks(self, state: str) -> float | None:
-        return self.scrape.value("node_hotplug_memory_blocks", None, state=state)
+        return self.scrape.value("node_resize_kernel_memory_blocks", None, state=state)
 
 
 def online_blocks(state: dict) -> set[str]:
@@ -227,7 +227,7 @@ def exporter_up(run: LabRun, out: Outcome) -> None:
     st = run.lab.state()
     run.boot_mem_kb = st["mem_total_kb"]
     check(c.capacity("memory") == st["mem_total_kb"] * 1024,
-          f"node_capacity_kernel memory {c.capacity('memory')} != guest MemTotal "
+          f"node_resize_kernel_capacity memory {c.capacity('memory')} != guest MemTotal "
           f"{st['mem_total_kb'] * 1024}")
 
 
@@ -265,7 +265,7 @@ def memory_hot_add(run: LabRun, out: Outcome) -> None:
     check(d_uev >= 16, f"uevent events +{d_uev}, want >= 16 (8 add + 8 online)")
     check(d_bpf >= 8, f"bpf events +{d_bpf}, want >= 8 online_pages records")
     check(after.blocks("online") == want_online,
-          f"node_hotplug_memory_blocks online {after.blocks('online')} != {want_online}")
+          f"node_resize_kernel_memory_blocks online {after.blocks('online')} != {want_online}")
     check(after.tx("memory", "online", "failed") == before.tx("memory", "online", "failed"),
           "a memory online was counted as failed")
 
@@ -331,7 +331,7 @@ def memory_hot_remove(run: LabRun, out: Outcome) -> None:
     check(after_state["mem_total_kb"] == run.boot_mem_kb,
           f"MemTotal {after_state['mem_total_kb']} kB is not back to boot {run.boot_mem_kb} kB")
     check(after.blocks("online") == len(online_blocks(after_state)),
-          f"node_hotplug_memory_blocks online {after.blocks('online')} != "
+          f"node_resize_kernel_memory_blocks online {after.blocks('online')} != "
           f"{len(online_blocks(after_state))}")
 
 
@@ -358,7 +358,7 @@ def _cpu_step(run: LabRun, out: Outcome, direction: str, want_online: int, befor
           f"a cpu {direction} counted as failed")
     mem = run.lab.mem_total_bytes()
     check(after.capacity("memory") == mem,
-          f"node_capacity_kernel memory {after.capacity('memory')} != MemTotal {mem}")
+          f"node_resize_kernel_capacity memory {after.capacity('memory')} != MemTotal {mem}")
     return after
 
 

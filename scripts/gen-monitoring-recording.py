@@ -110,7 +110,7 @@ def record(workdir: Path) -> str:
                                  "--podresources-interval", "1",
                                  "--resync-deadline", str(RESYNC_DEADLINE),
                                  "--readmission-settle", "2") as exporter:
-                exporter.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+                exporter.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                                     unit="core") == 2, timeout=30)
                 recorder = Recorder(exporter.url)
                 recorder.start()

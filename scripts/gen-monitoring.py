@@ -99,7 +99,7 @@ def _blocked_query(p: Params) -> str:
         args.append(f"$labels.{p.cluster_label}")
     matchers.append('node="%s"')
     args.append("$labels.node")
-    return f"(printf `node_kubelet_restart_blocked{{{','.join(matchers)}}} == 1` {' '.join(args)})"
+    return f"(printf `node_resize_kubelet_restart_blocked{{{','.join(matchers)}}} == 1` {' '.join(args)})"
 
 
 def rules(p: Params) -> dict:

@@ -255,9 +255,9 @@ def test_fleet_overview_has_the_panels_the_issue_asks_for():
     for metric in ["node_resize_resync_request_total", "node_hot_unplug_request_total",
                    "node_resize_resync_errors_total", "node_hot_unplug_errors_total",
                    "node_resize_resync_duration_seconds_bucket",
-                   "node_hot_unplug_readmission_duration_seconds_bucket",
-                   "node_capacity_drift_seconds", "node_balloon_requests",
-                   "node_capacity_kernel", "node_capacity_effective",
+                   "node_resize_readmission_duration_seconds_bucket",
+                   "node_resize_capacity_drift_seconds", "node_resize_balloon_requests",
+                   "node_resize_kernel_capacity", "node_resize_capacity_effective",
                    "node_resize_exporter_source_up", "node_resize_exporter_events_lost_total"]:
         assert metric in text, metric
     assert any(p["type"] == "heatmap" for p in fleet["panels"])
@@ -374,7 +374,7 @@ def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
                 # ones once the first sysfs read is in: two threads, either first.
                 scrape = exporter.wait_for(
                     lambda s: s.value("node_resize_exporter_source_up", source="podresources")
-                    == 1.0 and s.series("node_capacity_kernel"), timeout=30)
+                    == 1.0 and s.series("node_resize_kernel_capacity"), timeout=30)
                 exposed = _exposed_names(scrape.text)
     finally:
         server.stop()

@@ -151,9 +151,9 @@ def test_a_running_exporter_finds_balloons_by_priority_class(tmp_path):
                              "n1", "--podresources-socket", "", "--kubelet-root-dir", "",
                              "--cgroup-root", "", "--balloon-priority-class", "other",
                              "--balloon-priority-class", "overprovisioning") as exp:
-            s = exp.wait_for(lambda s: s.value("node_balloon_pods") == 2
-                             and s.series("node_capacity_kubelet"))
+            s = exp.wait_for(lambda s: s.value("node_resize_balloon_pods") == 2
+                             and s.series("node_resize_kubelet_capacity"))
             for view in ("scheduler", "kubelet"):
-                assert s.value("node_balloon_requests", resource="cpu", unit="core",
+                assert s.value("node_resize_balloon_requests", resource="cpu", unit="core",
                                view=view) == 0.75
-            assert s.value("node_capacity_effective", resource="cpu", unit="core") == 0.25
+            assert s.value("node_resize_capacity_effective", resource="cpu", unit="core") == 0.25

@@ -43,10 +43,10 @@ def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
                                  "--podresources-socket", str(tmp / "kubelet.sock")) as exp:
                 # Families with samples once the Node, the balloon pod, the kubelet and the
                 # first sysfs read (the kernel families) are in: four threads, any order.
-                text = exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus") == 1.0
-                                    and s.value("node_balloon_pods") == 1.0
-                                    and s.series("node_capacity_kubelet")
-                                    and s.series("node_capacity_kernel"), timeout=30).text
+                text = exp.wait_for(lambda s: s.value("node_resize_podresources_allocatable_cpus") == 1.0
+                                    and s.value("node_resize_balloon_pods") == 1.0
+                                    and s.series("node_resize_kubelet_capacity")
+                                    and s.series("node_resize_kernel_capacity"), timeout=30).text
     finally:
         server.stop()
     found = {}
@@ -107,5 +107,5 @@ def test_catalogue_types_and_labels_match_the_scrape(exposed):
 def test_the_scrape_shows_labels_for_most_families(exposed):
     """The label check above is not empty: families with samples carry their labels."""
     labelled = {name for name, (_, labels) in exposed.items() if labels}
-    assert {"node_hotplug_transitions_total", "node_capacity_kubelet",
-            "node_balloon_requests", "node_resize_exporter_source_up"} <= labelled
+    assert {"node_resize_kernel_transitions_total", "node_resize_kubelet_capacity",
+            "node_resize_balloon_requests", "node_resize_exporter_source_up"} <= labelled

@@ -228,19 +228,19 @@ def test_metrics_sink_renders_what_it_counted_from_the_updates():
     registry.register(s.metrics)
     before = generate_latest(registry).decode().splitlines()
     assert "node_resize_exporter_episodes_open 1.0" in before
-    assert 'node_hot_unplug_readmission_pods_total{outcome="kept",reason="Running"} 0.0' in before
+    assert 'node_resize_readmission_pods_total{outcome="kept",reason="Running"} 0.0' in before
     s.tick(40.0)
     lines = generate_latest(registry).decode().splitlines()
     for line in ("node_resize_exporter_episodes_open 0.0",
                  'node_hot_unplug_request_total{resource="cpu"} 1.0',
                  'node_hot_unplug_errors_total{reason="readmission_rejected",resource="cpu"} 1.0',
                  'node_hot_unplug_errors_total{reason="resync_timeout",resource="cpu"} 0.0',
-                 'node_hot_unplug_readmission_pods_total{outcome="kept",reason="Running"} 2.0',
-                 'node_hot_unplug_readmission_pods_total{outcome="rejected",reason="OutOfcpu"} 1.0',
-                 'node_hot_unplug_readmission_duration_seconds_count{resource="cpu"} 1.0',
+                 'node_resize_readmission_pods_total{outcome="kept",reason="Running"} 2.0',
+                 'node_resize_readmission_pods_total{outcome="rejected",reason="OutOfcpu"} 1.0',
+                 'node_resize_readmission_duration_seconds_count{resource="cpu"} 1.0',
                  'node_resize_resync_duration_seconds_sum{direction="decrease",resource="cpu",'
                  'resynced_by="kubelet_live"} 5.0',
-                 'node_capacity_kubelet{resource="cpu",unit="core"} 1.0',
-                 'node_capacity_drift{resource="cpu",unit="core"} 0.0'):
+                 'node_resize_kubelet_capacity{resource="cpu",unit="core"} 1.0',
+                 'node_resize_capacity_drift{resource="cpu",unit="core"} 0.0'):
         assert line in lines, line
     assert not any(line.startswith("node_resize_exporter_sink_errors_total{") for line in lines)

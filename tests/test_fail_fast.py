@@ -58,7 +58,7 @@ def test_kubernetes_on_with_the_api_answering_starts(tmp_path):
         with RunningExporter("--source", "sysfs", "--no-journal", "--kubernetes", "on",
                              "--kubeconfig", kubeconfig, "--node-name", "n1",
                              "--podresources-socket", "") as exporter:
-            exporter.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+            exporter.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                                 unit="core") == 2.0)
 
 

@@ -52,14 +52,14 @@ def test_bpf_unavailable_at_start_falls_back_and_says_why_once(cpu1, fault):
         first = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                                source="uevent") == 1)
         assert first.value("node_resize_exporter_source_up", source="bpf") == 0
-        before = first.value("node_hotplug_transitions_total", 0.0, resource="cpu",
+        before = first.value("node_resize_kernel_transitions_total", 0.0, resource="cpu",
                              direction="offline", result="success")
         cpu1.set_online(False)
-        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="offline") == 1
-                     and s.value("node_hotplug_transitions_total", 0.0, resource="cpu",
+        exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="offline") == 1
+                     and s.value("node_resize_kernel_transitions_total", 0.0, resource="cpu",
                                  direction="offline", result="success") == before + 1)
         cpu1.set_online(True)
-        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="offline") == 0)
+        exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="offline") == 0)
         logs = exp.logs()
     # Said with the fix once, and only at start-up: never again per event or per scrape.
     unavailable = [line for line in logs.splitlines() if "source bpf unavailable" in line]
@@ -150,11 +150,11 @@ def _kube_exporter(api, tmp_path, *extra: str):
 
 
 def _unplug_and_wait_open(exp, cpu1):
-    exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu", unit="core") == 2,
+    exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu", unit="core") == 2,
                  timeout=30)
     cpu1.set_online(False)
     exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 1
-                 and s.value("node_capacity_drift", resource="cpu", unit="core") == -1,
+                 and s.value("node_resize_capacity_drift", resource="cpu", unit="core") == -1,
                  timeout=30)
 
 
@@ -165,7 +165,7 @@ def _resync_and_check_counted_once(exp, api):
                                        resynced_by="kubelet_live") == 1
                      and s.value("node_resize_exporter_episodes_open") == 0, timeout=60)
     assert s.value("node_hot_unplug_request_total", resource="cpu") == 1
-    assert s.value("node_capacity_drift", resource="cpu", unit="core") == 0
+    assert s.value("node_resize_capacity_drift", resource="cpu", unit="core") == 0
     for reason in ("kernel_failed", "resync_timeout", "mismatch", "readmission_rejected"):
         assert s.value("node_hot_unplug_errors_total", 0.0, resource="cpu", reason=reason) == 0
     return s
@@ -232,12 +232,12 @@ def test_api_restarts_while_readmission_settles_count_each_pod_once(cpu1, api, t
             time.sleep(0.3)
         s = exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 0,
                          timeout=30)
-        pods = s.series("node_hot_unplug_readmission_pods_total")
+        pods = s.series("node_resize_readmission_pods_total")
         assert pods == {frozenset({("outcome", "rejected"), ("reason", "OutOfcpu")}): 1,
                         frozenset({("outcome", "kept"), ("reason", "Running")}): 1}, pods
         assert s.value("node_hot_unplug_errors_total", resource="cpu",
                        reason="readmission_rejected") == 1
-        assert s.value("node_hot_unplug_readmission_duration_seconds_count",
+        assert s.value("node_resize_readmission_duration_seconds_count",
                        resource="cpu") == 1
         cpu1.set_online(True)
 
@@ -263,9 +263,9 @@ def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
         finally:
             exp.proc.send_signal(signal.SIGCONT)
         def offlines(s) -> float:
-            return s.value("node_hotplug_transitions_total", 0.0, resource="cpu",
+            return s.value("node_resize_kernel_transitions_total", 0.0, resource="cpu",
                            direction="offline", result="success") - before.value(
-                "node_hotplug_transitions_total", 0.0, resource="cpu", direction="offline",
+                "node_resize_kernel_transitions_total", 0.0, resource="cpu", direction="offline",
                 result="success")
 
         # The stop/continue interrupts the ring buffer's epoll_wait (EINTR), so the lost count
@@ -275,12 +275,12 @@ def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
         lost = s.value("node_resize_exporter_events_lost_total", source="bpf")
         assert offlines(s) < 60 and lost > 0, (offlines(s), lost)
         # The reconciler puts every gauge right whatever was lost.
-        s = exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 2
-                         and s.value("node_hotplug_cpus", state="offline") == 0)
-        assert s.value("node_capacity_kernel", resource="cpu", unit="core") == 2
+        s = exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="online") == 2
+                         and s.value("node_resize_kernel_cpus", state="offline") == 0)
+        assert s.value("node_resize_kernel_capacity", resource="cpu", unit="core") == 2
         # And it still follows new transitions.
         cpu1.set_online(False)
-        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="offline") == 1)
+        exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="offline") == 1)
         cpu1.set_online(True)
 
 
@@ -314,7 +314,7 @@ def test_sigterm_mid_episode_flushes_journal_and_spans(cpu1, api, tmp_path):
 
         exp = start()
         try:
-            exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+            exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                            unit="core") == 2, timeout=30)
             # Two episodes that end (unplug superseded by the plug, the plug converged at once:
             # the Node already says 2), then one left open waiting for a resync.
@@ -384,13 +384,13 @@ def test_podresources_missing_then_garbage_then_answering_through_a_running_run(
         try:
             s = exp.wait_for(lambda s: s.value("node_resize_exporter_malformed_total",
                                                source="podresources") >= 1)
-            assert s.value("node_podresources_allocatable_cpus") is None  # nothing made up
+            assert s.value("node_resize_podresources_allocatable_cpus") is None  # nothing made up
             answer["garbage"] = False
-            s = exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus") == 2
+            s = exp.wait_for(lambda s: s.value("node_resize_podresources_allocatable_cpus") == 2
                              and s.value("node_resize_exporter_source_up",
                                          source="podresources") == 1)
-            assert s.value("node_podresources_offline_cpus") == 0
+            assert s.value("node_resize_podresources_offline_cpus") == 0
             cpu1.set_online(False)
-            exp.wait_for(lambda s: s.value("node_podresources_offline_cpus") == 1)
+            exp.wait_for(lambda s: s.value("node_resize_podresources_offline_cpus") == 1)
         finally:
             server.stop(None).wait()

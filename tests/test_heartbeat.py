@@ -20,7 +20,7 @@ def api():
 
 
 def beat(s, via, what="age"):
-    return s.value(f"node_kubelet_heartbeat_{what}_seconds", via=via)
+    return s.value(f"node_resize_kubelet_heartbeat_{what}_seconds", via=via)
 
 
 def micro(stamp: str) -> str:
@@ -44,7 +44,7 @@ def test_a_dead_kubelet_s_lease_stops_while_the_node_stays_ready(api):
         r.kernel(at("08:22:10"), cpus=1, direction=Direction.OFFLINE)
         r.publish(node[2], at("08:22:30"))  # a BOOKMARK is all the Node watch sends
         s = r.scrape()
-        assert s.value("node_capacity_drift", resource="cpu", unit="core") == -1
+        assert s.value("node_resize_capacity_drift", resource="cpu", unit="core") == -1
         assert beat(s, "lease") == 25.75  # > 40 s (leaseDurationSeconds): dead
         assert beat(s, "node_status") == 46  # within the 5 min a live kubelet may stay silent
         r.tick(at("08:23:00"))
@@ -55,7 +55,7 @@ def test_a_dead_kubelet_s_lease_stops_while_the_node_stays_ready(api):
         r.seen(api.set_lease(NODE, micro("08:23:19")))
         s = r.scrape()
         assert beat(s, "node_status") == 0 and beat(s, "lease") == 0
-        assert s.value("node_capacity_drift", resource="cpu", unit="core") == 0
+        assert s.value("node_resize_capacity_drift", resource="cpu", unit="core") == 0
         heartbeats = [e for e in r.emitted if isinstance(e, NodeHeartbeat)]
         assert [e.via for e in heartbeats] == ["lease"] * 4  # the Node's rode on NodeStatus
 
@@ -94,6 +94,6 @@ def test_a_running_exporter_reads_the_lease_and_can_be_told_not_to(tmp_path):
             query = api.requests_for("leases", watch=True)[-1]
             assert query["fieldSelector"] == "metadata.name=" + NODE
         with RunningExporter(*common, "--no-node-lease") as exp:
-            s = exp.wait_for(lambda s: s.series("node_capacity_kubelet"))
+            s = exp.wait_for(lambda s: s.series("node_resize_kubelet_capacity"))
             assert s.value("node_resize_exporter_source_up", source="kube_lease") is None
             assert beat(s, "lease", "timestamp") is None

@@ -57,7 +57,7 @@ def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
         # Each watch comes back on its own backoff (up to 30 s): wait for both.
         exp.wait_for(lambda s: s.value("node_resize_exporter_source_up", source="kube_node") == 1
                      and s.value("node_resize_exporter_source_up", source="kube_pods") == 1
-                     and s.value("node_capacity_kubelet", resource="cpu", unit="core") == 2,
+                     and s.value("node_resize_kubelet_capacity", resource="cpu", unit="core") == 2,
                      timeout=60)
 
 
@@ -121,7 +121,7 @@ def test_a_64_mib_watch_line_does_not_grow_the_heap(api):
     it is refused at MAX_LINE_BYTES: the peak RSS grows by far less than the line."""
     from exporter.kube.client import MAX_LINE_BYTES
     with _exporter(api) as exp:
-        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                        unit="core") == 2, timeout=30)
         api.wait_for_watches(1, "nodes")
         before = _peak_rss_mib(exp.proc.pid)
@@ -131,7 +131,7 @@ def test_a_64_mib_watch_line_does_not_grow_the_heap(api):
         exp.wait_for(lambda s: f"watch event line longer than {MAX_LINE_BYTES} bytes"
                      in exp.logs(), timeout=60)
         api.update_node(NODE, cpu="3")
-        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                        unit="core") == 3, timeout=60)  # relisted, working
         grown = _peak_rss_mib(exp.proc.pid) - before
         # Bounded by the line limit, not by what was sent: at most a few copies of one
@@ -188,13 +188,13 @@ def test_a_hostile_podresources_answer_is_not_amplified(api, tmp_path):
         with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", NODE,
                              "--source", "sysfs", "--podresources-socket", sock,
                              "--podresources-interval", "0.2") as exp:
-            exp.wait_for(lambda s: s.value("node_podresources_allocatable_cpus")
+            exp.wait_for(lambda s: s.value("node_resize_podresources_allocatable_cpus")
                          == len(possible), timeout=30)
             calls = kubelet.calls
             wait_until(lambda: kubelet.calls >= calls + 10, "ten more polls", bound=60)
             s = exp.scrape()
             assert s.value("node_resize_exporter_malformed_total", source="podresources") == 1
-            assert s.value("node_podresources_allocatable_cpus") == len(possible)
+            assert s.value("node_resize_podresources_allocatable_cpus") == len(possible)
             assert s.value("node_resize_exporter_source_up", source="podresources") == 1
     finally:
         server.stop()
@@ -210,9 +210,9 @@ def test_forged_uevents_are_not_counted_by_a_running_exporter(cpu1):
         send_forged(100)
         s = exp.wait_for(lambda s: s.value("node_resize_exporter_malformed_total",
                                            source="uevent") == 100)
-        assert s.value("node_hotplug_transitions_total", resource="cpu", direction="offline",
+        assert s.value("node_resize_kernel_transitions_total", resource="cpu", direction="offline",
                        result="success") == 0
-        assert s.value("node_hotplug_cpus", state="online") == s.value("node_hotplug_cpus",
+        assert s.value("node_resize_kernel_cpus", state="online") == s.value("node_resize_kernel_cpus",
                                                                        state="present")
 
 

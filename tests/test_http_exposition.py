@@ -18,9 +18,9 @@ from exporter.http import MetricsServer
 @pytest.fixture
 def server():
     registry = CollectorRegistry()
-    Gauge("node_hotplug_cpus", "CPUs by state", ["state"], registry=registry) \
+    Gauge("node_resize_kernel_cpus", "CPUs by state", ["state"], registry=registry) \
         .labels("online").set(2)
-    Counter("node_hotplug_transitions", "transitions", registry=registry).inc()
+    Counter("node_resize_kernel_transitions", "transitions", registry=registry).inc()
     srv = MetricsServer("127.0.0.1", 0, registry, version=lambda: 1)
     srv.start()
     yield srv
@@ -42,7 +42,7 @@ def test_plain_text_by_default(server):
     assert status == 200
     assert headers["content-type"].startswith("text/plain; version=0.0.4")
     names = {f.name for f in text_string_to_metric_families(body.decode())}
-    assert {"node_hotplug_cpus", "node_hotplug_transitions"} <= names
+    assert {"node_resize_kernel_cpus", "node_resize_kernel_transitions"} <= names
 
 
 def test_openmetrics_when_asked(server):
@@ -53,7 +53,7 @@ def test_openmetrics_when_asked(server):
     assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
     assert body.endswith(b"# EOF\n")
     families = {f.name: f for f in om_families(body.decode())}  # the strict parser
-    assert families["node_hotplug_transitions"].type == "counter"
+    assert families["node_resize_kernel_transitions"].type == "counter"
 
 
 def test_gzip_when_accepted(server):
@@ -61,7 +61,7 @@ def test_gzip_when_accepted(server):
     status, headers, body = get(server.port, "/metrics", Accept_Encoding="gzip, deflate")
     assert status == 200 and headers["content-encoding"] == "gzip"
     assert len(body) < len(plain)
-    assert b"node_hotplug_cpus" in gzip.decompress(body)
+    assert b"node_resize_kernel_cpus" in gzip.decompress(body)
 
 
 def test_head_is_answered_without_a_body(server):
@@ -111,7 +111,7 @@ def test_concurrent_scrapes_share_one_rendering_per_format(server):
 
 def test_telemetry_path_is_a_parameter_and_the_index_links_it():
     registry = CollectorRegistry()
-    Gauge("node_hotplug_cpus", "CPUs", registry=registry).set(1)
+    Gauge("node_resize_kernel_cpus", "CPUs", registry=registry).set(1)
     srv = MetricsServer("127.0.0.1", 0, registry, telemetry_path="/custom/metrics")
     srv.start()
     try:

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.kernel
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "deploy" / "image" / "build.sh"
-TX = "node_hotplug_transitions_total"
-DUR = "node_hotplug_transition_duration_seconds_count"
+TX = "node_resize_kernel_transitions_total"
+DUR = "node_resize_kernel_transition_duration_seconds_count"
 
 
 def _version() -> str:

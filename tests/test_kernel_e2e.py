@@ -10,8 +10,8 @@ from testkit.exporter_proc import RunningExporter
 
 pytestmark = pytest.mark.kernel
 
-TX = "node_hotplug_transitions_total"
-DUR = "node_hotplug_transition_duration_seconds_count"
+TX = "node_resize_kernel_transitions_total"
+DUR = "node_resize_kernel_transition_duration_seconds_count"
 N = 3
 
 
@@ -48,7 +48,7 @@ def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, duratio
         # Durations come only from BPF, on its own thread: under auto the uevent copy can
         # complete the counts first, so wait for the BPF copies too.
         after = exp.wait_for(lambda s: tx(s, "cpu", "online") >= N
-                             and s.value("node_hotplug_cpus", state="online") == 2
+                             and s.value("node_resize_kernel_cpus", state="online") == 2
                              and (not durations or (
                                  s.value(DUR, 0, resource="cpu", direction="offline") >= N
                                  and s.value(DUR, 0, resource="cpu", direction="online") >= N)),
@@ -57,12 +57,12 @@ def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, duratio
         after = exp.scrape()
         assert tx(after, "cpu", "offline") == N
         assert tx(after, "cpu", "online") == N
-        assert after.value("node_hotplug_cpus", state="offline") == 0
-        assert after.value("node_capacity_kernel", resource="cpu", unit="core") == 2
+        assert after.value("node_resize_kernel_cpus", state="offline") == 0
+        assert after.value("node_resize_kernel_capacity", resource="cpu", unit="core") == 2
         if durations:
             assert after.value(DUR, resource="cpu", direction="offline") == N
             assert after.value(DUR, resource="cpu", direction="online") == N
-            total = after.value("node_hotplug_transition_duration_seconds_sum",
+            total = after.value("node_resize_kernel_transition_duration_seconds_sum",
                                 resource="cpu", direction="offline")
             assert 0 < total / N < 1.0  # ~6-33 ms each here; a second would be absurd
         else:
@@ -78,11 +78,11 @@ def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, duratio
 def test_cpu1_goes_offline_in_the_gauges(cpu1):
     with RunningExporter() as exp:
         cpu1.set_online(False)
-        s = exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 1)
-        assert s.value("node_hotplug_cpus", state="offline") == 1
-        assert s.value("node_capacity_kernel", resource="cpu", unit="core") == 1
+        s = exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="online") == 1)
+        assert s.value("node_resize_kernel_cpus", state="offline") == 1
+        assert s.value("node_resize_kernel_capacity", resource="cpu", unit="core") == 1
         cpu1.set_online(True)
-        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 2)
+        exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="online") == 2)
 
 
 def test_refused_cpu_offline_is_a_failed_transition(cpu1):
@@ -93,7 +93,7 @@ def test_refused_cpu_offline_is_a_failed_transition(cpu1):
         assert cpu1.try_set_online(False) == errno.EAGAIN
         s = exp.wait_for(lambda s: tx(s, "cpu", "offline", "failed") == 1)
         assert tx(s, "cpu", "offline") == 0
-        assert s.value("node_hotplug_cpus", state="online") == 2
+        assert s.value("node_resize_kernel_cpus", state="online") == 2
         # After the refusal, ordinary transitions are still seen (the rollback was swallowed).
         cpu1.set_online(False)
         cpu1.set_online(True)
@@ -108,20 +108,20 @@ def test_refused_cpu_offline_is_a_failed_transition(cpu1):
 def test_memory_block_offline_online(memory_block):
     with RunningExporter() as exp:
         s0 = exp.wait_for(_has_snapshot)
-        mem0 = s0.value("node_capacity_kernel", resource="memory", unit="byte")
-        blocks0 = s0.value("node_hotplug_memory_blocks", state="online")
+        mem0 = s0.value("node_resize_kernel_capacity", resource="memory", unit="byte")
+        blocks0 = s0.value("node_resize_kernel_memory_blocks", state="online")
         block_bytes = int(open("/sys/devices/system/memory/block_size_bytes").read(), 16)
         memory_block.set_online(False)
         s = exp.wait_for(lambda s: tx(s, "memory", "offline") == 1
-                         and s.value("node_hotplug_memory_blocks", state="offline") == 1)
-        assert s.value("node_capacity_kernel", resource="memory", unit="byte") == \
+                         and s.value("node_resize_kernel_memory_blocks", state="offline") == 1)
+        assert s.value("node_resize_kernel_capacity", resource="memory", unit="byte") == \
             mem0 - block_bytes
-        assert s.value("node_hotplug_memory_blocks", state="online") == blocks0 - 1
-        assert s.value("node_capacity_memory_blocks_bytes") == (blocks0 - 1) * block_bytes
+        assert s.value("node_resize_kernel_memory_blocks", state="online") == blocks0 - 1
+        assert s.value("node_resize_kernel_memory_blocks_bytes") == (blocks0 - 1) * block_bytes
         memory_block.set_online(True)
         s = exp.wait_for(lambda s: tx(s, "memory", "online") == 1
-                         and s.value("node_hotplug_memory_blocks", state="offline") == 0)
-        assert s.value("node_capacity_kernel", resource="memory", unit="byte") == mem0
+                         and s.value("node_resize_kernel_memory_blocks", state="offline") == 0)
+        assert s.value("node_resize_kernel_capacity", resource="memory", unit="byte") == mem0
         time.sleep(0.5)
         s = exp.scrape()
         assert tx(s, "memory", "offline") == 1 and tx(s, "memory", "online") == 1
@@ -133,10 +133,10 @@ def test_refused_memory_offline_leaves_every_gauge_right(refused_memory_block):
         assert refused_memory_block.try_offline() != 0
         time.sleep(1.0)  # several reconciles
         s = exp.scrape()
-        for name, labels in [("node_capacity_kernel", {"resource": "memory", "unit": "byte"}),
-                             ("node_hotplug_memory_blocks", {"state": "online"}),
-                             ("node_hotplug_memory_blocks", {"state": "offline"}),
-                             ("node_capacity_memory_blocks_bytes", {})]:
+        for name, labels in [("node_resize_kernel_capacity", {"resource": "memory", "unit": "byte"}),
+                             ("node_resize_kernel_memory_blocks", {"state": "online"}),
+                             ("node_resize_kernel_memory_blocks", {"state": "offline"}),
+                             ("node_resize_kernel_memory_blocks_bytes", {})]:
             assert s.value(name, **labels) == s0.value(name, **labels), name
         assert tx(s, "memory", "offline") == 0
         assert refused_memory_block.state() == "online"
@@ -202,7 +202,7 @@ def test_a_flap_storm_counts_every_transition_once_with_its_duration(cpu1):
 def _has_snapshot(scrape) -> bool:
     """The sysfs reconciler's first read has reached the gauges. /healthz answers as soon as
     the source threads started, before the agent took their first events."""
-    return scrape.value("node_capacity_kernel", resource="memory", unit="byte") is not None
+    return scrape.value("node_resize_kernel_capacity", resource="memory", unit="byte") is not None
 
 
 def _fd_links(pid: int) -> list[str]:

@@ -32,13 +32,13 @@ def kube_exporter(api, *extra):
 
 
 def drift(s, resource="cpu", unit="core"):
-    return s.value("node_capacity_drift", resource=resource, unit=unit)
+    return s.value("node_resize_capacity_drift", resource=resource, unit=unit)
 
 
 def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api):
     with kube_exporter(api) as exp:
         # The Node (its watch) and the kernel's snapshot (sysfs) come from two threads.
-        s = exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+        s = exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                            unit="core") == 2 and drift(s) is not None)
         assert drift(s) == 0
         assert s.value("node_resize_exporter_source_up", source="kube_node") == 1
@@ -62,7 +62,7 @@ def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api):
         # more than the test itself saw pass from before the write to this scrape.
         assert DELAY <= took <= time.monotonic() - unplugged, took
         assert drift(s) == 0
-        s = exp.wait_for(lambda s: s.value("node_hot_unplug_readmission_duration_seconds_count",
+        s = exp.wait_for(lambda s: s.value("node_resize_readmission_duration_seconds_count",
                                            resource="cpu") == 1, timeout=10)
         assert s.value("node_resize_exporter_episodes_open") == 0
         assert s.value("node_hot_unplug_errors_total", 0, resource="cpu",
@@ -86,7 +86,7 @@ def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api):
 
 def test_kubelet_that_never_resyncs_times_out_and_drift_stays(cpu1, api):
     with kube_exporter(api, "--resync-deadline", "2") as exp:
-        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                        unit="core") == 2)
         cpu1.set_online(False)
         # The timeout is the correlator's timer; the drift needs the reconciler's read (its
@@ -94,10 +94,10 @@ def test_kubelet_that_never_resyncs_times_out_and_drift_stays(cpu1, api):
         s = exp.wait_for(lambda s: s.value("node_hot_unplug_errors_total", resource="cpu",
                                            reason="resync_timeout") == 1 and drift(s) == -1,
                          timeout=30)
-        first = s.value("node_capacity_drift_seconds", resource="cpu")
+        first = s.value("node_resize_capacity_drift_seconds", resource="cpu")
         time.sleep(1.0)
         s = exp.scrape()
-        assert s.value("node_capacity_drift_seconds", resource="cpu") >= first + 0.9
+        assert s.value("node_resize_capacity_drift_seconds", resource="cpu") >= first + 0.9
         assert s.value("node_resize_exporter_episodes_open") == 0
 
 
@@ -111,13 +111,13 @@ def test_api_unreachable_at_start_then_recovers_without_restart(cpu1, tmp_path):
                                        source="kube_node") == 0, timeout=15)
         # The kernel side keeps working meanwhile.
         cpu1.set_online(False)
-        exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 1)
+        exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="online") == 1)
         cpu1.set_online(True)
         server.start()
         try:
             exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                                source="kube_node") == 1
-                             and s.value("node_capacity_kubelet", resource="cpu",
+                             and s.value("node_resize_kubelet_capacity", resource="cpu",
                                          unit="core") == 2, timeout=60)  # backoff <= 30 s
         finally:
             server.stop()

@@ -49,10 +49,10 @@ def test_events_are_listed_watched_and_summed(api):
 def test_a_running_exporter_shows_them(api):
     with RunningExporter("--kubeconfig", api.kubeconfig, "--node-name", NODE,
                          "--podresources-socket", "", "--source", "sysfs") as exp:
-        exp.wait_for(lambda s: s.value("node_kubelet_warning_events", reason=REASON) == 0)
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_warning_events", reason=REASON) == 0)
         api.put_event(NODE, REASON, count=4,
                       last=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        s = exp.wait_for(lambda s: s.value("node_kubelet_warning_events", reason=REASON) == 4)
-        last = s.value("node_kubelet_warning_event_last_timestamp_seconds", reason=REASON)
+        s = exp.wait_for(lambda s: s.value("node_resize_kubelet_warning_events", reason=REASON) == 4)
+        last = s.value("node_resize_kubelet_warning_event_last_timestamp_seconds", reason=REASON)
         assert abs(last - time.time()) < 60
         assert s.value("node_resize_exporter_source_up", source="kube_node_events") == 1

@@ -115,7 +115,7 @@ def test_episode_start_and_end_become_events_on_the_node(cpu1, api):
     with RunningExporter("--kubeconfig", api.kubeconfig, "--node-name", NODE, "--kube-events",
                          "--podresources-socket", "", "--resync-deadline", "2",
                          "--source", "uevent,sysfs") as exp:
-        exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                        unit="core") == 2)
         cpu1.set_online(False)
         events = poll_until(lambda: list(api.events), lambda ev: len(ev) >= 2, 15, 0.1,

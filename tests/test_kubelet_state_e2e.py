@@ -18,7 +18,7 @@ from tests.kubepods import cgroup_version, kubepods_cgroup
 pytestmark = pytest.mark.kernel
 NODE = "kubelet-state-node"
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet-v1.36"
-BLOCKED = {"name": "node_kubelet_restart_blocked", "reason": "cpu_manager_state"}
+BLOCKED = {"name": "node_resize_kubelet_restart_blocked", "reason": "cpu_manager_state"}
 
 
 def blocked(s) -> float | None:
@@ -26,7 +26,7 @@ def blocked(s) -> float | None:
 
 
 def kernel_offline(s) -> float | None:
-    return s.value("node_hotplug_cpus", state="offline")
+    return s.value("node_resize_kernel_cpus", state="offline")
 
 
 def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
@@ -41,9 +41,9 @@ def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
                              "--cgroup-root", cgroup_root) as exp:
             # The checkpoint and the cgroup read (a gauge appears only once its file was read).
             s = exp.wait_for(lambda s: blocked(s) is not None and s.value(
-                "node_kubelet_cgroup_cpuset_cpus", state="online") == 2, timeout=15)
+                "node_resize_kubelet_cgroup_cpuset_cpus", state="online") == 2, timeout=15)
             assert blocked(s) == 0
-            assert s.value("node_kubelet_cpu_manager_cpus", set="default", state="online") == 2
+            assert s.value("node_resize_kubelet_cpu_manager_cpus", set="default", state="online") == 2
             assert s.value("node_resize_exporter_source_up", source="kubelet_checkpoint") == 1
 
             cpu1.set_online(False)
@@ -51,12 +51,12 @@ def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
             # the restart blocked: the same event updated both (no second read needed).
             s = exp.wait_for(lambda s: kernel_offline(s) == 1, timeout=10)
             assert blocked(s) == 1
-            assert s.value("node_kubelet_cpu_manager_cpus", set="default", state="offline") == 1
+            assert s.value("node_resize_kubelet_cpu_manager_cpus", set="default", state="offline") == 1
             # online == 1 already holds on the new kernel snapshot with the old cpuset read
             # (cpu1 then counts as offline); offline == 0 needs the cgroup's own re-read, a
             # different source: wait for both.
-            exp.wait_for(lambda s: s.value("node_kubelet_cgroup_cpuset_cpus", state="online") == 1
-                         and s.value("node_kubelet_cgroup_cpuset_cpus", state="offline") == 0,
+            exp.wait_for(lambda s: s.value("node_resize_kubelet_cgroup_cpuset_cpus", state="online") == 1
+                         and s.value("node_resize_kubelet_cgroup_cpuset_cpus", state="offline") == 0,
                          timeout=10)
 
             cpu1.set_online(True)
@@ -64,7 +64,7 @@ def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
             assert blocked(s) == 0
             # cgroup v1 keeps cpu1 out of the kubepods cpuset: pods cannot use it again.
             missing = 1 if cgroup_version() == 1 else 0
-            exp.wait_for(lambda s: s.value("node_kubelet_cgroup_cpuset_cpus",
+            exp.wait_for(lambda s: s.value("node_resize_kubelet_cgroup_cpuset_cpus",
                                            state="missing") == missing, timeout=10)
 
             # The operator's fix (drain, remove the checkpoint) is seen through inotify.
@@ -93,7 +93,7 @@ class _Kubelet(BaseHTTPRequestHandler):
 
 def test_feature_gates_and_kep3953_condition_through_a_running_exporter(tmp_path):
     """The kubelet's /metrics (a real HTTP server on loopback) and the Node watch (the test API
-    server) carry KEP-3953's objects to node_kubelet_feature_enabled and _capacity_configured."""
+    server) carry KEP-3953's objects to node_resize_kubelet_feature_enabled and _capacity_configured."""
     kubelet = ThreadingHTTPServer(("127.0.0.1", 0), _Kubelet)
     threading.Thread(target=kubelet.serve_forever, daemon=True).start()
     try:
@@ -105,12 +105,12 @@ def test_feature_gates_and_kep3953_condition_through_a_running_exporter(tmp_path
                                  "--node-name", NODE, "--podresources-socket", "",
                                  "--kubelet-metrics-url", url,
                                  "--kubelet-root-dir", str(tmp_path / "none")) as exp:
-                s = exp.wait_for(lambda s: s.series("node_kubelet_feature_enabled")
-                                 and s.series("node_capacity_kubelet"), timeout=15)
-                assert s.series("node_kubelet_feature_enabled") == {
+                s = exp.wait_for(lambda s: s.series("node_resize_kubelet_feature_enabled")
+                                 and s.series("node_resize_kubelet_capacity"), timeout=15)
+                assert s.series("node_resize_kubelet_feature_enabled") == {
                     frozenset({("gate", "InPlaceNodeResourceResize")}): 1.0,
                     frozenset({("gate", "NodeResourceHotUnPlug")}): 0.0}
-                assert not s.series("node_kubelet_capacity_configured")  # today's kubelets
+                assert not s.series("node_resize_kubelet_capacity_configured")  # today's kubelets
 
                 node = api.get("nodes", NODE)
                 node["spec"]["configuredCapacity"] = {"cpu": "1", "memory": "8Gi"}
@@ -118,9 +118,9 @@ def test_feature_gates_and_kep3953_condition_through_a_running_exporter(tmp_path
                     {"type": "CapacityConfigured", "status": "False", "reason": "InProgress",
                      "message": "applying cpu 1", "lastTransitionTime": "2026-11-23T10:00:00Z"})
                 api.put_raw("nodes", node)
-                s = exp.wait_for(lambda s: s.value("node_kubelet_capacity_configured",
+                s = exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity_configured",
                                                    reason="InProgress") == 1, timeout=10)
-                assert s.value("node_kubelet_capacity_configured", reason="Accepted") == 0
+                assert s.value("node_resize_kubelet_capacity_configured", reason="Accepted") == 0
     finally:
         kubelet.shutdown()
         kubelet.server_close()
@@ -145,7 +145,7 @@ def test_static_memory_manager_blocked_while_a_memory_block_is_offline(memory_bl
         "machineState": {"0": {"numberOfAssignments": 0, "cells": [0], "memoryMap": {
             "memory": {"total": total, "systemReserved": 0, "allocatable": total,
                        "reserved": 0, "free": total}}}}}))
-    mem_blocked = {"name": "node_kubelet_restart_blocked", "reason": "memory_manager_state"}
+    mem_blocked = {"name": "node_resize_kubelet_restart_blocked", "reason": "memory_manager_state"}
     with FakeApiServer() as api:
         api.set_node(NODE, cpu="2", memory="8Gi")
         kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))

@@ -60,7 +60,7 @@ class Scrapers:
             try:
                 with urllib.request.urlopen(self.url, timeout=30) as r:
                     body = r.read()
-                    good = r.status == 200 and b"node_hotplug_cpus" in body
+                    good = r.status == 200 and b"node_resize_kernel_cpus" in body
             except OSError as e:
                 good, body = False, repr(e).encode()
             with self._lock:
@@ -89,11 +89,11 @@ def test_fifty_scrapers_through_three_storms(cpu1, tmp_path):
         with RunningExporter("--kubeconfig", kubeconfig, "--node-name", NODE,
                              "--podresources-socket", "/nonexistent/kubelet.sock",
                              "--coalesce-window", "0.05", "--readmission-settle", "1") as exp:
-            # The scrapers count a scrape without node_hotplug_cpus as failed: wait for the
+            # The scrapers count a scrape without node_resize_kernel_cpus as failed: wait for the
             # first sysfs read too (its own thread; the Node comes on the watch's).
-            exp.wait_for(lambda s: s.value("node_capacity_kubelet", resource="cpu",
+            exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                            unit="core") == 2
-                         and s.value("node_hotplug_cpus", state="online") is not None,
+                         and s.value("node_resize_kernel_cpus", state="online") is not None,
                          timeout=30)
             rss = []
             for storm in range(STORMS):
@@ -121,10 +121,10 @@ def test_fifty_scrapers_through_three_storms(cpu1, tmp_path):
                                     priority_class="system-balloon",
                                     requests={"cpu": "10m", "memory": "1Mi"})
                         pod += 1
-                    exp.wait_for(lambda s: s.value("node_balloon_pods") == PODS, timeout=60)
+                    exp.wait_for(lambda s: s.value("node_resize_balloon_pods") == PODS, timeout=60)
                     for p in range(PODS):
                         api.delete_pod(f"balloon-{storm}-{p}")
-                    exp.wait_for(lambda s: s.value("node_balloon_pods") == 0, timeout=60)
+                    exp.wait_for(lambda s: s.value("node_resize_balloon_pods") == 0, timeout=60)
                 assert scrapers.failed == [], scrapers.failed[:5]
                 assert scrapers.ok > SCRAPERS
                 # Zero lost episodes: one hot-unplug and one hot-plug episode per flap.
@@ -139,7 +139,7 @@ def test_fifty_scrapers_through_three_storms(cpu1, tmp_path):
                     == flaps
                 assert s.value("node_resize_exporter_events_lost_total", 0.0, source="bpf") == 0
                 # The sysfs truth follows the last poke within one storm read gap.
-                exp.wait_for(lambda s: s.value("node_hotplug_cpus", state="online") == 2,
+                exp.wait_for(lambda s: s.value("node_resize_kernel_cpus", state="online") == 2,
                              timeout=10)
                 rss.append(_rss(exp.proc.pid))
                 print(f"storm {storm + 1}: {flaps} flaps, {scrapers.ok} scrapes, "

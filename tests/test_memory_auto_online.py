@@ -56,7 +56,7 @@ def test_it_runs_whatever_source_list_is_chosen():
     assert "memory_auto_online" not in kernel_source_names()
     policy = Path("/sys/devices/system/memory/auto_online_blocks").read_text().strip()
     with RunningExporter("--source", "sysfs", "--kubernetes", "off") as exp:
-        exp.wait_for(lambda s: s.value("node_hotplug_memory_auto_online", policy=policy) == 1)
+        exp.wait_for(lambda s: s.value("node_resize_kernel_memory_auto_online", policy=policy) == 1)
 
 
 def test_only_the_kernel_events_that_can_change_a_source_poke_it():

@@ -168,7 +168,7 @@ def test_every_query_is_restricted_to_the_cluster_variable(board):
 def test_recording_rules_are_used_where_they_exist(board):
     used = " ".join(expr for _, expr in _dashboard_exprs(board))
     assert "node_resource_direction:node_resize_resync_duration_seconds:p90_1h" in used
-    assert "node_resource:node_hot_unplug_readmission_duration_seconds:p90_1h" in used
+    assert "node_resource:node_resize_readmission_duration_seconds:p90_1h" in used
     # The quantiles a recording rule already computes are not recomputed in a panel.
     assert "histogram_quantile(0.9, sum by (le, resource, direction) (rate(" \
         "node_resize_resync_duration_seconds_bucket" not in used
@@ -185,7 +185,7 @@ def test_fleet_overview_answers_the_operator_questions():
     panels = {p["title"]: p for p in fleet["panels"] if p["type"] != "row"}
     stale = panels["Nodes whose Node object differs from the kernel, since when"]
     assert stale["type"] == "table"
-    assert any("time() - " in t["expr"] and "node_capacity_drift_seconds" in t["expr"]
+    assert any("time() - " in t["expr"] and "node_resize_capacity_drift_seconds" in t["expr"]
                for t in stale["targets"])
     assert "Since" in json.dumps(stale["fieldConfig"])
     assert panels["Resync duration (kernel done -> Node updated)"]["type"] == "heatmap"

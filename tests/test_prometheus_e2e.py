@@ -235,7 +235,7 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
         # In sync first: Prometheus sees cpu drift 0 and nothing is pending.
         _wait("Prometheus to see cpu drift 0 for the node",
               lambda: [r for r in _query(prometheus,
-                                         f'node_capacity_drift{{node="{NODE}",'
+                                         f'node_resize_capacity_drift{{node="{NODE}",'
                                          f'resource="cpu"}} == 0')], logs=logs)
         assert _our_alerts(prometheus) == []
 
@@ -251,7 +251,7 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
         alert = firing[0]
         # One cause, one alert: not the podresources offline CPU, not the present-but-offline
         # CPU, not pending either (ALERTS has every alert Prometheus holds, in any state).
-        offered = _query(prometheus, f'node_podresources_offline_cpus{{node="{NODE}"}}')
+        offered = _query(prometheus, f'node_resize_podresources_offline_cpus{{node="{NODE}"}}')
         assert [float(r["value"][1]) for r in offered] == [1.0]  # the kubelet offers cpu1
         others = _query(prometheus, f'ALERTS{{node="{NODE}",alertname!="{ALERT}"}}')
         assert others == [], others
@@ -293,7 +293,7 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
                     pytest.fail(f"{path.name} {where}: {e.read().decode()}\n{expr}")
                 assert answer["status"] == "success", (path.name, where, answer)
         drift = _query(prometheus, _as_promql(
-            'node_capacity_drift{node="$node",unit="core"}', node=NODE))
+            'node_resize_capacity_drift{node="$node",unit="core"}', node=NODE))
         assert [float(r["value"][1]) for r in drift] == [-1.0]
     finally:
         for stop in reversed(stops):

@@ -19,20 +19,20 @@ pytestmark = pytest.mark.kernel
 
 
 def beat_at(s, via="node_status"):
-    return s.value("node_kubelet_heartbeat_timestamp_seconds", via=via)
+    return s.value("node_resize_kubelet_heartbeat_timestamp_seconds", via=via)
 
 
 def beat_age(s, via="node_status"):
-    return s.value("node_kubelet_heartbeat_age_seconds", via=via)
+    return s.value("node_resize_kubelet_heartbeat_age_seconds", via=via)
 
 
 def drift(s):
-    return s.value("node_capacity_drift", resource="cpu", unit="core")
+    return s.value("node_resize_capacity_drift", resource="cpu", unit="core")
 
 
 def kubelet_cpu(s):
-    return (s.value("node_capacity_kubelet", resource="cpu", unit="core"),
-            s.value("node_allocatable_kubelet", resource="cpu", unit="core"))
+    return (s.value("node_resize_kubelet_capacity", resource="cpu", unit="core"),
+            s.value("node_resize_kubelet_allocatable", resource="cpu", unit="core"))
 
 
 def test_node_recording_against_a_running_exporter_with_cpu1_offlined(cpu1, tmp_path):

@@ -27,11 +27,11 @@ def api():
 
 
 def beat_at(s, via="node_status"):
-    return s.value("node_kubelet_heartbeat_timestamp_seconds", via=via)
+    return s.value("node_resize_kubelet_heartbeat_timestamp_seconds", via=via)
 
 
 def beat_age(s, via="node_status"):
-    return s.value("node_kubelet_heartbeat_age_seconds", via=via)
+    return s.value("node_resize_kubelet_heartbeat_age_seconds", via=via)
 
 
 def cpu(s, name, **labels):
@@ -51,10 +51,10 @@ def test_node_watch_unplug_restart_resync(api):
         r.kernel(at("08:21:44"), cpus=2)
         r.publish(node[0], at("08:21:44"))  # capacity 2, allocatable 1 (reservedSystemCPUs 0)
         s = r.scrape()
-        assert cpu(s, "node_capacity_kubelet") == 2 and cpu(s, "node_allocatable_kubelet") == 1
-        assert cpu(s, "node_capacity_drift") == 0
-        assert s.value("node_capacity_drift", resource="memory", unit="byte") == 0
-        assert s.value("node_capacity_kubelet", resource="memory", unit="byte") == NODE_MEMORY
+        assert cpu(s, "node_resize_kubelet_capacity") == 2 and cpu(s, "node_resize_kubelet_allocatable") == 1
+        assert cpu(s, "node_resize_capacity_drift") == 0
+        assert s.value("node_resize_capacity_drift", resource="memory", unit="byte") == 0
+        assert s.value("node_resize_kubelet_capacity", resource="memory", unit="byte") == NODE_MEMORY
         assert beat_at(s) == at("08:21:44")
         assert beat_age(s) == 0
         r.publish(node[1], at("08:21:50"))  # BOOKMARK (initial-events-end): nothing moves
@@ -63,7 +63,7 @@ def test_node_watch_unplug_restart_resync(api):
         # cpu1 offlined while the kubelet runs: no Node event, the kernel says 1.
         r.kernel(at("08:22:00"), cpus=1, direction=Direction.OFFLINE)
         s = r.scrape()
-        assert cpu(s, "node_capacity_drift") == -1
+        assert cpu(s, "node_resize_capacity_drift") == -1
         assert s.value("node_hot_unplug_request_total", resource="cpu") == 1
         assert s.value("node_resize_exporter_episodes_open") == 1
         r.tick(at("08:22:02.5"))  # the coalescing window passes: kernel done at 08:22:00
@@ -72,8 +72,8 @@ def test_node_watch_unplug_restart_resync(api):
         # Ready stays True. The heartbeat's age is what tells a dead kubelet from a live one.
         r.publish(node[2], at("08:22:30"))  # BOOKMARK
         s = r.scrape()
-        assert cpu(s, "node_capacity_drift") == -1
-        assert s.value("node_capacity_drift_seconds", resource="cpu") == 30
+        assert cpu(s, "node_resize_capacity_drift") == -1
+        assert s.value("node_resize_capacity_drift_seconds", resource="cpu") == 30
         assert beat_age(s) == 46
         assert s.total("node_resize_resync_duration_seconds_count", resource="cpu",
                        direction="decrease") == 0
@@ -81,9 +81,9 @@ def test_node_watch_unplug_restart_resync(api):
         # The state file removed, the kubelet starts: capacity 1, allocatable 0.
         r.publish(node[3], at("08:23:19"))
         s = r.scrape()
-        assert cpu(s, "node_capacity_kubelet") == 1 and cpu(s, "node_allocatable_kubelet") == 0
-        assert cpu(s, "node_capacity_drift") == 0
-        assert s.value("node_capacity_drift_seconds", resource="cpu") == 0
+        assert cpu(s, "node_resize_kubelet_capacity") == 1 and cpu(s, "node_resize_kubelet_allocatable") == 0
+        assert cpu(s, "node_resize_capacity_drift") == 0
+        assert s.value("node_resize_capacity_drift_seconds", resource="cpu") == 0
         assert s.total("node_resize_resync_duration_seconds_count", resource="cpu",
                        direction="decrease") == 1
         assert s.total("node_resize_resync_duration_seconds_sum", resource="cpu",
@@ -92,7 +92,7 @@ def test_node_watch_unplug_restart_resync(api):
         r.tick(at("08:23:29"))  # readmission settles: no pod on the node, none rejected
         s = r.scrape()
         assert s.value("node_resize_exporter_episodes_open") == 0
-        assert s.value("node_hot_unplug_readmission_duration_seconds_count", resource="cpu") == 1
+        assert s.value("node_resize_readmission_duration_seconds_count", resource="cpu") == 1
         assert s.value("node_hot_unplug_errors_total", resource="cpu",
                        reason="readmission_rejected") == 0
         r.publish(node[4], at("08:23:30"))  # BOOKMARK
@@ -100,13 +100,13 @@ def test_node_watch_unplug_restart_resync(api):
         # cpu1 onlined: drift +1 until the next restart's Node update says 2 again.
         r.kernel(at("08:23:40"), cpus=2, direction=Direction.ONLINE)
         s = r.scrape()
-        assert cpu(s, "node_capacity_drift") == 1
+        assert cpu(s, "node_resize_capacity_drift") == 1
         assert s.value("node_resize_resync_request_total", resource="cpu") == 1
         r.tick(at("08:23:42.5"))
         r.publish(node[5], at("08:23:57"))
         s = r.scrape()
-        assert cpu(s, "node_capacity_kubelet") == 2 and cpu(s, "node_allocatable_kubelet") == 1
-        assert cpu(s, "node_capacity_drift") == 0
+        assert cpu(s, "node_resize_kubelet_capacity") == 2 and cpu(s, "node_resize_kubelet_allocatable") == 1
+        assert cpu(s, "node_resize_capacity_drift") == 0
         assert s.total("node_resize_resync_duration_seconds_sum", resource="cpu",
                        direction="increase") == 17
         assert s.value("node_resize_exporter_episodes_open") == 0
@@ -157,12 +157,12 @@ def test_readmission_rejects_both_pods_outofcpu(api):
         for event in pods[:rvs.index(1121) + 1]:  # both pods scheduled, started, Ready
             r.publish(event)
         s = r.scrape()
-        assert s.value("node_balloon_pods") == 0  # no balloon label: ordinary pods
+        assert s.value("node_resize_balloon_pods") == 0  # no balloon label: ordinary pods
 
         r.kernel(at("08:31:00"), cpus=1, direction=Direction.OFFLINE)
         r.tick(at("08:31:03"))
         s = r.scrape()
-        assert cpu(s, "node_capacity_drift") == -1
+        assert cpu(s, "node_resize_capacity_drift") == -1
         assert s.value("node_hot_unplug_request_total", resource="cpu") == 1
 
         # The kubelet restarts: its first pod statuses (no Ready condition), containers
@@ -173,7 +173,7 @@ def test_readmission_rejects_both_pods_outofcpu(api):
             r.publish(event)
         r.publish(node[3], at("08:31:32"))
         s = r.scrape()
-        assert cpu(s, "node_capacity_drift") == 0
+        assert cpu(s, "node_resize_capacity_drift") == 0
         assert s.total("node_resize_resync_duration_seconds_count", resource="cpu",
                        direction="decrease") == 1
         assert s.value("node_resize_exporter_episodes_open") == 1  # readmission still open
@@ -189,15 +189,15 @@ def test_readmission_rejects_both_pods_outofcpu(api):
         r.tick(at("08:31:42"))
         s = r.scrape()
         assert s.value("node_resize_exporter_episodes_open") == 0
-        assert s.value("node_hot_unplug_readmission_pods_total", outcome="rejected",
+        assert s.value("node_resize_readmission_pods_total", outcome="rejected",
                        reason="OutOfcpu") == 2
-        assert s.value("node_hot_unplug_readmission_pods_total", outcome="rejected",
+        assert s.value("node_resize_readmission_pods_total", outcome="rejected",
                        reason="NotReady") is None  # the telling reason replaced NotReady
-        assert s.value("node_hot_unplug_readmission_pods_total", outcome="kept",
+        assert s.value("node_resize_readmission_pods_total", outcome="kept",
                        reason="Running") == 0
         assert s.value("node_hot_unplug_errors_total", resource="cpu",
                        reason="readmission_rejected") == 1
-        assert s.value("node_hot_unplug_readmission_duration_seconds_sum", resource="cpu") == 32
+        assert s.value("node_resize_readmission_duration_seconds_sum", resource="cpu") == 32
 
 
 # ---------------------------------------------------------------- balloons (issue 17 items 1-3)
@@ -205,7 +205,7 @@ def test_readmission_rejects_both_pods_outofcpu(api):
 
 def balloon(s, view, resource="cpu"):
     unit = "core" if resource == "cpu" else "byte"
-    return s.value("node_balloon_requests", resource=resource, unit=unit, view=view)
+    return s.value("node_resize_balloon_requests", resource=resource, unit=unit, view=view)
 
 
 def test_balloon_resize_applied_both_views(api):
@@ -236,23 +236,23 @@ def test_balloon_resize_applied_both_views(api):
             rv = int(event["object"]["metadata"]["resourceVersion"])  # as recorded
             s = r.scrape()
             if event["type"] == "BOOKMARK":
-                assert s.value("node_balloon_pods") == 0
+                assert s.value("node_resize_balloon_pods") == 0
                 continue
             sched, kubelet = expected[rv]
             assert (balloon(s, "scheduler"), balloon(s, "kubelet")) == pytest.approx(
                 (sched, kubelet)), rv
-            assert cpu(s, "node_capacity_effective") == pytest.approx(1 - sched), rv
+            assert cpu(s, "node_resize_capacity_effective") == pytest.approx(1 - sched), rv
             assert balloon(s, "scheduler", "memory") == 64 * 2**20
             assert balloon(s, "kubelet", "memory") == 64 * 2**20
-            assert s.value("node_balloon_pods") == 1
+            assert s.value("node_resize_balloon_pods") == 1
             applied = applied_after.get(rv, applied)
-            assert s.value("node_balloon_resize_total", 0, result="applied",
+            assert s.value("node_resize_balloon_resize_total", 0, result="applied",
                            reason="none") == applied, rv
         s = r.scrape()
-        assert s.value("node_balloon_resize_duration_seconds_count") == 2
+        assert s.value("node_resize_balloon_resize_duration_seconds_count") == 2
         # 200m: spec at 914, actuated at 918 (two events later, 1 s apart); 900m: 922 -> 926.
-        assert s.value("node_balloon_resize_duration_seconds_sum") == 4
-        assert s.total("node_balloon_resize_total", result="infeasible") == 0
+        assert s.value("node_resize_balloon_resize_duration_seconds_sum") == 4
+        assert s.total("node_resize_balloon_resize_total", result="infeasible") == 0
 
 
 def test_balloon_resize_infeasible_under_static_policy(api):
@@ -267,16 +267,16 @@ def test_balloon_resize_infeasible_under_static_policy(api):
         for event in pods:
             r.publish(event)
         s = r.scrape()
-        assert s.value("node_balloon_resize_total", result="infeasible",
+        assert s.value("node_resize_balloon_resize_total", result="infeasible",
                        reason="cpu_manager_static") == 1
         for why in ("capacity", "other"):  # every reason's series from the start, at 0
-            assert s.value("node_balloon_resize_total", result="infeasible", reason=why) == 0
+            assert s.value("node_resize_balloon_resize_total", result="infeasible", reason=why) == 0
         assert balloon(s, "scheduler") == balloon(s, "kubelet") == 0.5
-        assert cpu(s, "node_capacity_effective") == 0.5
+        assert cpu(s, "node_resize_capacity_effective") == 0.5
         # A relist (or any re-delivery) of the same pod does not count it again.
         r.publish(pods[-1])
         s = r.scrape()
-        assert s.value("node_balloon_resize_total", result="infeasible",
+        assert s.value("node_resize_balloon_resize_total", result="infeasible",
                        reason="cpu_manager_static") == 1
 
 
@@ -301,7 +301,7 @@ def test_balloon_found_by_priority_class(api, classes, balloons):
         for event in pods:
             r.publish(event)
         s = r.scrape()
-        assert s.value("node_balloon_pods") == balloons
-        assert s.value("node_balloon_resize_total", result="infeasible",
+        assert s.value("node_resize_balloon_pods") == balloons
+        assert s.value("node_resize_balloon_resize_total", result="infeasible",
                        reason="cpu_manager_static") == balloons
         assert (balloon(s, "scheduler") or 0) == 0.5 * balloons

@@ -275,7 +275,7 @@ def test_right_password_gets_metrics(pki, auth_exporter):
     status, headers, body = https_get(auth_exporter.port, "/metrics", pki.client_context(),
                                       ("prometheus", PASSWORD))
     assert status == 200
-    assert b"node_hotplug_cpus" in body
+    assert b"node_resize_kernel_cpus" in body
     assert headers["Strict-Transport-Security"] == "max-age=31536000"
 
 
@@ -485,7 +485,7 @@ tls_server_config:
         try:
             conn.request("GET", "/metrics")
             r = conn.getresponse()
-            assert r.status == 200 and b"node_hotplug_cpus" in r.read()
+            assert r.status == 200 and b"node_resize_kernel_cpus" in r.read()
             assert conn.sock.cipher()[0] == "ECDHE-ECDSA-CHACHA20-POLY1305"
         finally:
             conn.close()

@@ -85,10 +85,10 @@ def test_installed_exporter_attaches_bpf_and_counts_cpu1(installed, tmp_path, cp
             assert up.value("node_resize_exporter_bpf_program_attached", program=program) == 1
         cpu1.set_online(False)
         cpu1.set_online(True)
-        done = wait(lambda s: s.value("node_hotplug_transition_duration_seconds_count",
+        done = wait(lambda s: s.value("node_resize_kernel_transition_duration_seconds_count",
                                       resource="cpu", direction="online") == 1,
                     "cpu1 online not timed by bpf")
-        assert done.value("node_hotplug_transition_duration_seconds_count",
+        assert done.value("node_resize_kernel_transition_duration_seconds_count",
                           resource="cpu", direction="offline") == 1
     finally:
         terminate(proc)

@@ -80,38 +80,38 @@ class KubeletSink(Collector):
             warnings = view.warning_events()
             restarts = view.restarts
         fam = GaugeMetricFamily(
-            "node_kubelet_cpu_manager_cpus",
+            "node_resize_kubelet_cpu_manager_cpus",
             "CPUs in the kubelet's CPU manager checkpoint (default set, exclusively assigned), "
             "by whether the kernel has them online now.", labels=["set", "state"])
         for (name, state), n in sorted(cpus.items()):
             fam.add_metric([name, state], n)
         yield fam
-        yield _gauge("node_kubelet_restart_blocked",
+        yield _gauge("node_resize_kubelet_restart_blocked",
                      "1 when a kubelet restart now would fail on this checkpoint (its CPUs or "
                      "memory differ from the kernel's, or it is corrupted): run "
                      "`node-resize-exporter check`.", "reason", blocked)
-        yield _gauge("node_kubelet_cgroup_cpuset_cpus",
+        yield _gauge("node_resize_kubelet_cgroup_cpuset_cpus",
                      "CPUs of the kubepods cgroup's cpuset that are online or offline, and "
                      "online CPUs missing from it (pods cannot run there).", "state", cgroup)
-        yield _gauge("node_hotplug_memory_auto_online",
+        yield _gauge("node_resize_kernel_memory_auto_online",
                      "1 for the kernel's policy for hot-added memory blocks "
                      "(auto_online_blocks); offline: they stay offline until something onlines "
                      "them.", "policy", auto_online)
         yield CounterMetricFamily(
-            "node_kubelet_restarts", "Kubelet restarts seen (a new process start time).",
+            "node_resize_kubelet_restarts", "Kubelet restarts seen (a new process start time).",
             value=restarts)
-        yield _gauge("node_kubelet_feature_enabled",
+        yield _gauge("node_resize_kubelet_feature_enabled",
                      "Resize feature gates as the kubelet's /metrics reports them.", "gate",
                      features)
-        yield _gauge("node_kubelet_capacity_configured",
+        yield _gauge("node_resize_kubelet_capacity_configured",
                      "KEP-3953's Node condition CapacityConfigured: 1 for its current reason.",
                      "reason", configured, ordered=False)
         count = GaugeMetricFamily(
-            "node_kubelet_warning_events",
+            "node_resize_kubelet_warning_events",
             "KEP-3953: the kubelet's Warning Events on this Node (EmergencyCapacityReduced) the "
             "API holds now, counted by occurrence.", labels=["reason"])
         last = GaugeMetricFamily(
-            "node_kubelet_warning_event_last_timestamp_seconds",
+            "node_resize_kubelet_warning_event_last_timestamp_seconds",
             "When the newest of those Events was last reported.", labels=["reason"])
         for reason, (occurrences, last_seen) in warnings.items():
             count.add_metric([reason], occurrences)

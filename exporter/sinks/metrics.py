@@ -149,7 +149,7 @@ class MetricsSink(Collector):
 
     def _kernel(self) -> Iterable[Metric]:
         led = self.ledger
-        tx = CounterMetricFamily("node_hotplug_transitions",
+        tx = CounterMetricFamily("node_resize_kernel_transitions",
                                  "CPU and memory block transitions the kernel made or refused.",
                                  labels=["resource", "direction", "result"])
         keys = {(r, d, res) for r in KERNEL_RESOURCES for d in Direction for res in Result}
@@ -164,7 +164,7 @@ class MetricsSink(Collector):
             for d in Direction:
                 down.add_metric([r.value, d.value], led.down_changes.get((r, d), 0))
         yield down
-        dur = HistogramMetricFamily("node_hotplug_transition_duration_seconds",
+        dur = HistogramMetricFamily("node_resize_kernel_transition_duration_seconds",
                                     "Kernel time of one transition, first cpuhp step (or "
                                     "online_pages call) to the last (BPF only).",
                                     labels=["resource", "direction"])
@@ -174,24 +174,24 @@ class MetricsSink(Collector):
         snap = led.snapshot
         if snap is None:
             return
-        cpus = GaugeMetricFamily("node_hotplug_cpus", "CPUs by state (sysfs).", labels=["state"])
+        cpus = GaugeMetricFamily("node_resize_kernel_cpus", "CPUs by state (sysfs).", labels=["state"])
         for state, ids in (("online", snap.cpus_online), ("offline", snap.cpus_offline),
                            ("present", snap.cpus_present), ("possible", snap.cpus_possible)):
             cpus.add_metric([state], len(ids))
         yield cpus
-        blocks = GaugeMetricFamily("node_hotplug_memory_blocks", "Memory blocks by state.",
+        blocks = GaugeMetricFamily("node_resize_kernel_memory_blocks", "Memory blocks by state.",
                                    labels=["state"])
         blocks.add_metric(["online"], len(snap.memory_blocks_online))
         blocks.add_metric(["offline"], len(snap.memory_blocks_offline))
         yield blocks
-        cap = GaugeMetricFamily("node_capacity_kernel",
+        cap = GaugeMetricFamily("node_resize_kernel_capacity",
                                 "What the kernel has now: CPUs online, MemTotal, hugepages, swap.",
                                 labels=["resource", "unit"])
         for r in Resource:
             if r in (Resource.CPU, Resource.MEMORY, Resource.SWAP) or r in snap.hugepages_bytes:
                 cap.add_metric([r.value, r.unit], snap.capacity(r))
         yield cap
-        yield GaugeMetricFamily("node_capacity_memory_blocks_bytes",
+        yield GaugeMetricFamily("node_resize_kernel_memory_blocks_bytes",
                                 "Online memory blocks times the block size.",
                                 value=snap.memory_blocks_bytes)
 
@@ -224,39 +224,39 @@ class MetricsSink(Collector):
                            {(r.value, why): n for (r, why), n in st.unplug_errors.items()},
                            [(r.value, why) for r in KERNEL_RESOURCES
                             for why in UNPLUG_ERROR_REASONS]))
-        fam = HistogramMetricFamily("node_hot_unplug_readmission_duration_seconds",
+        fam = HistogramMetricFamily("node_resize_readmission_duration_seconds",
                                     "Kernel done to pod readmission settled.",
                                     labels=["resource"])
         for r, h in sorted(st.readmission_duration.items(), key=str):
             _histogram(fam, [r.value], h)
         yield fam
-        yield _counter("node_hot_unplug_readmission_pods", "Pods judged at readmission.",
+        yield _counter("node_resize_readmission_pods", "Pods judged at readmission.",
                        ["outcome", "reason"], _with_zeros(
                            {(o, why): n for (o, why), n in st.readmission_pods.items()},
                            READMISSION_OUTCOMES))
-        yield _gauge("node_capacity_kubelet", "Node status.capacity.", view.kubelet_capacity())
-        yield _gauge("node_allocatable_kubelet", "Node status.allocatable.",
+        yield _gauge("node_resize_kubelet_capacity", "Node status.capacity.", view.kubelet_capacity())
+        yield _gauge("node_resize_kubelet_allocatable", "Node status.allocatable.",
                      view.kubelet_allocatable())
-        yield _gauge("node_capacity_drift", "Kernel capacity minus the Node's (0 in sync).",
+        yield _gauge("node_resize_capacity_drift", "Kernel capacity minus the Node's (0 in sync).",
                      view.drift())
-        drift_s = GaugeMetricFamily("node_capacity_drift_seconds",
+        drift_s = GaugeMetricFamily("node_resize_capacity_drift_seconds",
                                     "How long the current drift has lasted.",
                                     labels=["resource"])
         for r, v in sorted(view.drift_seconds().items(), key=str):
             drift_s.add_metric([r.value], v)
         yield drift_s
         yield from self._balloons(view, st)
-        fam = HistogramMetricFamily("node_balloon_resize_duration_seconds",
+        fam = HistogramMetricFamily("node_resize_balloon_resize_duration_seconds",
                                     "Balloon resize spec change to applied.")
         _histogram(fam, [], st.balloon_resize_duration)
         yield fam
         yield from _heartbeats(view)
         allocatable = view.podresources_allocatable_cpus()
         if allocatable is not None:
-            yield GaugeMetricFamily("node_podresources_allocatable_cpus",
+            yield GaugeMetricFamily("node_resize_podresources_allocatable_cpus",
                                     "CPU ids the kubelet podresources API offers.",
                                     value=allocatable)
-            yield GaugeMetricFamily("node_podresources_offline_cpus",
+            yield GaugeMetricFamily("node_resize_podresources_offline_cpus",
                                     "Offered CPU ids the kernel has offline.",
                                     value=view.podresources_offline_cpus() or 0)
 
@@ -264,7 +264,7 @@ class MetricsSink(Collector):
     # ------------------------------------------------------------ balloons (issue 17)
 
     def _balloons(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
-        fam = GaugeMetricFamily("node_balloon_requests",
+        fam = GaugeMetricFamily("node_resize_balloon_requests",
                                 "Requests held by balloon pods, as the scheduler (KEP-1287: "
                                 "max of spec, allocated, actual) or the kubelet (allocated) "
                                 "counts them.", labels=["resource", "unit", "view"])
@@ -272,12 +272,12 @@ class MetricsSink(Collector):
             for r, v in sorted(view.balloon_requests(which).items(), key=str):
                 fam.add_metric([r.value, r.unit, which], v)
         yield fam
-        yield GaugeMetricFamily("node_balloon_pods", "Balloon pods on the node.",
+        yield GaugeMetricFamily("node_resize_balloon_pods", "Balloon pods on the node.",
                                 value=view.balloon_pods())
-        yield _gauge("node_capacity_effective", "Kubelet allocatable minus balloon requests "
+        yield _gauge("node_resize_capacity_effective", "Kubelet allocatable minus balloon requests "
                      "in the scheduler's view.", view.effective())
         # Infeasible by every reason from the start: the alert sees the first one.
-        yield _counter("node_balloon_resize", "In-place resizes of balloon pods, by result "
+        yield _counter("node_resize_balloon_resize", "In-place resizes of balloon pods, by result "
                        "and reason.", ["result", "reason"], _with_zeros(
                            st.balloon_resize_reasons,
                            [("infeasible", why) for why in RESIZE_REASONS[1:]]))
@@ -286,11 +286,11 @@ class MetricsSink(Collector):
 def _heartbeats(view: NodeView) -> Iterable[Metric]:
     """Issue 17: the kubelet's last sign of life, via the Node's Ready condition (posted on a
     change and at least every 5 min) and its Lease (renewed every 10 s)."""
-    stamp = GaugeMetricFamily("node_kubelet_heartbeat_timestamp_seconds",
+    stamp = GaugeMetricFamily("node_resize_kubelet_heartbeat_timestamp_seconds",
                               "The kubelet's last heartbeat (seconds since the epoch): the "
                               "Node's Ready lastHeartbeatTime, or its Lease's renewTime.",
                               labels=["via"])
-    age = GaugeMetricFamily("node_kubelet_heartbeat_age_seconds",
+    age = GaugeMetricFamily("node_resize_kubelet_heartbeat_age_seconds",
                             "Seconds since that heartbeat: a dead kubelet sends nothing, so "
                             "this grows while the Node stays Ready.", labels=["via"])
     for via in HEARTBEAT_VIA:

@@ -4,9 +4,9 @@ the pod events themselves), as the metrics sink renders them.
     OPENED           -> node_resize_resync_request_total / node_hot_unplug_request_total
     RESYNCED         -> node_resize_resync_duration_seconds
     ENDED            -> *_errors_total (by outcome; readmission_rejected when a settled
-                        readmission rejected pods), node_hot_unplug_readmission_duration_seconds,
-                        node_hot_unplug_readmission_pods_total
-    PodStatus events -> node_balloon_resize_total, node_balloon_resize_duration_seconds
+                        readmission rejected pods), node_resize_readmission_duration_seconds,
+                        node_resize_readmission_pods_total
+    PodStatus events -> node_resize_balloon_resize_total, node_resize_balloon_resize_duration_seconds
 
 Errors are counted per episode at its end, requests when it opens, and not again when it is
 resumed after a restart (issue 16: 51 requests for 50 unplugs over a SIGKILL): the process
