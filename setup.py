@@ -1,6 +1,6 @@
 """Only what pyproject.toml cannot say: the package list is found, plus exporter.bpf, which
-package-dir maps to the top-level bpf/ (the BPF C ships inside the wheel; exporter/bpf_files.py
-finds it installed or in a checkout); and the git revision the wheel is built from, written into
+package-dir maps to the top-level bpf/ (the BPF C ships inside the wheel;
+exporter/sources/kernel/bpf/files.py finds it installed or in a checkout); and the git revision the wheel is built from, written into
 the package as exporter/REVISION for node_resize_exporter_build_info (exporter/buildinfo.py)."""
 import subprocess
 from pathlib import Path

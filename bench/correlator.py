@@ -13,7 +13,9 @@ import time
 import tracemalloc
 
 from exporter.clock import FakeClock
-from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.app import correlator_config
+from exporter.config.options import Options
+from exporter.correlate import Correlator
 from exporter.correlate.ids import episode_id
 from exporter.correlate.model import Episode, Phase, UpdateKind
 from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource,
@@ -98,7 +100,7 @@ def throughput(events: int = 1_000_000, chunk: int = 100_000, repeats: int = 3) 
     rates = []
     for _ in range(repeats):
         clock = FakeClock(T0)
-        correlator = Correlator(CorrelatorConfig(kubernetes=True), clock)
+        correlator = Correlator(correlator_config(Options(), kubernetes=True), clock)
         handled, busy, rounds, ended = 0, 0.0, 0, 0
         while handled < events:
             batch = stream(min(chunk, events - handled), rounds)
@@ -130,7 +132,7 @@ def episode_memory(open_episodes: int = 10_000, probe_events: int = 2_000) -> di
     episodes open, close their kernel phase, and supersede each other).
     """
     clock = FakeClock(T0 + open_episodes * 3.0 + 10)
-    config = CorrelatorConfig(kubernetes=True, resync_deadline=1e9, coalesce_window=2.0)
+    config = correlator_config(Options(resync_deadline=1e9, coalesce_window=2.0), kubernetes=True)
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from exporter.agent import Agent
 from exporter.app import build_agent
 from exporter.clock import MonotonicWallClock
-from exporter.options import Options
+from exporter.config.options import Options
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import Transition
 

@@ -108,7 +108,7 @@ def wake(cycles: int) -> None:
     import threading
 
     from exporter.clock import MonotonicWallClock
-    from exporter.sources import bpf
+    from exporter.sources.kernel.bpf import source as bpf
 
     source = bpf.BpfSource(MonotonicWallClock())
     source.open()

@@ -1,5 +1,5 @@
 /* One record per CPU or memory-block transition, shared by cpuhp.bpf.c and memory.bpf.c.
- * User space (exporter/sources/bpf.py) mirrors this layout with ctypes. */
+ * User space (exporter/sources/kernel/bpf/source.py) mirrors this layout with ctypes. */
 #ifndef NRE_HOTPLUG_H
 #define NRE_HOTPLUG_H
 #define KIND_CPU 1

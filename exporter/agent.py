@@ -18,7 +18,7 @@ from exporter.clock import Clock
 from exporter.correlate import Correlator
 from exporter.events import DeviceChange, Event, MalformedInput, SourceStatus, Transition
 from exporter.sources.base import Source
-from exporter.sources.sysfs import SysfsSource
+from exporter.sources.kernel.sysfs import SysfsSource
 
 log = logging.getLogger("exporter.agent")
 TICK_SECONDS = 0.25

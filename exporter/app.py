@@ -28,10 +28,10 @@ from exporter.agent import Agent
 from exporter.clock import MonotonicWallClock
 from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
 from exporter.events import SourceStatus
-from exporter.options import Options
+from exporter.config.options import Options
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
-from exporter.sources.sysfs import SysfsSource
+from exporter.sources.kernel.sysfs import SysfsSource
 
 log = logging.getLogger("exporter")
 
@@ -57,6 +57,7 @@ def resolve_node_name(options: Options, env: dict[str, str] | None = None) -> st
 
 
 def correlator_config(options: Options, kubernetes: bool) -> CorrelatorConfig:
+    """The correlator's settings from the options (their defaults are the option table's)."""
     return CorrelatorConfig(coalesce_window=options.coalesce_window,
                             resync_deadline=options.resync_deadline,
                             readmission_settle=options.readmission_settle,
@@ -117,13 +118,13 @@ def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
     error; otherwise failures degrade (logged, counted, retried: a full disk may be freed)."""
     if options.no_journal:
         return None
-    from exporter.sinks.journal import Journal, default_journal_path
+    from exporter.sinks.journal.store import Journal, default_journal_path
     if options.journal:
         problem = unwritable(Path(options.journal))
         if problem:
             raise StartupError(f"--journal {options.journal}: {problem}. Fix: a writable path "
                                "on a local filesystem, or --no-journal")
-    from exporter.sinks.journal import JournalRefused
+    from exporter.sinks.journal.store import JournalRefused
     try:
         return Journal(options.journal or default_journal_path(), clock=clock)
     except JournalRefused as e:  # a link, a FIFO, a loose directory, a newer schema (#16)
@@ -214,7 +215,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
 def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
                               ledger: KernelLedger) -> None:
     """What sysfs says now against what the journal last knew (issue 16, item 14)."""
-    from exporter.down_changes import changes_while_down, state_at_stop
+    from exporter.correlate.down_changes import changes_while_down, state_at_stop
     if reconciler.initial is None:
         return
     changes = changes_while_down(state_at_stop(journal.last_kernel_events()), reconciler.initial)
@@ -231,8 +232,9 @@ def _fail(message: str) -> int:
 
 def serve(options: Options) -> int:
     """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
-    from exporter.http import MetricsServer
-    from exporter.sinks.traces import TraceSink, trace_config_from_env
+    from exporter.web.server import MetricsServer
+    from exporter.sinks.traces.env import trace_config_from_env
+    from exporter.sinks.traces.sink import TraceSink
 
     clock = MonotonicWallClock()
     node = resolve_node_name(options)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporter.proto import podresources_pb2 as pb  # noqa: E402
+from exporter.sources.kubelet.proto import podresources_pb2 as pb  # noqa: E402
 from testkit.exporter_proc import RunningExporter  # noqa: E402
 from testkit.kernel import Cpu, hotplug_lock  # noqa: E402
 from tests.fake_apiserver import FakeApiServer  # noqa: E402

@@ -106,7 +106,7 @@ image_tools() {
 }
 
 base() {
-  # libbpf1: the running agent reads the ring buffer through it (exporter/libbpf.py)
+  # libbpf1: the running agent reads the ring buffer through it (sources/kernel/bpf/libbpf.py)
   apt_install python3-bpfcc libbpf1 python3-venv python3-pip
   kernel_headers
   tracefs

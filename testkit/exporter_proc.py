@@ -115,7 +115,7 @@ class RunningExporter:
 
     def logs_tail(self, chars: int = 6000) -> str:
         """The log without the per-scrape access lines, which drown everything else."""
-        lines = [l for l in self.logs().splitlines() if "exporter.http" not in l]
+        lines = [l for l in self.logs().splitlines() if "exporter.web.server" not in l]
         return "\n".join(lines)[-chars:]
 
     def scrape(self) -> Scrape:

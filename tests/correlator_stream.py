@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 from exporter.clock import FakeClock
+from testkit.correlator import config as correlator_config
 from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
 from exporter.correlate.model import Episode, EpisodeUpdate, UpdateKind
 from exporter.events import (ContainerResize, Direction, KernelSnapshot, NodeStatus,
@@ -28,7 +29,7 @@ class Stream:
         from exporter.sinks.metrics import MetricsSink
 
         self.clock = FakeClock(T0)
-        self.config = config if config is not None else CorrelatorConfig(**settings)
+        self.config = config if config is not None else correlator_config(**settings)
         ledger = KernelLedger()
         self.view = NodeView(self.config, self.clock)
         self.correlator = Correlator(self.config, self.clock, ledger=ledger, view=self.view)

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.correlate import CorrelatorConfig
-from exporter.defaults import BALLOON_SELECTOR
+from exporter.config.options import TABLE
 from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
-from exporter.sources.kube_lease import KubeLeaseSource
-from exporter.sources.kube_node import KubeNodeSource
-from exporter.sources.kube_pods import KubePodsSource
+from exporter.sources.apiserver.kube_lease import KubeLeaseSource
+from exporter.sources.apiserver.kube_node import KubeNodeSource
+from exporter.sources.apiserver.kube_pods import KubePodsSource
 from testkit.exporter_proc import Scrape, poll_until
 from tests.correlator_stream import Stream
 from tests.fake_apiserver import FakeApiServer
@@ -45,10 +44,10 @@ def recording(name: str) -> list[dict]:
 
 class Replay:
     def __init__(self, api: FakeApiServer, *, settle: float = 10.0,
-                 selector: str = BALLOON_SELECTOR, priority_classes: tuple[str, ...] = (),
+                 selector: str = TABLE["balloon_selector"].default, priority_classes: tuple[str, ...] = (),
                  lease: bool = False):
         self.api = api
-        self.stream = Stream(CorrelatorConfig(kubernetes=True, readmission_settle=settle))
+        self.stream = Stream(kubernetes=True, readmission_settle=settle)
         self.clock = self.stream.clock
         self.lock = threading.Lock()
         common = dict(node_name=NODE, kubeconfig=api.kubeconfig_path, backoff_initial=0.05)

@@ -7,7 +7,7 @@ import threading
 
 from exporter.app import build_agent
 from exporter.clock import MonotonicWallClock
-from exporter.options import Options
+from exporter.config.options import Options
 
 
 def test_the_agent_freezes_what_start_up_built():

@@ -354,7 +354,7 @@ def _exposed_names(exposition: str) -> set[str]:
 def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
     """A real `node-resize-exporter run` joined to a fake API server and a podresources
     socket (so every source has a reason to declare its families) exposes every name used."""
-    from exporter.proto import podresources_pb2 as pb
+    from exporter.sources.kubelet.proto import podresources_pb2 as pb
     from testkit.exporter_proc import RunningExporter
     from tests.fake_apiserver import FakeApiServer
     from tests.test_podresources import Kubelet, Server

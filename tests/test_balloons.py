@@ -16,7 +16,7 @@ import pytest
 from exporter.correlate.kube_view import RESIZE_REASONS, resize_reason
 from exporter.events import Resource
 from exporter.kube.convert import LabelSelector, node_status, pod_status
-from exporter.options import ALL, Options
+from exporter.config.options import TABLE as ALL, Options
 from testkit.exporter_proc import REPO
 from tests.kube_replay import at, recording
 

@@ -1,4 +1,4 @@
-"""The BPF loader child (exporter/sources/bpf_loader.py) and the libbpf binding, on the real
+"""The BPF loader child (exporter/sources/kernel/bpf/loader.py) and the libbpf binding, on the real
 kernel: what it hands over, what it says when bcc refuses, and that this process never maps
 LLVM. Runs as root (loading BPF); under CI=true a skip here is a failure."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from exporter import libbpf
-from exporter.sources import bpf
-from exporter.sources.bpf_loader import LoadError, _unpack, load
-from exporter.sources.sysfs import parse_hotplug_states
+from exporter.sources.kernel.bpf import libbpf
+from exporter.sources.kernel.bpf import source as bpf
+from exporter.sources.kernel.bpf.loader import LoadError, _unpack, load
+from exporter.sources.kernel.sysfs import parse_hotplug_states
 
 pytestmark = pytest.mark.kernel
 

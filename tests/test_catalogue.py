@@ -23,7 +23,7 @@ EXAMPLE = """
 @pytest.fixture(scope="module")
 def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
     """Catalogue name -> (type, label names seen in samples) of one live scrape."""
-    from exporter.proto import podresources_pb2 as pb
+    from exporter.sources.kubelet.proto import podresources_pb2 as pb
     from testkit.exporter_proc import RunningExporter
     from tests.fake_apiserver import FakeApiServer
     from tests.test_podresources import Kubelet, Server

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.correlate import CorrelatorConfig
+from testkit.correlator import config as correlator_config
 from exporter.correlate.model import Outcome, Phase, UpdateKind
 from exporter.events import (Change, ContainerResize, Direction, KernelSnapshot, NodeStatus,
                              PodResourcesAllocatable, PodsRelisted, PodStatus, Resource, Result,
@@ -21,7 +22,7 @@ REASONS = ("", "OutOfcpu", "OutOfcpu", "OutOfmemory", "OutOfpods", "UnexpectedAd
            "Evicted")
 
 configs = st.builds(
-    CorrelatorConfig,
+    correlator_config,
     coalesce_window=st.sampled_from([0.5, 2.0]),
     resync_deadline=st.sampled_from([5.0, 60.0]),
     readmission_settle=st.sampled_from([1.0, 10.0]),

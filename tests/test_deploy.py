@@ -299,7 +299,7 @@ def test_api_call_scanner_reads_both_call_styles():
 
 def test_kube_sources_exist():
     # The RBAC comparison below is only meaningful once the sources that call the API exist.
-    names = sorted(p.name for p in (REPO / "exporter" / "sources").glob("kube_*.py"))
+    names = sorted(p.name for p in (REPO / "exporter" / "sources").rglob("kube_*.py"))
     assert {"kube_node.py", "kube_pods.py"} <= set(names)
 
 
@@ -329,7 +329,7 @@ def test_kubelet_metrics_rbac_matches_whether_it_is_enabled():
 def test_daemonset_args_are_options_the_exporter_accepts():
     from click.testing import CliRunner
 
-    from exporter.cli import main
+    from exporter.cli.main import main
     result = CliRunner().invoke(main, ["run", "--help"])
     assert result.exit_code == 0, result.output
     args = _container(_load("daemonset.yaml"))["args"]

@@ -12,7 +12,7 @@ from exporter.events import (
     Direction, EventsLost, ProgramStatus, Resource, Result, SourceStatus, Transition,
 )
 from exporter.sinks.metrics import MetricsSink
-from exporter.sources.sysfs import SysfsReader, diff_transitions
+from exporter.sources.kernel.sysfs import SysfsReader, diff_transitions
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "small-node"

@@ -288,7 +288,7 @@ def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
 
 
 def _journal_episodes(path: Path):
-    from exporter.sinks.journal import Journal
+    from exporter.sinks.journal.store import Journal
     j = Journal.open_existing(path)
     try:
         return j.episodes(), {ep.id: j.is_exported(ep.id) for ep in j.episodes()}
@@ -360,7 +360,7 @@ def test_podresources_missing_then_garbage_then_answering_through_a_running_run(
 
     import grpc
 
-    from exporter.proto import podresources_pb2 as pb
+    from exporter.sources.kubelet.proto import podresources_pb2 as pb
 
     sock = str(tmp_path / "kubelet.sock")
     answer = {"garbage": True}

@@ -21,17 +21,18 @@ from hypothesis import strategies as st
 
 from exporter import codec
 from exporter.clock import MonotonicWallClock
-from exporter.options import ListenAddress, SourceList
+from exporter.config.types import ListenAddress
+from exporter.sources.registry import SourceList
 from exporter.events import DeviceChange, Direction, MalformedInput, PodStatus, Resource, \
     Transition
 from exporter.kube.convert import Converted, LabelSelector, node_status, pod_status
 from exporter.kube.quantity import parse_quantity
-from exporter.proto import podresources_pb2
-from exporter.sources.bpf import HotplugRecord, RecordDecoder
-from exporter.sources.podresources import PodResourcesSource
-from exporter.sources.sysfs import MAX_CPUS, parse_cpu_list, parse_hotplug_states, \
+from exporter.sources.kubelet.proto import podresources_pb2
+from exporter.sources.kernel.bpf.source import HotplugRecord, RecordDecoder
+from exporter.sources.kubelet.podresources import PodResourcesSource
+from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list, parse_hotplug_states, \
     parse_meminfo
-from exporter.sources.uevent import parse_uevent, to_event
+from exporter.sources.kernel.uevent import parse_uevent, to_event
 
 CI = os.environ.get("CI") == "true"
 _COMMON = dict(deadline=None, derandomize=False,

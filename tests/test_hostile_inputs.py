@@ -175,8 +175,8 @@ def test_a_hostile_podresources_answer_is_not_amplified(api, tmp_path):
     ids the kernel can have."""
     from tests.event_log import wait_until
     from tests.test_podresources import Kubelet, Server
-    from exporter.proto import podresources_pb2 as pb
-    from exporter.sources.sysfs import parse_cpu_list
+    from exporter.sources.kubelet.proto import podresources_pb2 as pb
+    from exporter.sources.kernel.sysfs import parse_cpu_list
 
     possible = parse_cpu_list(open("/sys/devices/system/cpu/possible").read())
     kubelet = Kubelet()
@@ -250,7 +250,7 @@ def test_sigkill_then_restart_counts_changes_while_down_and_no_request_twice(cpu
 def _corrupt_journal(path) -> None:
     """A real journal whose pages are then overwritten in the middle (a bad disk, a bad copy)."""
     from exporter.events import EventsLost
-    from exporter.sinks.journal import Journal
+    from exporter.sinks.journal.store import Journal
     j = Journal(path)
     for i in range(200):
         j.on_event(EventsLost("bpf", i + 1, 1000.0 + i))

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.http import MetricsServer
+from exporter.web.server import MetricsServer
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_kept_alive_connections_have_nagle_off():
     import asyncio
     import socket
 
-    from exporter.http import _no_delay
+    from exporter.web.server import _no_delay
 
     async def main() -> tuple[int, int]:
         seen: list[tuple[int, int]] = []

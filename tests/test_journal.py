@@ -13,7 +13,7 @@ import pytest
 from exporter.clock import FakeClock
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import EventsLost, MalformedInput
-from exporter.sinks.journal import Journal, JournalError, default_journal_path
+from exporter.sinks.journal.store import Journal, JournalError, default_journal_path
 from tests.postmortem_samples import (T0, cpu_offline_episode, cpu_online_open_episode,
                                       memory_failed_episode)
 
@@ -197,7 +197,7 @@ def tiny_mount(tmp_path):
 
 def test_read_only_disk_is_logged_once_counted_and_retried(tiny_mount, caplog):
     ro = tiny_mount("ro", "ro,size=1m,mode=0755")
-    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal")
+    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal.store")
     j = Journal(ro / "nre" / "journal.db", clock=FakeClock(T0))  # must not raise
     start = j.errors
     assert start >= 1
@@ -213,7 +213,7 @@ def test_read_only_disk_is_logged_once_counted_and_retried(tiny_mount, caplog):
 
 def test_full_disk_is_logged_once_counted_and_recovers(tiny_mount, caplog):
     disk = tiny_mount("full", "size=512k,mode=0700")
-    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal")
+    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal.store")
     j = Journal(disk / "journal.db", clock=FakeClock(T0), prune_every=10**9)
     j.on_event(lost(T0))
     assert j.errors == 0
@@ -251,7 +251,7 @@ def test_full_disk_is_logged_once_counted_and_recovers(tiny_mount, caplog):
 
 
 def test_a_symlink_journal_is_refused_and_its_target_untouched(tmp_path):
-    from exporter.sinks.journal import JournalRefused
+    from exporter.sinks.journal.store import JournalRefused
     target = tmp_path / "passwd-like"
     target.write_text("root:x:0:0\n")
     target.chmod(0o644)
@@ -272,7 +272,7 @@ def test_a_symlink_journal_is_refused_and_its_target_untouched(tmp_path):
 
 
 def test_a_fifo_or_a_directory_as_journal_is_refused(tmp_path):
-    from exporter.sinks.journal import JournalRefused
+    from exporter.sinks.journal.store import JournalRefused
     fifo = tmp_path / "fifo.db"
     os.mkfifo(fifo)
     with pytest.raises(JournalRefused, match="not a regular file \\(a FIFO\\)"):
@@ -283,7 +283,7 @@ def test_a_fifo_or_a_directory_as_journal_is_refused(tmp_path):
 
 
 def test_a_directory_writable_by_others_is_refused_or_tightened(tmp_path):
-    from exporter.sinks.journal import JournalRefused
+    from exporter.sinks.journal.store import JournalRefused
     loose = tmp_path / "shared"
     loose.mkdir()
     loose.chmod(0o777)
@@ -303,7 +303,7 @@ def test_a_directory_writable_by_others_is_refused_or_tightened(tmp_path):
 
 def test_a_journal_of_a_newer_schema_is_refused_not_relabelled(tmp_path):
     """Item 12: user_version 2 stays 2, and nothing is written into it."""
-    from exporter.sinks.journal import SCHEMA_VERSION, JournalRefused
+    from exporter.sinks.journal.store import SCHEMA_VERSION, JournalRefused
     path = tmp_path / "journal.db"
     with sqlite3.connect(path) as c:
         c.execute("CREATE TABLE future(x)")
@@ -319,7 +319,7 @@ def test_a_journal_of_a_newer_schema_is_refused_not_relabelled(tmp_path):
 def test_the_kernel_state_the_last_process_knew(tmp_path):
     """Issue 16, item 14: the last snapshot plus the transitions journaled after it; what sysfs
     says at the next start is compared with that."""
-    from exporter.down_changes import changes_while_down, state_at_stop
+    from exporter.correlate.down_changes import changes_while_down, state_at_stop
     from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
 
     def snap(t: float, cpus: set[int], blocks: set[int]) -> KernelSnapshot:

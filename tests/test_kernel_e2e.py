@@ -161,7 +161,7 @@ def test_sigterm_stops_cleanly_and_detaches_bpf():
 
 
 def test_running_exporter_maps_no_llvm_and_holds_every_attachment(cpu1):
-    """bcc compiles in a loader child that exits (exporter/sources/bpf_loader.py): the running
+    """bcc compiles in a loader child that exits (exporter/sources/kernel/bpf/loader.py): the running
     exporter has no LLVM, clang or bcc mapped, no child left, and holds the perf events the
     tracepoint programs are attached through, so transitions still arrive through BPF."""
     with RunningExporter("--source", "bpf") as exp:
@@ -183,7 +183,7 @@ def test_running_exporter_maps_no_llvm_and_holds_every_attachment(cpu1):
 
 def test_a_flap_storm_counts_every_transition_once_with_its_duration(cpu1):
     """Fast flapping puts the BPF source into batched reads (>= 10 wake-ups within a second:
-    records read every 100 ms, exporter/sources/bpf.py); no transition is lost or doubled, and
+    records read every 100 ms, exporter/sources/kernel/bpf/source.py); no transition is lost or doubled, and
     each keeps its kernel duration."""
     cycles = 15
     with RunningExporter("--source", "bpf") as exp:

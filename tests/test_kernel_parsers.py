@@ -2,10 +2,10 @@
 import pytest
 
 from exporter.events import DeviceChange, Direction, Resource, Result, Transition
-from exporter.sources.bpf import HotplugRecord, RecordDecoder, cpuhp_targets, errno_name
+from exporter.sources.kernel.bpf.source import HotplugRecord, RecordDecoder, cpuhp_targets, errno_name
 from exporter.clock import MonotonicWallClock
-from exporter.sources.sysfs import parse_cpu_list, parse_hotplug_states, parse_meminfo
-from exporter.sources.uevent import parse_uevent, to_event
+from exporter.sources.kernel.sysfs import parse_cpu_list, parse_hotplug_states, parse_meminfo
+from exporter.sources.kernel.uevent import parse_uevent, to_event
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -9,9 +9,9 @@ import pytest
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, NodeStatus, Resource, SourceStatus
 from exporter.kube.client import KubeUnavailable, load_config
-from exporter.sources.listwatch import Backoff
+from exporter.sources.apiserver.listwatch import Backoff
 from exporter.sources.base import SourceUnavailable
-from exporter.sources.kube_node import KubeNodeSource
+from exporter.sources.apiserver.kube_node import KubeNodeSource
 from tests.event_log import EventLog, wait_until
 from tests.fake_apiserver import FakeApiServer
 
@@ -407,7 +407,7 @@ def test_retry_after_is_bounded(monkeypatch):
     """A server asking for an hour gets MAX_RETRY_AFTER (60 s) at most."""
     import httpx2
 
-    from exporter.sources import listwatch
+    from exporter.sources.apiserver import listwatch
     request = httpx2.Request("GET", "http://127.0.0.1/api/v1/nodes")
     response = httpx2.Response(429, headers={"Retry-After": "3600"}, request=request)
     error = httpx2.HTTPStatusError("429", request=request, response=response)

@@ -8,7 +8,7 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import NodeWarningEvents
-from exporter.sources.kube_node_events import REASON, KubeNodeEventsSource
+from exporter.sources.apiserver.kube_node_events import REASON, KubeNodeEventsSource
 from testkit.exporter_proc import RunningExporter
 from tests.event_log import EventLog
 from tests.fake_apiserver import serving_node

@@ -133,7 +133,7 @@ def test_the_kube_events_component_grants_create_on_events_and_adds_the_flag():
     import kubernetes_validate
     import yaml
 
-    from exporter.options import ALL
+    from exporter.config.options import TABLE as ALL
 
     base = REPO / "deploy" / "components" / "kube-events"
     component = yaml.safe_load((base / "kustomization.yaml").read_text())
@@ -165,7 +165,7 @@ def test_the_kubelet_state_component_mounts_the_kubelet_root_read_only_and_share
     mounts = {m["mountPath"]: m for m in _container(ds)["volumeMounts"]}
     assert mounts["/var/lib/kubelet"]["readOnly"] is True
     # The exporter's defaults read the checkpoints exactly there.
-    from exporter.options import ALL
+    from exporter.config.options import TABLE as ALL
     assert ALL["kubelet_root_dir"].default == "/var/lib/kubelet"
 
 

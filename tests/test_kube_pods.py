@@ -7,11 +7,12 @@ import pytest
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, PodsRelisted, PodStatus, Resource, SourceStatus
 from exporter.app import resolve_node_name
-from exporter.defaults import BALLOON_SELECTOR as DEFAULT_BALLOON_SELECTOR
-from exporter.options import LabelSelectorText, Options
+from exporter.config.options import TABLE
+from exporter.config.options import Options
+from exporter.config.types import LabelSelectorText
 from exporter.sources import registry
 from exporter.kube.convert import LabelSelector, pod_status
-from exporter.sources.kube_pods import KubePodsSource
+from exporter.sources.apiserver.kube_pods import KubePodsSource
 from tests.event_log import EventLog
 from tests.fake_apiserver import FakeApiServer
 
@@ -33,7 +34,7 @@ def running(api):
         log = EventLog()
         source = KubePodsSource(MonotonicWallClock(), node_name=node,
                                 kubeconfig=api.kubeconfig_path,
-                                balloon_selector=DEFAULT_BALLOON_SELECTOR,
+                                balloon_selector=TABLE["balloon_selector"].default,
                                 backoff_initial=0.05, backoff_max=0.5)
         source.open()
         source.start(log.emit)
@@ -152,7 +153,7 @@ def test_resize_state_from_conditions():
     obj = pod(labels=BALLOON, requests={"cpu": "2"}, applied={"cpu": "1"},
               conditions=[{"type": "PodResizePending", "status": "True", "reason": "Deferred",
                            "message": "Node didn't have enough capacity"}])
-    event = pod_status(obj, 5.0, LabelSelector(DEFAULT_BALLOON_SELECTOR)).event
+    event = pod_status(obj, 5.0, LabelSelector(TABLE["balloon_selector"].default)).event
     assert event.resize.pending_reason == "Deferred"
     assert event.resize.desired == {Resource.CPU: 2.0}
     assert event.resize.applied == {Resource.CPU: 1.0}
@@ -221,7 +222,7 @@ def test_a_list_of_more_objects_than_the_bound_is_refused_then_recovers(api, run
                                                                           monkeypatch):
     """Item 7: a pod list is bounded in objects (LIST_MAX_OBJECTS; 20 here instead of 10,000
     so the test stays small): past it, down naming the bound, nothing of it used."""
-    from exporter.sources import listwatch
+    from exporter.sources.apiserver import listwatch
     from tests.event_log import wait_until
     monkeypatch.setattr(listwatch, "LIST_MAX_OBJECTS", 20)
     for i in range(21):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.checks import check_kubelet_restart
-from exporter.options import Options
+from exporter.cli.check import check_kubelet_restart
+from exporter.config.options import Options
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet-v1.36"
@@ -98,7 +98,7 @@ def test_static_memory_manager_with_other_memory_fails(tmp_path):
 
 def test_an_empty_root_dir_option_is_not_checked(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
-    check = check_kubelet_restart(Options(**{**vars(options), "kubelet_root_dir": ""}))
+    check = check_kubelet_restart(options.replace(kubelet_root_dir=""))
     assert check.status == "warn" and "--kubelet-root-dir is empty" in check.detail
 
 

@@ -15,7 +15,7 @@ from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import KubeletView, cpu_manager_problem
 from exporter.events import (CpuManagerCheckpoint, KernelSnapshot, MalformedInput,
                              MemoryManagerCheckpoint, Resource)
-from exporter.sources.kubelet_checkpoint import (
+from exporter.sources.kubelet.kubelet_checkpoint import (
     MAX_BYTES, KubeletCheckpointSource, cpu_manager_checksum, parse_cpu_manager_state,
     parse_memory_manager_state, read_cpu_manager_state,
 )

@@ -9,7 +9,7 @@ import pytest
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.events import KubeletFeatures, Resource
 from exporter.kube.capacity_configured import CapacityConfiguredFilter, capacity_configured
-from exporter.sources.kubelet_metrics import parse_features
+from exporter.sources.kubelet.kubelet_metrics import parse_features
 
 NODE = {
     "kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1"},
@@ -121,5 +121,5 @@ def test_a_pod_failed_node_capacity_exceeded_is_a_readmission_rejection():
 
 def test_the_view_knows_the_gates_the_source_reads():
     from exporter.correlate import kubelet_view
-    from exporter.sources import kubelet_metrics
+    from exporter.sources.kubelet import kubelet_metrics
     assert kubelet_view.GATES == kubelet_metrics.GATES

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import KubeletFeatures, MalformedInput, SourceStatus
-from exporter.sources.kubelet_metrics import KubeletMetricsSource, parse_features
+from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource, parse_features
 from tests.event_log import EventLog
 
 
@@ -207,7 +207,7 @@ def test_a_trickling_answer_is_dropped_within_its_time_bound():
 
 
 def test_an_answer_past_the_size_bound_is_refused(monkeypatch):
-    from exporter.sources import kubelet_metrics
+    from exporter.sources.kubelet import kubelet_metrics
     monkeypatch.setattr(kubelet_metrics, "MAX_BYTES", 2**20)
     body = b"# " + b"x" * (2 * 2**20) + b"\n"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import SAME_START, KubeletView
 from exporter.events import KubeletProcess
-from exporter.sources.kubelet_process import KubeletProcessSource, start_time_from_metrics
+from exporter.sources.kubelet.kubelet_process import KubeletProcessSource, start_time_from_metrics
 from testkit.exporter_proc import terminate
 
 NAME = f"nrek{os.getpid()}"[:15]  # a process name no other test or host process has
@@ -66,7 +66,7 @@ def test_no_such_process_is_reported_once():
 
 def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
     """A node without a kubelet stays idle: 30 checks cost 6 process-table scans, not 30."""
-    import exporter.sources.kubelet_process as module
+    import exporter.sources.kubelet.kubelet_process as module
     scans: list[int] = []
     at = [0]  # the check number the fake scan records
     monkeypatch.setattr(module, "find_process", lambda name: scans.append(at[0]))
@@ -101,7 +101,7 @@ def test_kubelet_metrics_source_reports_a_restart_without_hostpid():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from exporter.sources.kubelet_metrics import KubeletMetricsSource
+    from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
 
     answer = {"body": b"process_start_time_seconds 1000\n"}
 

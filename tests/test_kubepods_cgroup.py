@@ -8,7 +8,7 @@ import pytest
 
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.events import KernelSnapshot, KubepodsCpuset
-from exporter.sources.kubepods_cgroup import (MAX_BYTES, find_kubepods_cpuset,
+from exporter.sources.kubelet.kubepods_cgroup import (MAX_BYTES, find_kubepods_cpuset,
                                               read_kubepods_cpuset)
 from testkit.kernel import Cpu, hotplug_lock
 from tests.kubepods import cgroup_version, kubepods_cgroup

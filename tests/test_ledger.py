@@ -69,11 +69,12 @@ def test_units_are_independent():
 
 def test_correlator_keeps_the_bpf_record_when_the_uevent_won_the_race():
     from exporter.clock import FakeClock
-    from exporter.correlate import Correlator, CorrelatorConfig
+    from exporter.correlate import Correlator
+    from testkit.correlator import config as correlator_config
 
     clock = FakeClock(100.0)
     ledger = KernelLedger()
-    c = Correlator(CorrelatorConfig(), clock, ledger=ledger)
+    c = Correlator(correlator_config(), clock, ledger=ledger)
     c.handle(tx("uevent", OFF, 100.030))
     c.handle(tx("bpf", OFF, 100.025, start=100.005))
     (ep,) = c.open_episodes()

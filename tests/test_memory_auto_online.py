@@ -8,7 +8,7 @@ import pytest
 from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.events import MalformedInput, MemoryAutoOnline
-from exporter.sources.memory_auto_online import MemoryAutoOnlineSource, parse_auto_online
+from exporter.sources.kernel.memory_auto_online import MemoryAutoOnlineSource, parse_auto_online
 
 REAL = Path("/sys/devices/system/memory/auto_online_blocks")
 

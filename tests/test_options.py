@@ -2,33 +2,68 @@
 log formats node_exporter users expect cannot be forged into extra lines."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import click
 import pytest
 
-from exporter import logs, options
-from exporter.options import ALL, Options
+from exporter.cli.main import main
+from exporter.config import logs, options
+from exporter.config.options import TABLE, Opt, Options, declare
+from exporter.sources import registry
 
 
-def test_every_run_option_is_a_field_with_the_definitions_default():
-    fields = {f.name: f.default for f in dataclasses.fields(Options)}
-    assert set(options.RUN) == set(fields)
-    for name, opt in ALL.items():
-        default = opt.default
-        convert = opt.type is not None and default is not None and not isinstance(
-            opt.type, click.Choice)
-        if convert and opt.multiple:
-            default = tuple(opt.type.convert(v, None, None) for v in default)
-        elif convert:
-            default = opt.type.convert(default, None, None)
-        assert fields[name] == default, name
+def _params(command: str) -> dict[str, click.Parameter]:
+    return {p.name: p for p in main.commands[command].params if p.name}
 
 
-def test_replay_and_check_take_the_same_definitions_as_run():
-    assert set(options.REPLAY) <= set(options.RUN)
-    assert set(options.CHECK) <= set(options.RUN)
+def test_an_unset_option_is_the_tables_default_converted_by_its_own_type():
+    opts = Options()
+    assert opts.memory_tolerance == 100 * 2**20  # "100Mi" through Bytes
+    assert opts.web_listen_address == ("0.0.0.0", 9862)  # through ListenAddress
+    assert opts.ringbuf_pages == registry.spec("bpf").options[0].default
+    for name, opt in TABLE.items():
+        assert getattr(opts, name) == opt.value(), name
+
+
+def test_a_source_declares_its_flags_beside_its_registration():
+    owners = {o.dest: spec.name for spec in registry.specs() for o in spec.options}
+    assert owners["ringbuf_pages"] == "bpf"
+    assert owners["sysfs_interval"] == "sysfs"
+    assert owners["podresources_socket"] == "podresources"
+    assert owners["kubelet_metrics_url"] == "kubelet_metrics"
+    assert set(owners) <= set(TABLE)
+
+
+def test_check_takes_exactly_the_options_run_takes():
+    run, check = _params("run"), _params("check")
+    run.pop("print_bpf")
+    assert set(run) == set(check) == set(TABLE)
+    for name in run:
+        assert run[name].opts == check[name].opts, name
+
+
+def test_replay_takes_the_episode_settings_from_the_same_table():
+    replay = _params("replay")
+    for name in ("coalesce_window", "resync_deadline", "readmission_settle",
+                 "memory_tolerance"):
+        assert replay[name].opts == list(TABLE[name].flags)
+
+
+def test_a_flag_or_option_declared_twice_is_refused():
+    with pytest.raises(ValueError, match="declared twice"):
+        declare(Opt("sysfs_root", ("--other",), "/x", "again"))
+    with pytest.raises(ValueError, match="--path.sysfs"):
+        declare(Opt("a_new_one", ("--path.sysfs",), "/x", "steals a flag"))
+    assert "a_new_one" not in TABLE
+
+
+def test_options_refuse_names_nobody_declared():
+    with pytest.raises(TypeError, match="unknown options"):
+        Options(no_such_option=1)
+    with pytest.raises(AttributeError):
+        Options().no_such_option  # noqa: B018
+    assert options.REPLAY in TABLE["coalesce_window"].commands
 
 
 @pytest.mark.parametrize("fmt", ["logfmt", "json"])

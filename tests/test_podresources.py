@@ -8,9 +8,9 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
-from exporter.proto import podresources_pb2 as pb
-from exporter.proto import podresources_pb2_grpc as pb_grpc
-from exporter.sources.podresources import PodResourcesSource
+from exporter.sources.kubelet.proto import podresources_pb2 as pb
+from exporter.sources.kubelet.proto import podresources_pb2_grpc as pb_grpc
+from exporter.sources.kubelet.podresources import PodResourcesSource
 from tests.event_log import EventLog
 
 SERVICE = "v1.PodResourcesLister"

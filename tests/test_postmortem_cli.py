@@ -13,19 +13,20 @@ from click.testing import CliRunner
 
 from exporter import codec
 from exporter.clock import FakeClock
-from exporter.cli import main
-from exporter.cli_postmortem import register, replay_events
-from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.cli.main import main
+from exporter.cli.postmortem import register, replay_events
+from exporter.correlate import Correlator
+from testkit.correlator import config as correlator_config
 from exporter.correlate.model import Outcome, PodOutcome, PodVerdict
 from exporter.events import (Direction, KernelSnapshot, NodeStatus, PodStatus, Resource, Result,
                              Transition)
 from exporter.report import figure, lookup, timeline
-from exporter.sinks.journal import Journal
+from exporter.sinks.journal.store import Journal
 from tests.postmortem_samples import (T0, cpu_offline_episode, cpu_online_open_episode,
                                       memory_failed_episode)
 
 GiB = 2**30
-CONFIG = CorrelatorConfig(resync_deadline=60.0, kubernetes=True)
+CONFIG = correlator_config(resync_deadline=60.0, kubernetes=True)
 
 
 @click.group()
@@ -167,7 +168,7 @@ def test_replay_skips_malformed_lines(tmp_path):
     result = run("replay", str(f), "--json")
     assert "skipped 3 lines" in result.stderr
     (ep,) = json.loads(result.stdout)
-    direct = replay_events(events, CorrelatorConfig(kubernetes=True))
+    direct = replay_events(events, correlator_config(kubernetes=True))
     assert [codec.decode(ep)] == direct
 
 
@@ -345,7 +346,7 @@ def test_errors_exit_2(live_journal, tmp_path):
 
 
 def test_since_forms():
-    from exporter.cli_postmortem import SINCE
+    from exporter.cli.postmortem import SINCE
     import time
     now = time.time()
     assert abs(SINCE.convert("2h", None, None) - (now - 7200)) < 5

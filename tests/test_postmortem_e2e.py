@@ -15,7 +15,7 @@ import time
 import pytest
 
 from exporter.events import Direction, Resource
-from exporter.sinks.journal import Journal
+from exporter.sinks.journal.store import Journal
 from testkit.exporter_proc import RunningExporter
 from tests.otlp_receiver import HttpReceiver
 

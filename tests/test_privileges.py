@@ -18,7 +18,7 @@ import json, sys, threading
 from exporter.clock import MonotonicWallClock
 from exporter.events import SourceStatus, Transition
 from exporter.privileges import capabilities, drop_capabilities, needed_after_start
-from exporter.sources.bpf import BpfSource
+from exporter.sources.kernel.bpf.source import BpfSource
 
 said = threading.Lock()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.proto import podresources_pb2 as pb
+from exporter.sources.kubelet.proto import podresources_pb2 as pb
 from testkit.exporter_proc import RunningExporter, free_port
 from tests.fake_apiserver import FakeApiServer
 from tests.test_alerts import _as_promql, _dashboard_exprs
@@ -154,7 +154,7 @@ def _mem_total_kib() -> int:
 
 def _quiet(log: str, chars: int = 6000) -> str:
     """The exporter's log without its per-scrape access lines, which drown everything else."""
-    return "\n".join(line for line in log.splitlines() if "exporter.http" not in line)[-chars:]
+    return "\n".join(line for line in log.splitlines() if "exporter.web.server" not in line)[-chars:]
 
 
 def _our_alerts(prometheus: Daemon) -> list[dict]:

@@ -67,7 +67,7 @@ def test_the_resync_span_carries_it():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from exporter.sinks.traces import build_trace
+    from exporter.sinks.traces.spans import build_trace
 
     s = Stream(kubernetes=True, readmission_settle=1.0)
     unplug_cpu1(s, kubelet_started=T0 - 3600)

@@ -10,8 +10,9 @@ import pytest
 
 from exporter.clock import FakeClock
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
-from exporter.sinks.journal import Journal
-from exporter.sinks.traces import TraceSink, trace_config_from_env, trace_resource
+from exporter.sinks.journal.store import Journal
+from exporter.sinks.traces.env import trace_config_from_env, trace_resource
+from exporter.sinks.traces.sink import TraceSink
 from testkit.exporter_proc import REPO
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.postmortem_samples import T0, cpu_offline_episode, memory_failed_episode

@@ -10,8 +10,8 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, Transition
-from exporter.sources import _uevent_filter
-from exporter.sources.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT, UeventSource
+from exporter.sources.kernel import uevent_filter as _uevent_filter
+from exporter.sources.kernel.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT, UeventSource
 from tests.event_log import EventLog
 
 WATCHED = (b"/devices/system/cpu/", b"/devices/system/memory/")

@@ -10,7 +10,7 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, Transition
-from exporter.sources.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT, UeventSource
+from exporter.sources.kernel.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT, UeventSource
 from tests.event_log import EventLog
 
 CPU1 = Path("/sys/devices/system/cpu/cpu1")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from exporter.http import (
+from exporter.web.server import (
     HEADER_TIMEOUT, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEADER_BYTES, MAX_HEADERS,
 )
 from testkit.exporter_proc import RunningExporter, poll_until
@@ -120,7 +120,7 @@ def test_a_finished_request_over_the_header_bounds_gets_431(exporter, headers, s
     assert exporter.scrape().value("node_resize_exporter_episodes_open") is not None
 
 
-ACCESS = re.compile(r'exporter\.http.*"[A-Z]+ \S* HTTP/1\.[01]\\?" \d{3}\b')
+ACCESS = re.compile(r'exporter\.web\.server.*"[A-Z]+ \S* HTTP/1\.[01]\\?" \d{3}\b')
 
 
 def test_clients_vanishing_mid_request_log_one_line_per_kind(exporter):
@@ -174,7 +174,7 @@ def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
 def test_failures_are_logged_once_per_kind_per_interval_with_a_count():
     import logging
 
-    from exporter.ratelog import RateLimitedLog
+    from exporter.web.ratelog import RateLimitedLog
 
     class Clock:
         t = 0.0

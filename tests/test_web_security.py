@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from exporter.webauth import AuthBusy, BasicAuth
-from exporter.webconfig import DEFAULT_TLS12_SUITES, load_web_config
+from exporter.web.auth import AuthBusy, BasicAuth
+from exporter.web.config import DEFAULT_TLS12_SUITES, load_web_config
 from testkit.exporter_proc import REPO, RunningExporter, Scrape
 
 QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are about HTTP
@@ -588,10 +588,10 @@ def _version() -> str:
 
 
 # Two fixed commands the package runs: the revision for build_info (git rev-parse, at start)
-# and the short-lived BPF loader child (this Python, -m exporter.sources.bpf_loader). Their argv
+# and the short-lived BPF loader child (this Python, -m exporter.sources.kernel.bpf.loader). Their argv
 # is a literal list starting with a constant: nothing from outside can become a program.
 SUBPROCESS_ALLOWED = {"exporter/buildinfo.py": "git",
-                      "exporter/sources/bpf_loader.py": "sys.executable"}
+                      "exporter/sources/kernel/bpf/loader.py": "sys.executable"}
 
 
 def test_no_shell_or_subprocess_in_the_package():

@@ -10,10 +10,12 @@ _CPU = Resource.CPU  # a global: an enum class attribute costs four times one on
 
 @dataclass(frozen=True)
 class CorrelatorConfig:
-    coalesce_window: float = 2.0  # s: same resource+direction transitions join one episode
-    resync_deadline: float = 600.0  # s after kernel done -> resync_timeout
-    readmission_settle: float = 10.0  # s without a pod change after resync -> settled
-    memory_tolerance_bytes: float = 100 * 2**20  # KEP-3953's jitter bound for the kubelet
+    # The four settings are options (--coalesce-window, ...): their defaults live in the option
+    # table (exporter/config/options.py) alone; exporter.app.correlator_config builds this.
+    coalesce_window: float  # s: same resource+direction transitions join one episode
+    resync_deadline: float  # s after kernel done -> resync_timeout
+    readmission_settle: float  # s without a pod change after resync -> settled
+    memory_tolerance_bytes: float  # KEP-3953's jitter bound for the kubelet
     cpu_tolerance_cores: float = 0.0  # whole cores
     kubernetes: bool = False  # a Node source is configured; False -> episodes end kernel_only
     # Pod status reasons that mean "admission rejected it"; any "OutOf" prefix counts too.

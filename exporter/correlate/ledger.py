@@ -47,7 +47,7 @@ class KernelLedger:
     # Per source, the time of the last event it delivered (any kind): how stale it is, where
     # source_up alone cannot say (a watch that is "up" and silent; issue 16).
     last_event: dict[str, float] = field(default_factory=dict)
-    # Units the kernel changed while no exporter ran, found at start (exporter/down_changes.py).
+    # Units the kernel changed while no exporter ran, found at start (exporter/correlate/down_changes.py).
     down_changes: Counter[tuple[Resource, Direction]] = field(default_factory=Counter)
 
     def handle(self, event: Event, source: str | None = None) -> bool:

@@ -1,0 +1,285 @@
+"""`node-resize-exporter check`: what works here, what does not, and the fix for each."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.config.options import Options
+from exporter.privileges import CAPS, capabilities
+from exporter.sources import registry
+from exporter.sources.base import SourceUnavailable
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = CAPS["CAP_SYS_ADMIN"], CAPS["CAP_PERFMON"], CAPS["CAP_BPF"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok", "warn" (works, with less), "fail"
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.upper():4} {self.name}: {self.detail}"
+        return text + (f"\n     fix: {self.fix}" if self.fix and self.status != "ok" else "")
+
+
+def check_capabilities() -> Check:
+    caps = capabilities()
+    has = lambda c: bool(caps >> c & 1)  # noqa: E731
+    if has(CAP_BPF) and has(CAP_PERFMON):
+        return Check("capabilities", "ok", "CAP_BPF and CAP_PERFMON")
+    if has(CAP_SYS_ADMIN):
+        return Check("capabilities", "ok", "CAP_SYS_ADMIN (covers BPF on kernels < 5.8)")
+    return Check("capabilities", "fail", "neither CAP_BPF+CAP_PERFMON nor CAP_SYS_ADMIN",
+                 "run as root, or add capabilities BPF and PERFMON (SYS_ADMIN before 5.8)")
+
+
+def bpf_requirement_checks() -> list[Check]:
+    """The BPF source's own pre-flight, one line per requirement (the same list it checks)."""
+    from exporter.sources.kernel.bpf.requirements import requirements
+    return [Check(r.name, "ok" if r.ok else "fail", r.detail, r.fix) for r in requirements()]
+
+
+def check_btf() -> Check:
+    if Path("/sys/kernel/btf/vmlinux").exists():
+        return Check("BTF", "ok", "/sys/kernel/btf/vmlinux present")
+    return Check("BTF", "warn", "no /sys/kernel/btf/vmlinux (not needed: the programs read "
+                 "tracepoint args only)", "use a kernel with CONFIG_DEBUG_INFO_BTF for CO-RE tools")
+
+
+def check_kprobes() -> Check:
+    if Path("/sys/kernel/tracing/kprobe_events").exists():
+        return Check("kprobes", "ok", "memory online/offline probes can attach")
+    return Check("kprobes", "warn", "kernel built without CONFIG_KPROBES: the memory BPF "
+                 "probes (online_pages/offline_pages) cannot attach; memory hotplug is still "
+                 "seen through uevents and sysfs, without kernel durations or refusal codes",
+                 "a kernel with CONFIG_KPROBES=y for memory durations and EBUSY reasons")
+
+
+def check_uevent() -> Check:
+    from exporter.sources.kernel.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
+            s.bind((0, KERNEL_GROUP))
+        return Check("uevent socket", "ok", "NETLINK_KOBJECT_UEVENT group 1 joined")
+    except OSError as e:
+        return Check("uevent socket", "fail", str(e),
+                     "run in the host network namespace (hostNetwork: true)")
+
+
+def check_sysfs(sysfs: str = "/sys") -> Check:
+    cpu = Path(sysfs) / "devices/system/cpu/online"
+    mem = Path(sysfs) / "devices/system/memory/block_size_bytes"
+    if not os.access(cpu, os.R_OK):
+        return Check("sysfs", "fail", f"cannot read {cpu}", "mount the host's /sys")
+    if not mem.exists():
+        return Check("sysfs", "warn", f"{cpu} readable; no memory hotplug in sysfs",
+                     "a kernel with CONFIG_MEMORY_HOTPLUG to see memory blocks")
+    return Check("sysfs", "ok", f"{cpu} and memory blocks readable")
+
+
+def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Check:
+    """The only real test of a source: build it from the registry, open it (BPF: compile,
+    load and attach), close it again."""
+    source = spec.factory(ctx)
+    try:
+        source.open()
+    except SourceUnavailable as e:
+        return Check(f"{spec.name} source", "fail", e.reason, e.fix)
+    try:
+        detail = f"opens ({spec.help})"
+        programs = getattr(source, "attached", None)
+        if programs:
+            attached = [p for p, (ok, _) in programs.items() if ok]
+            missing = [p for p, (ok, _) in programs.items() if not ok]
+            detail = f"compiled and attached: {', '.join(attached)}"
+            if missing:
+                detail += f"; not attached: {', '.join(missing)}"
+        return Check(f"{spec.name} source", "ok", detail)
+    finally:
+        source.close()
+
+
+def check_journal(options: Options) -> Check:
+    """Can `run` journal where it would? A corrupt journal only costs a warning and a counter
+    at run time (journaling stays off), so `check` is where it is said plainly (issue 16)."""
+    import sqlite3
+
+    from exporter.sinks.journal.store import SCHEMA_VERSION, default_journal_path
+    from exporter.sinks.journal.path import JournalPathError, check_journal_path
+    if options.no_journal:
+        return Check("journal", "ok", "off (--no-journal)")
+    path = Path(options.journal) if options.journal else default_journal_path()
+    fix = (f"move it away (mv {path} {path}.corrupt): `run` starts a new one; until then "
+           "nothing is journaled and node_resize_exporter_sink_errors_total{sink=\"journal\"} "
+           "grows")
+    try:
+        check_journal_path(path)
+    except JournalPathError as e:
+        return Check("journal", "fail", str(e).split(". Fix: ")[0],
+                     str(e).partition(". Fix: ")[2])
+    if not path.exists():
+        return Check("journal", "ok", f"{path} does not exist yet; `run` creates it (0600)")
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5) as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            problems = [r[0] for r in c.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.Error as e:
+        return Check("journal", "fail", f"{path} is corrupt or not a journal: {e}", fix)
+    if problems != ["ok"]:
+        return Check("journal", "fail", f"{path} is corrupt: {'; '.join(problems)[:300]}", fix)
+    if version > SCHEMA_VERSION:
+        return Check("journal", "fail", f"{path} has schema {version}, newer than this "
+                     f"exporter's {SCHEMA_VERSION}", "run the newer exporter, or move it away")
+    return Check("journal", "ok", f"{path} readable, schema {version}, no corruption found")
+
+
+def run_checks(options: Options | None = None) -> list[Check]:
+    """Host diagnostics (why a source may fail), then every kernel source the registry knows,
+    opened for real."""
+    from exporter.clock import MonotonicWallClock
+    options = options or Options()
+    checks = [check_capabilities(), *bpf_requirement_checks(), check_btf(), check_kprobes(),
+              check_uevent(), check_sysfs(options.sysfs_root)]
+    ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
+    checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
+    return checks + [check_journal(options), check_kubelet_restart(options)] + \
+        kubernetes_checks(options)
+
+
+def check_kubelet_restart(options: Options) -> Check:
+    """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
+    what the kernel has online now, judged as the kubelet judges them at start (issue 13)."""
+    from exporter.correlate.kubelet_view import KubeletView, cpu_list
+    from exporter.sources.kubelet.kubelet_checkpoint import (read_cpu_manager_state,
+                                                     read_memory_manager_state)
+    from exporter.sources.kernel.sysfs import SysfsReader
+    name = "kubelet restart"
+    root = options.kubelet_root_dir
+    if not root:
+        return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
+                     "pass the kubelet's --root-dir (default /var/lib/kubelet)")
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    try:
+        cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+    except OSError as e:
+        return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
+                     "run check as root on the node (or where the kubelet's root dir is mounted)")
+    view = KubeletView()
+    for event in (snap, cpu, memory):
+        view.handle(event)
+    problems = view.restart_problems()
+    if problems["cpu_manager_state"]:
+        offline = (cpu.default_cpus | cpu.assigned_cpus) - snap.cpus_online
+        first = f"online {cpu_list(offline)} again before the kubelet restarts, or " \
+            if offline and not cpu.error else ""
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["cpu_manager_state"],
+                     f"{first}drain the node, stop the kubelet, delete {cpu.path} and start it "
+                     "(it writes a new checkpoint for the CPUs online)")
+    if problems["memory_manager_state"]:
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["memory_manager_state"],
+                     f"drain the node, stop the kubelet, delete {memory.path} and start it")
+    found = [p.path for p in (cpu, memory) if p.present]
+    return Check(name, "ok", ("checkpoints match the CPUs and memory online: "
+                              + ", ".join(found)) if found else f"no checkpoints in {root}")
+
+
+# ---------------------------------------------------------------- the Kubernetes side
+
+
+def kubernetes_checks(options: Options) -> list[Check]:
+    """Configuration, RBAC (SelfSubjectAccessReview for what the sources call), the
+    podresources socket and the kubelet metrics endpoint. Informational: `check` exits on the
+    BPF verdict alone."""
+    from exporter.app import kubernetes_enabled, resolve_node_name
+    if not kubernetes_enabled(options):
+        return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
+                      "pass --kubeconfig or run as the DaemonSet to join the Node's view")]
+    from exporter.kube.client import KubeUnavailable, load_config
+    try:
+        config = load_config(options.kubeconfig)
+    except KubeUnavailable as e:
+        return [Check("kubernetes config", "fail", e.reason, e.fix)]
+    checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} "
+                    f"(node {resolve_node_name(options)})")]
+    checks.append(check_rbac(config))
+    if options.podresources_socket:
+        checks.append(check_podresources(options.podresources_socket))
+    if options.kubelet_metrics_url:
+        checks.append(check_kubelet_metrics(options.kubelet_metrics_url))
+    return checks
+
+
+# (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).
+RBAC_NEEDED = tuple((verb, group, resource) for group, resource in (
+    ("", "nodes"), ("", "pods"), ("coordination.k8s.io", "leases"), ("", "events"))
+    for verb in ("list", "watch"))
+
+
+def check_rbac(config: object) -> Check:
+    from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+    from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+
+    from exporter.kube.client import make_client
+    client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
+    denied = []
+    try:
+        for verb, group, resource in RBAC_NEEDED:
+            review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(verb=verb, group=group,
+                                                      resource=resource))))
+            if not (review.status and review.status.allowed):
+                denied.append(f"{verb} {resource}")
+    except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
+        return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {e}",
+                     "check the API server address and the credentials")
+    finally:
+        transport.close()
+    if denied:
+        return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
+                     "bind deploy/clusterrole.yaml (list, watch on nodes, pods, leases and "
+                     "events) to the exporter's service account")
+    return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
+                 "allowed")
+
+
+def check_podresources(path: str) -> Check:
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return Check("podresources socket", "warn", f"{path}: {e.strerror}",
+                     "mount /var/lib/kubelet/pod-resources from the host (the DaemonSet does)")
+    if not stat.S_ISSOCK(mode):
+        return Check("podresources socket", "fail", f"{path} is not a unix socket",
+                     "point --podresources-socket at the kubelet's kubelet.sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(2)
+        try:
+            s.connect(path)
+        except OSError as e:
+            return Check("podresources socket", "fail", f"{path}: connect: {e.strerror or e}",
+                         "is the kubelet running? (the socket exists but nobody listens)")
+    return Check("podresources socket", "ok", f"{path} accepts connections")
+
+
+def check_kubelet_metrics(url: str) -> Check:
+    from exporter.clock import MonotonicWallClock
+    from exporter.events import SourceStatus
+    from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
+    seen: list[object] = []
+    KubeletMetricsSource(MonotonicWallClock(), url=url).poll(seen.append)
+    down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
+    if down:
+        return Check("kubelet metrics", "fail", down[-1].reason,  # type: ignore[attr-defined]
+                     "check --kubelet-metrics-url and get on nodes/metrics")
+    return Check("kubelet metrics", "ok", f"{url} answers with Prometheus text")

@@ -1,0 +1,67 @@
+"""Command line: click commands and nothing else. Bad flags and config exit 2 with the fix."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from exporter import __version__
+from exporter.cli import postmortem
+from exporter.config import options
+from exporter.config.options import Options
+from exporter.sources import registry
+
+# Every source declares its own flags when it registers: load them before the commands below
+# are built from the option table.
+registry.load()
+
+RUN_EPILOG = """\b
+Examples:
+  node-resize-exporter run                         # every source that works, :9862
+  node-resize-exporter run --source uevent,sysfs   # no BPF
+  node-resize-exporter run --kubeconfig ~/.kube/config --node-name worker-3
+  node-resize-exporter run --print-bpf             # show the BPF C that would load
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="node-resize-exporter")
+def main() -> None:
+    """Makes Kubernetes node resizing observable: kernel CPU and memory hotplug joined with
+    what the kubelet and the API server report, as Prometheus metrics, traces and a journal."""
+
+
+@main.command(epilog=RUN_EPILOG)
+@options.apply(options.RUN)
+@click.option("--print-bpf", is_flag=True, help="Print the BPF program and exit.")
+def run(print_bpf: bool, **values) -> None:
+    """Run the exporter: watch the kernel (and Kubernetes), serve /metrics."""
+    opts = Options.from_cli(values)
+    if print_bpf:
+        from exporter.sources.kernel.bpf.source import printable_program
+        from exporter.sources.kernel.sysfs import read_hotplug_states
+        click.echo(printable_program(read_hotplug_states(opts.sysfs_root), opts.ringbuf_pages))
+        return
+    from exporter.config import logs
+    logs.setup(opts.log_level, opts.log_format)
+    from exporter.app import serve
+    sys.exit(serve(opts))
+
+
+@main.command()
+@options.apply(options.RUN)
+def check(**values) -> None:
+    """Say what works on this host and what does not, with the fix for each failure.
+
+    Exit status 0 only when the BPF source can run."""
+    from exporter.cli.check import run_checks
+    checks = run_checks(Options.from_cli(values))
+    for c in checks:
+        click.echo(c.line())
+    bpf_ok = next(c for c in checks if c.name == "bpf source").status == "ok"
+    click.echo("BPF source: " + ("can run" if bpf_ok else "cannot run (the exporter falls "
+                                 "back to uevent and sysfs)"))
+    sys.exit(0 if bpf_ok else 1)
+
+
+postmortem.register(main)

@@ -1,0 +1,291 @@
+"""Postmortem commands: `episodes list|show|export`, `replay FILE.jsonl`, `report ID`.
+
+They read the journal the agent writes (every command takes --journal PATH) and never write to
+it. Registered on the main group with `register(main)`. Errors a user can fix (no such episode,
+no journal there, a bad --since) exit 2 with one line saying what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from exporter import codec
+
+from exporter.app import correlator_config
+from exporter.config import options
+from exporter.clock import FakeClock
+from exporter.correlate import Correlator, CorrelatorConfig
+from exporter.correlate.model import Episode
+from exporter.events import NodeStatus, PodStatus, PodsRelisted
+from exporter.config.options import Options
+from exporter.report import lookup, text, timeline
+from exporter.sinks.journal.store import Journal, JournalError, default_journal_path, event_time
+
+PROGRESS_EVERY = 10_000
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class PostmortemError(click.ClickException):
+    exit_code = 2
+
+
+class SinceType(click.ParamType):
+    """A point in time: 90s / 30m / 2h / 7d / 1w ago, an ISO time (local unless it says), or
+    Unix seconds."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param, ctx) -> float:
+        if isinstance(value, float):
+            return value
+        s = str(value).strip()
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", s)
+        if m:
+            return time.time() - float(m.group(1)) * _UNITS[m.group(2)]
+        if re.fullmatch(r"\d{9,}(?:\.\d+)?", s):
+            return float(s)
+        try:
+            return datetime.fromisoformat(s).timestamp()  # naive -> local time
+        except ValueError:
+            self.fail(f"{s!r} is not a time: use e.g. 2h, 30m, 7d, 2026-11-22T03:00 or "
+                      "Unix seconds", param, ctx)
+
+
+SINCE = SinceType()
+
+
+def journal_option(f):
+    return click.option(
+        "--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
+        default=None, show_default=False,
+        help=f"the journal to read [default: {default_journal_path()}]")(f)
+
+
+def open_journal(path: Path | None) -> Journal:
+    try:
+        return Journal.open_existing(path)
+    except JournalError as e:
+        raise PostmortemError(str(e)) from None
+
+
+def find_episode(journal: Journal, episode_id: str) -> Episode:
+    try:
+        return lookup.match(journal.episodes(), episode_id, str(journal.path))
+    except JournalError as e:
+        raise PostmortemError(str(e)) from None
+    except lookup.NotFound as e:
+        raise PostmortemError(str(e)) from None
+
+
+def print_episodes(episodes: list[Episode], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([text.as_json(ep) for ep in episodes], indent=2))
+    else:
+        click.echo(text.table(episodes))
+
+
+# ---------------------------------------------------------------- episodes
+
+
+@click.group()
+def episodes() -> None:
+    """Episodes recorded in the journal: list, show, export."""
+
+
+@episodes.command("list")
+@journal_option
+@click.option("--since", type=SINCE, default=None, help="only episodes active since (2h, ISO)")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table")
+def list_episodes(journal_path: Path | None, since: float | None, as_json: bool) -> None:
+    """Table of episodes: id, resource, direction, start, phase times, outcome."""
+    journal = open_journal(journal_path)
+    try:
+        found = journal.episodes(since=since)
+    except JournalError as e:
+        raise PostmortemError(str(e)) from None
+    finally:
+        journal.close()
+    print_episodes(found, as_json)
+
+
+@episodes.command("show")
+@journal_option
+@click.argument("episode_id")
+@click.option("--json", "as_json", is_flag=True, help="the stored episode as JSON")
+def show_episode(journal_path: Path | None, episode_id: str, as_json: bool) -> None:
+    """One episode as a timeline in text."""
+    journal = open_journal(journal_path)
+    try:
+        ep = find_episode(journal, episode_id)
+    finally:
+        journal.close()
+    click.echo(json.dumps(text.as_json(ep), indent=2) if as_json else text.timeline(ep))
+
+
+@episodes.command("export")
+@journal_option
+@click.option("--since", type=SINCE, default=None, help="first event time (2h, ISO, ...)")
+@click.option("--until", type=SINCE, default=None, help="last event time")
+@click.option("--progress-every", type=click.IntRange(min=1), default=PROGRESS_EVERY,
+              hidden=True)
+def export_events(journal_path: Path | None, since: float | None, until: float | None,
+                  progress_every: int) -> None:
+    """The raw events as JSON lines on stdout (for `replay`); progress goes to stderr."""
+    journal = open_journal(journal_path)
+    out = sys.stdout
+    try:
+        total = journal.count_events(since, until)
+        n = 0
+        for event in journal.events(since, until):
+            out.write(codec.dumps(event) + "\n")
+            n += 1
+            if n % progress_every == 0:
+                click.echo(f"exported {n}/{total} events", err=True)
+        out.flush()
+    except JournalError as e:
+        raise PostmortemError(str(e)) from None
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        sys.stderr.close()
+        return
+    finally:
+        journal.close()
+    skipped = f" ({journal.malformed} unreadable rows skipped)" if journal.malformed else ""
+    click.echo(f"exported {n} events from {journal.path}{skipped}", err=True)
+
+
+# ---------------------------------------------------------------- replay
+
+
+def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
+    """Feed recorded events through the correlator with a clock set to each event's time.
+
+    The clock never runs backwards (sources deliver slightly out of order); after the last
+    event it is moved past every window so episodes that were waiting end as they would have.
+    """
+    clock = FakeClock(event_time(events[0]) if events else 0.0)
+    correlator = Correlator(config, clock)
+    found: dict[str, Episode] = {}
+
+    def take(updates) -> None:
+        for u in updates:
+            found[u.episode.id] = u.episode
+
+    for event in events:
+        clock.t = max(clock.t, event_time(event))
+        take(correlator.tick())  # what the live agent's tick did before this event arrived
+        take(correlator.handle(event))
+    clock.t += (config.coalesce_window + config.resync_deadline + config.readmission_settle
+                + 1.0)
+    take(correlator.tick())
+    return sorted(found.values(), key=lambda ep: (ep.opened, ep.id))
+
+
+def read_jsonl(path: Path) -> tuple[list, int]:
+    """Events from a JSON-lines file; malformed lines are counted and skipped."""
+    events, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = codec.loads(line)
+            except codec.CodecError as e:
+                bad += 1
+                click.echo(f"{path}:{lineno}: skipped: {e}", err=True)
+                continue
+            if type(obj).__name__ in codec.EVENT_TYPES:
+                events.append(obj)
+            else:
+                bad += 1
+                click.echo(f"{path}:{lineno}: skipped: a {type(obj).__name__}, not an event",
+                           err=True)
+    return events, bad
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table")
+@options.apply(options.REPLAY)
+@click.option("--kubernetes/--no-kubernetes", default=None,
+              help="judge resync and readmission [default: when the file has Kubernetes "
+                   "events]")
+def replay(file: Path, as_json: bool, kubernetes: bool | None, **values: Any) -> None:
+    """Replay exported events (FILE.jsonl) through the correlator and print the episodes."""
+    try:
+        events, bad = read_jsonl(file)
+    except (OSError, UnicodeDecodeError) as e:
+        raise PostmortemError(f"cannot read {file}: {e}") from None
+    if kubernetes is None:
+        kubernetes = any(isinstance(e, (NodeStatus, PodStatus, PodsRelisted)) for e in events)
+    config = correlator_config(Options.from_cli(values), kubernetes)
+    found = replay_events(events, config)
+    print_episodes(found, as_json)
+    click.echo(f"replayed {len(events)} events{f', skipped {bad} lines' if bad else ''}: "
+               f"{len(found)} episodes", err=True)
+
+
+# ---------------------------------------------------------------- report
+
+
+@click.command()
+@journal_option
+@click.argument("episode_id")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="FILE.svg or FILE.png (needs the `report` extra: matplotlib)")
+@click.option("--events", "events_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="read the episode from exported events (FILE.jsonl, replayed with the "
+                   "default settings) instead of the journal")
+def report(journal_path: Path | None, episode_id: str, output: Path,
+           events_file: Path | None) -> None:
+    """Draw one episode: kernel transitions, resync, readmission with pod outcomes."""
+    if events_file is not None:
+        ep, node = _from_jsonl(events_file, episode_id)
+    else:
+        journal = open_journal(journal_path)
+        try:
+            ep = find_episode(journal, episode_id)
+            node = lookup.node_name(journal.events(ep.opened - 86400, ep.ended), ep)
+        except JournalError as e:
+            raise PostmortemError(str(e)) from None
+        finally:
+            journal.close()
+    try:
+        timeline.write(ep, output, node)
+    except timeline.ReportError as e:
+        raise PostmortemError(str(e)) from None
+    except OSError as e:
+        raise PostmortemError(f"cannot write {output}: {e}") from None
+    click.echo(f"wrote {output}", err=True)
+
+
+def _from_jsonl(path: Path, episode_id: str) -> tuple[Episode, str | None]:
+    try:
+        events, _ = read_jsonl(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise PostmortemError(f"cannot read {path}: {e}") from None
+    kubernetes = any(isinstance(e, (NodeStatus, PodStatus, PodsRelisted)) for e in events)
+    found = replay_events(events, correlator_config(Options(), kubernetes))
+    try:
+        ep = lookup.match(found, episode_id, str(path))
+    except lookup.NotFound as e:
+        raise PostmortemError(str(e)) from None
+    return ep, lookup.node_name(events, ep)
+
+
+def register(main: click.Group) -> None:
+    """Add the postmortem commands to the main CLI group."""
+    main.add_command(episodes)
+    main.add_command(replay)
+    main.add_command(report)
+
+
+# What the main group registers (exporter/cli/main.py reads this).
+COMMANDS = (episodes, replay, report)

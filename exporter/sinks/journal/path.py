@@ -1,0 +1,97 @@
+"""Where the journal may live: checked before SQLite touches anything (issue 16, item 3).
+
+The exporter runs as root and makes the journal 0600. A journal path that is a symbolic link
+would make it chmod (and then overwrite) whatever the link points at, an empty target would
+become a database, a dangling one would be created; a FIFO would hang start-up. A directory
+other users can write lets them plant such a link at any time. So:
+- the journal file and its -wal/-shm companions must be regular files or absent, never links
+  (checked with lstat, and the file is opened with O_NOFOLLOW so a link planted after the check
+  fails the open instead of being followed);
+- the directory must not be writable by group or others. The exporter's own directory
+  (`node-resize-exporter`, owned by us) is tightened to 0700 with a warning; any other
+  directory is refused, since changing the mode of a directory we did not make (/tmp) would be
+  worse than not starting.
+A refusal is a JournalPathError whose message says what is wrong and how to fix it; the
+composition root turns it into exit 2.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger("exporter.sinks.journal.store")
+
+APP_DIR = "node-resize-exporter"
+SIDE_FILES = ("", "-wal", "-shm")
+
+
+class JournalPathError(Exception):
+    """The journal path is unsafe to open as root; the message names the fix."""
+
+
+def check_journal_path(path: Path) -> None:
+    """Refuse (JournalPathError) or tighten the journal's place before it is opened."""
+    _check_directory(path.parent, path)
+    for suffix in SIDE_FILES:
+        _check_file(Path(f"{path}{suffix}"))
+
+
+def _check_directory(directory: Path, path: Path) -> None:
+    try:
+        st = os.stat(directory)  # a link to a directory is fine: only who can write it matters
+    except FileNotFoundError:
+        return  # the journal creates it 0700
+    if not stat.S_ISDIR(st.st_mode):
+        raise JournalPathError(f"journal {path}: {directory} is not a directory. Fix: pass "
+                               "--journal PATH in a directory, or --no-journal")
+    loose = stat.S_IMODE(st.st_mode) & 0o022
+    if not loose:
+        return
+    if directory.name == APP_DIR and st.st_uid == os.geteuid():
+        os.chmod(directory, 0o700)
+        log.warning("journal directory %s was mode %o (writable by others); tightened to 0700",
+                    directory, stat.S_IMODE(st.st_mode))
+        return
+    raise JournalPathError(
+        f"journal {path}: its directory {directory} is writable by "
+        f"{'others' if loose & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):o}): "
+        "another user could replace the journal with a link. Fix: chmod 0700 "
+        f"{directory}, or put the journal in a directory only this user can write (the "
+        f"default /var/lib/{APP_DIR}/)")
+
+
+def _check_file(candidate: Path) -> None:
+    try:
+        st = os.lstat(candidate)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise JournalPathError(
+            f"journal {candidate} is a symbolic link (to {os.readlink(candidate)!r}); refused: "
+            "the journal is made 0600 and written as root, so a link would change another "
+            "file. Fix: remove the link, or pass --journal with the real path")
+    if not stat.S_ISREG(st.st_mode):
+        raise JournalPathError(f"journal {candidate} is not a regular file ({_kind(st.st_mode)})"
+                               ". Fix: remove it, or pass --journal PATH to a regular file")
+
+
+def open_private(path: Path) -> int:
+    """Open (creating 0600) the journal file without following a link or blocking on a FIFO;
+    OSError when it is not a regular file. Returns the fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"journal {path} is not a regular file")
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return f"mode {mode:o}"

@@ -1,0 +1,74 @@
+"""This node's Node object (status.capacity / status.allocatable), from a watch.
+
+Only this node is watched (fieldSelector metadata.name=NODE): a DaemonSet of watches on every
+node object would cost the API server O(nodes^2). A NodeStatus is emitted when capacity or
+allocatable actually change (the first delivery always), not on every heartbeat update, and
+not again after a relist that finds the same values; a heartbeat that moved without them is a
+NodeHeartbeat (issue 17: a dead kubelet is told by its heartbeat's age).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from exporter.clock import Clock
+from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
+from exporter.kube.capacity_configured import CapacityConfiguredFilter
+from exporter.kube.client import RawNode
+from exporter.kube.convert import node_status
+from exporter.sources.apiserver.one_object import OneObjectSource
+from exporter.sources.base import Emit
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+
+
+class KubeNodeSource(OneObjectSource):
+    name = "kube_node"
+    resource = RawNode
+    plural = "nodes"
+
+    def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
+        super().__init__(clock, node_name=node_name, **kwargs)
+        self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
+        self._beat: float | None = None  # the Ready heartbeat last emitted
+        self._configured = CapacityConfiguredFilter()  # issue 13: KEP-3953's condition
+
+    def describe(self) -> str:
+        return f"Node {self.node_name!r}"
+
+    def missing_reason(self) -> str:
+        return (f"Node {self.node_name!r} not found in the API: check --node-name / NODE_NAME "
+                "(spec.nodeName via the downward API)")
+
+    def forget(self) -> None:
+        self._last = None
+
+    def deliver(self, obj: dict, emit: Emit) -> None:
+        now = self.clock.now()
+        problems: list[str] = []  # issue 13: KEP-3953's CapacityConfigured, when it changes
+        configured = self._configured.feed(obj, now, problems)
+        if configured is not None:
+            for problem in problems:
+                emit(MalformedInput(self.name, problem, now))
+            emit(configured)
+        converted = node_status(obj, now)
+        event = converted.event
+        if not isinstance(event, NodeStatus):
+            emit(MalformedInput(self.name, "; ".join(converted.problems), now))
+            return
+        key = (dataclasses.replace(event, time=0.0, resource_version="", heartbeat=None),
+               tuple(converted.problems))
+        beat, self._beat = self._beat, event.heartbeat
+        if key == self._last:
+            if event.heartbeat is not None and event.heartbeat != beat:
+                emit(NodeHeartbeat(now, event.node, event.heartbeat))
+            return
+        self._last = key
+        for problem in converted.problems:
+            emit(MalformedInput(self.name, problem, now))
+        emit(event)
+
+
+
+register(SourceSpec(
+    "kube_node", KUBERNETES, "this node's Node object (list/watch)",
+    lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
+                               kubeconfig=ctx.options.kubeconfig), order=60))

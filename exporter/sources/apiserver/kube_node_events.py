@@ -1,0 +1,105 @@
+"""KEP-3953's Warning Events on this Node (reason EmergencyCapacityReduced: the kubelet cut the
+Node's capacity in an emergency), from a list/watch of core/v1 Events.
+
+The API server filters (fieldSelector involvedObject.kind=Node, involvedObject.name=NODE,
+reason=...): an agent sees only its own Node's few Events, never the cluster's stream. Events
+are aggregated by the API (one object, `count` occurrences) and expire (an hour by default), so
+what is reported is what the API holds now: occurrences summed, and the newest time.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from lightkube.generic_resource import GenericNamespacedResource, create_api_info
+
+from exporter.clock import Clock
+from exporter.events import NodeWarningEvents
+from exporter.sources.base import Emit
+from exporter.sources.apiserver.listwatch import ListWatchSource
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+
+REASON = "EmergencyCapacityReduced"
+ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/events
+MAX_EVENTS = 1000  # kept per source: the API aggregates repeats into one object
+
+
+class RawEvent(GenericNamespacedResource):
+    _api_info = create_api_info("", "v1", "Event", "events",
+                                verbs=["list", "watch", "global_list", "global_watch"])
+
+
+def _time(obj: dict) -> float | None:
+    """The Event's newest timestamp (lastTimestamp, else eventTime, else firstTimestamp)."""
+    series = obj.get("series") if isinstance(obj.get("series"), dict) else {}
+    for value in (obj.get("lastTimestamp"), series.get("lastObservedTime"),
+                  obj.get("eventTime"), obj.get("firstTimestamp")):
+        if isinstance(value, str) and value:
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def _count(obj: dict) -> int:
+    count = obj.get("count")
+    series = obj.get("series") if isinstance(obj.get("series"), dict) else {}
+    if not isinstance(count, int) or isinstance(count, bool):
+        count = series.get("count", 1)
+    return count if isinstance(count, int) and 0 < count < 1 << 31 else 1
+
+
+class KubeNodeEventsSource(ListWatchSource):
+    name = "kube_node_events"
+    resource = RawEvent
+    plural = "events"
+    namespace = ALL_NAMESPACES
+
+    def __init__(self, clock: Clock, *, node_name: str, **kwargs: object) -> None:
+        super().__init__(clock, **kwargs)  # type: ignore[arg-type]
+        self.node_name = node_name
+        self._events: dict[str, tuple[int, float | None]] = {}  # uid -> (count, time)
+        self._last: tuple[int, float | None] | None = None
+
+    def field_selector(self) -> dict[str, str]:
+        return {"involvedObject.kind": "Node", "involvedObject.name": self.node_name,
+                "reason": REASON}
+
+    def on_list(self, items: list[dict], emit: Emit) -> None:
+        self._events = {}
+        for obj in items:
+            self._keep(obj)
+        self._report(emit)
+
+    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            return
+        if event_type == "DELETED":
+            self._events.pop(uid, None)
+        elif event_type in ("ADDED", "MODIFIED"):
+            self._keep(obj)
+        self._report(emit)
+
+    def _keep(self, obj: dict) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        involved = obj.get("involvedObject") or {}
+        # The field selector should make the others impossible; do not trust it blindly.
+        if (not isinstance(uid, str) or obj.get("reason") != REASON
+                or involved.get("name") != self.node_name or involved.get("kind") != "Node"):
+            return
+        if uid in self._events or len(self._events) < MAX_EVENTS:
+            self._events[uid] = (_count(obj), _time(obj))
+
+    def _report(self, emit: Emit) -> None:
+        times = [t for _, t in self._events.values() if t is not None]
+        now = (sum(c for c, _ in self._events.values()), max(times) if times else None)
+        if now != self._last:
+            self._last = now
+            emit(NodeWarningEvents(self.clock.now(), self.node_name, REASON, *now))
+
+
+register(SourceSpec(
+    "kube_node_events", KUBERNETES, "KEP-3953's Warning Events on this Node (list/watch)",
+    lambda ctx: KubeNodeEventsSource(ctx.clock, node_name=ctx.node_name,
+                                     kubeconfig=ctx.options.kubeconfig), order=63))

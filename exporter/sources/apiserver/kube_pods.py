@@ -1,0 +1,107 @@
+"""Pods bound to this node (fieldSelector spec.nodeName=NODE), from a watch.
+
+Emits a PodStatus when a pod's converted state changes (phase, reason, readiness, requests,
+balloon resize state), PodStatus(deleted=True) on DELETED, and PodsRelisted after every list:
+after a relist (410, error) the correlator learns which pods vanished during the gap, and pods
+that did not change produce no second event, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from exporter.clock import Clock
+from exporter.events import MalformedInput, PodsRelisted, PodStatus
+from exporter.kube.client import RawPod
+from exporter.kube.convert import LabelSelector, pod_status
+from exporter.sources.apiserver.listwatch import ListWatchSource
+from exporter.sources.base import Emit
+from exporter.config.options import Opt
+from exporter.config.types import KubeName, LabelSelectorText
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+
+ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
+
+
+class KubePodsSource(ListWatchSource):
+    name = "kube_pods"
+    resource = RawPod
+    plural = "pods"
+    namespace = ALL_NAMESPACES
+
+    def __init__(self, clock: Clock, *, node_name: str,
+                 balloon_selector: str | LabelSelector | None = None,
+                 balloon_priority_classes: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init__(clock, **kwargs)
+        self.node_name = node_name
+        self.selector = (LabelSelector(balloon_selector) if isinstance(balloon_selector, str)
+                         else balloon_selector)
+        self.priority_classes = frozenset(balloon_priority_classes)
+        self._known: dict[str, PodStatus] = {}  # uid -> last emitted state, time/RV zeroed
+
+    def field_selector(self) -> dict[str, str]:
+        return {"spec.nodeName": self.node_name}
+
+    def on_list(self, items: list[dict], emit: Emit) -> None:
+        now = self.clock.now()
+        known: dict[str, PodStatus] = {}
+        for obj in items:
+            event = self._convert(obj, now, emit, deleted=False)
+            if event is None:
+                continue
+            key = _key(event)
+            if self._known.get(event.uid) != key:
+                emit(event)
+            known[event.uid] = key
+        self._known = known
+        emit(PodsRelisted(now, frozenset(known)))
+
+    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        now = self.clock.now()
+        deleted = event_type == "DELETED"
+        event = self._convert(obj, now, emit, deleted=deleted)
+        if event is None:
+            return
+        if deleted:
+            self._known.pop(event.uid, None)
+            emit(event)
+            return
+        key = _key(event)
+        if self._known.get(event.uid) == key:
+            return
+        self._known[event.uid] = key
+        emit(event)
+
+    def _convert(self, obj: dict, now: float, emit: Emit, deleted: bool) -> PodStatus | None:
+        converted = pod_status(obj, now, self.selector, deleted=deleted,
+                               priority_classes=self.priority_classes)
+        event = converted.event
+        if not isinstance(event, PodStatus):
+            emit(MalformedInput(self.name, "; ".join(converted.problems), now))
+            return None
+        # Report a malformed quantity once per change of the pod, not once per relist.
+        if converted.problems and self._known.get(event.uid) != _key(event):
+            for problem in converted.problems:
+                emit(MalformedInput(self.name, problem, now))
+        return event
+
+
+def _key(event: PodStatus) -> PodStatus:
+    return dataclasses.replace(event, time=0.0, resource_version="")
+
+
+register(SourceSpec(
+    "kube_pods", KUBERNETES, "the pods bound to this node (list/watch)",
+    lambda ctx: KubePodsSource(ctx.clock, node_name=ctx.node_name,
+                               kubeconfig=ctx.options.kubeconfig,
+                               balloon_selector=ctx.options.balloon_selector,
+                               balloon_priority_classes=ctx.options.balloon_priority_classes),
+    order=61,
+    options=(
+        Opt("balloon_selector", ("--balloon-selector",), "node-resize-exporter.io/balloon=true",
+            "Label selector of balloon pods.", LabelSelectorText()),
+        Opt("balloon_priority_classes", ("--balloon-priority-class",), (),
+            "Pods of this PriorityClass are balloon pods too, whatever their labels "
+            "(repeatable; for example the cluster-autoscaler's overprovisioning class).",
+            KubeName("PriorityClass name", "class"), show_default=False, multiple=True))))

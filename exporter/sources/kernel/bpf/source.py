@@ -1,0 +1,268 @@
+"""BPF source: the cpuhp tracepoints and the memory online/offline probes.
+
+The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition).
+bcc compiles, loads and attaches it in a short-lived child process (sources/bpf_loader.py says
+why and how), which hands the map, program and perf-event fds back; this module never imports
+bcc. It reads the ring buffer through libbpf (exporter/sources/kernel/bpf/libbpf.py) on an epoll wait with no
+timeout (a stop wakes it through a pipe), decodes records into Transitions and counts what the
+ring buffer dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place:
+Clock.from_ktime_ns.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import os
+import select
+import time
+from pathlib import Path
+
+from exporter.sources.kernel.bpf.files import bpf_dir
+from exporter.clock import MonotonicWallClock
+from exporter.events import (
+    Direction, EventsLost, MalformedInput, ProgramStatus, Resource, Result, SourceStatus,
+    Transition,
+)
+from exporter.sources.kernel.bpf import libbpf
+from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.kernel.bpf.loader import LoadError, Loaded, load
+from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
+from exporter.sources.kernel.sysfs import read_hotplug_states
+from exporter.config.options import Opt
+from exporter.config.types import PowerOfTwo
+from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+
+BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
+KIND_CPU, KIND_MEMORY = 1, 2
+CPUHP_PROGRAMS = ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
+MEMORY_PROBES = {  # program name -> (kernel function, is return probe)
+    "online_pages_enter": ("online_pages", False),
+    "online_pages_return": ("online_pages", True),
+    "offline_pages_enter": ("offline_pages", False),
+    "offline_pages_return": ("offline_pages", True),
+}
+STORM_WAKES = 10  # this many wake-ups within a second is a flap storm, not a resize
+STORM_BATCH_SECONDS = 0.1  # ... then records are read in batches this far apart
+# 256 KiB: thousands of records; a flap storm makes ~60/s
+RINGBUF_PAGES = Opt("ringbuf_pages", ("--ringbuf-pages",), 64,
+                    "BPF ring buffer size in pages (a power of two).", PowerOfTwo())
+
+
+class HotplugRecord(ctypes.Structure):
+    """Mirror of struct hotplug_record in bpf/hotplug.h."""
+
+    _fields_ = [
+        ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
+        ("pfn", ctypes.c_uint64), ("nr_pages", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
+        ("online", ctypes.c_int32), ("ret", ctypes.c_int32),
+        ("failed_state", ctypes.c_int32), ("steps", ctypes.c_uint32),
+    ]
+
+
+RECORD_SIZE = ctypes.sizeof(HotplugRecord)
+
+
+def cpuhp_targets(states: dict[int, str]) -> tuple[int, int]:
+    """(STATE_ONLINE, STATE_OFFLINE_DONE) from /sys/devices/system/cpu/hotplug/states.
+
+    Going offline, the kernel never reports reaching state 0: the lowest prepare state,
+    threads:prepare (CPUHP_CREATE_THREADS), has no teardown callback, so the last callback a
+    CPU runs on its way down is the lowest named state above it.
+    """
+    online = next((n for n, name in states.items() if name == "online"), None)
+    if online is None:
+        raise ValueError("no 'online' state in hotplug/states")
+    lower = sorted(n for n, name in states.items() if 0 < n < online and name != "threads:prepare")
+    if not lower:
+        raise ValueError("no prepare states in hotplug/states")
+    return online, lower[0]
+
+
+def errno_name(ret: int) -> str:
+    code = -ret if ret < 0 else ret
+    return errno.errorcode.get(code, f"ret={ret}")
+
+
+class RecordDecoder:
+    """Turns raw records into Transitions: names states, maps pfns to memory blocks."""
+
+    def __init__(self, clock: MonotonicWallClock, states: dict[int, str], block_size: int,
+                 page_size: int = os.sysconf("SC_PAGE_SIZE")):
+        self.clock = clock
+        self.states = states
+        self.block_size = block_size
+        self.page_size = page_size
+
+    def decode(self, rec: HotplugRecord) -> Transition:
+        failed = rec.ret != 0
+        if rec.kind == KIND_CPU:
+            resource, unit = Resource.CPU, rec.cpu
+        elif rec.kind == KIND_MEMORY:
+            resource = Resource.MEMORY
+            unit = rec.pfn * self.page_size // self.block_size if self.block_size else rec.pfn
+        else:
+            raise ValueError(f"unknown record kind {rec.kind}")
+        state = None
+        if failed and rec.failed_state >= 0:
+            state = f"{rec.failed_state} ({self.states.get(rec.failed_state, '?')})"
+        return Transition(
+            source="bpf", resource=resource, unit=int(unit),
+            direction=Direction.ONLINE if rec.online else Direction.OFFLINE,
+            result=Result.FAILED if failed else Result.SUCCESS,
+            start=self.clock.from_ktime_ns(rec.start_ns),
+            end=self.clock.from_ktime_ns(rec.end_ns),
+            steps=rec.steps if rec.kind == KIND_CPU else None,
+            failed_state=state,
+            error=errno_name(rec.ret) if failed else None,
+            pfn=rec.pfn if rec.kind == KIND_MEMORY else None,
+            nr_pages=rec.nr_pages if rec.kind == KIND_MEMORY else None,
+        )
+
+
+def program_text() -> str:
+    """bpf/*.c as one text: bcc rewrites TRACEPOINT_PROBE only in the main text, not in
+    #included files, so the shared header is inlined once and the includes dropped."""
+    parts = [(BPF_DIR / "hotplug.h").read_text()]
+    for name in ("cpuhp.bpf.c", "memory.bpf.c"):
+        text = (BPF_DIR / name).read_text()
+        parts.append(text.replace('#include "hotplug.h"', f"/* {name} */"))
+    return "\n".join(parts)
+
+
+def program_cflags(states: dict[int, str], ringbuf_pages: int) -> list[str]:
+    online, offline_done = cpuhp_targets(states)
+    return [f"-DSTATE_ONLINE={online}", f"-DSTATE_OFFLINE_DONE={offline_done}",
+            f"-DRINGBUF_PAGES={ringbuf_pages}"]
+
+
+def printable_program(states: dict[int, str], ringbuf_pages: int = RINGBUF_PAGES.default) -> str:
+    """The BPF C as it will be compiled, for `--print-bpf`."""
+    flags = " ".join(program_cflags(states, ringbuf_pages))
+    return f"// cflags: {flags}\n{program_text()}"
+
+
+def preflight() -> None:
+    """Raise SourceUnavailable with the fix when bcc cannot compile and attach here."""
+    for req in requirements():
+        if not req.ok:
+            raise SourceUnavailable(req.detail, req.fix)
+
+
+class BpfSource(Source):
+    name = "bpf"
+
+    def __init__(self, clock: MonotonicWallClock, ringbuf_pages: int = RINGBUF_PAGES.default,
+                 sysfs: str = "/sys"):
+        super().__init__(clock)
+        self.ringbuf_pages = ringbuf_pages
+        self.sysfs = Path(sysfs)
+        self.loaded: Loaded | None = None
+        self.ring: libbpf.RingBuffer | None = None
+        self.attached: dict[str, tuple[bool, str]] = {}
+        self._lost_seen = 0
+        self._emit: Emit | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    def open(self) -> None:
+        preflight()
+        states = read_hotplug_states(self.sysfs)
+        block_file = self.sysfs / "devices/system/memory/block_size_bytes"
+        block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
+        self.decoder = RecordDecoder(self.clock, states, block_size)
+        try:
+            self.loaded = load(program_text(), program_cflags(states, self.ringbuf_pages),
+                               MEMORY_PROBES, (TRACEFS / "kprobe_events").exists())
+        except LoadError as e:
+            raise SourceUnavailable(f"bcc could not compile or load bpf/: {e}",
+                                    "run `node-resize-exporter check` for what is missing") from e
+        self.attached = dict(self.loaded.attached)
+        for prog, (ok, reason) in self.attached.items():
+            if not ok and prog in MEMORY_PROBES:
+                self.log.info("memory probe %s not attached: %s", prog, reason)
+        try:
+            self.ring = libbpf.RingBuffer(self.loaded.maps["records"], self._on_sample)
+        except (OSError, KeyError) as e:
+            self.close()
+            raise SourceUnavailable(f"cannot read the BPF ring buffer through libbpf: {e}",
+                                    libbpf.FIX) from e
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def loop(self, emit: Emit) -> None:
+        assert self.ring is not None
+        now = self.clock.now()
+        for prog, (ok, reason) in self.attached.items():
+            emit(ProgramStatus(prog, ok, now, reason))
+        emit(SourceStatus(self.name, True, now))
+        self._emit = emit
+        poller = select.poll()
+        poller.register(self.ring.epoll_fd(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        woken: collections.deque[float] = collections.deque(maxlen=STORM_WAKES)
+        while not self.stopping.is_set():
+            poller.poll()  # no timeout: nothing to do until a record arrives or stop() writes
+            self._drain(emit)
+            woken.append(time.monotonic())
+            if len(woken) == STORM_WAKES and woken[-1] - woken[0] < 1.0:
+                # A flap storm: let records gather and take them in batches (the ring holds
+                # ~4000). Each wake-up costs ~2 ms of CPU next to a CPU online on the CI VMs
+                # (bench/README.md, profile); counts stay exact, only later by <= the batch.
+                self.stopping.wait(STORM_BATCH_SECONDS)
+        self._drain(emit)  # what arrived while stopping still counts
+
+    def _drain(self, emit: Emit) -> None:
+        assert self.ring is not None
+        if self.ring.consume():
+            # Records are lost only while the ring is full, i.e. while records wait in it, so
+            # reading the counter after each batch sees every loss with no timer.
+            self._report_lost(emit)
+
+    def _on_sample(self, data: int, size: int) -> None:
+        """One record, still in the ring: copy it out (64 bytes) and decode."""
+        emit = self._emit
+        assert emit is not None
+        if size < RECORD_SIZE:
+            emit(MalformedInput(self.name, f"ring buffer record of {size} bytes, expected "
+                                f"{RECORD_SIZE}", self.clock.now()))
+            return
+        rec = HotplugRecord.from_buffer_copy(ctypes.string_at(data, RECORD_SIZE))
+        try:
+            event = self.decoder.decode(rec)
+        except ValueError as e:
+            emit(MalformedInput(self.name, str(e), self.clock.now()))
+            return
+        emit(event)
+
+    def _report_lost(self, emit: Emit) -> None:
+        assert self.loaded is not None
+        total = libbpf.lookup_u64(self.loaded.maps["lost"])
+        if total > self._lost_seen:
+            emit(EventsLost(self.name, total - self._lost_seen, self.clock.now()))
+            self._lost_seen = total
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")  # wake the poll now
+        super().stop(timeout)
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        if self.loaded is not None:
+            self.loaded.close()  # the perf-event fds go: every probe and tracepoint detaches
+            self.loaded = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+
+def _bpf(ctx: SourceContext) -> BpfSource:
+    return BpfSource(ctx.clock, ctx.options.ringbuf_pages, ctx.options.sysfs_root)
+
+
+register(SourceSpec("bpf", KERNEL, "cpuhp tracepoints and memory online/offline probes (bcc)",
+                    _bpf, order=20, options=(RINGBUF_PAGES,)))

@@ -1,0 +1,117 @@
+"""What each path of the HTTP endpoint answers: the telemetry path (the shared rendering, on a
+small thread pool), /healthz, the index page; basic auth with its cache checked on the event
+loop and bcrypt on a bounded pool (AUTH_THREADS at once, AUTH_WAIT for a slot, then 429).
+exporter/web/server.py owns the connections; this module sees one parsed request at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import html
+from typing import Callable
+
+import h11
+
+from exporter.web.exposition import Exposition
+from exporter.web.auth import AUTH_CONCURRENCY, AUTH_WAIT, AuthBusy, BasicAuth
+
+RENDER_THREADS = 2
+AUTH_THREADS = AUTH_CONCURRENCY  # more threads would only wait for a slot
+AUTH_QUEUE = 32  # requests waiting for a bcrypt slot (AUTH_WAIT at most); past it 429 at once
+REALM = 'Basic realm="node-resize-exporter", charset="UTF-8"'
+INDEX = """<html><head><title>node-resize-exporter</title></head><body>
+<h1>node-resize-exporter</h1><p><a href="{path}">Metrics</a> <a href="/healthz">Health</a></p>
+</body></html>"""
+
+Response = tuple[int, str, bytes, dict[str, str]]  # status, content type, body, more headers
+
+
+class Routes:
+    def __init__(self, exposition: Exposition, auth: BasicAuth, healthy: Callable[[], bool],
+                 telemetry_path: str):
+        if not telemetry_path.startswith("/") or telemetry_path in ("/", "/healthz") \
+                or any(c in telemetry_path for c in "?# \r\n\"<>"):
+            raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
+                             "/metrics (starting with /, not / or /healthz)")
+        self.exposition = exposition
+        self.auth = auth
+        self.healthy = healthy
+        self.telemetry_path = telemetry_path
+        self.index = INDEX.format(path=html.escape(telemetry_path, quote=True)).encode()
+        self._auth_waiting = 0
+        self._auth_slots = asyncio.Semaphore(AUTH_THREADS)
+        self._render_pool = concurrent.futures.ThreadPoolExecutor(RENDER_THREADS, "http-render")
+        self._bcrypt_pool = concurrent.futures.ThreadPoolExecutor(AUTH_THREADS, "http-auth")
+
+    def close(self) -> None:
+        self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self._bcrypt_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def respond(self, request: h11.Request) -> Response:
+        method = request.method.decode("ascii", "replace")
+        path = request.target.split(b"?", 1)[0].decode("latin-1")
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
+        if path != "/healthz" and self.auth.enabled:
+            verdict = await self._authorized(request)
+            if verdict is None:
+                return 429, "text/plain", b"too many password checks at once\n", \
+                    {"Retry-After": "1"}
+            if not verdict:
+                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        if path == self.telemetry_path:
+            accept, encoding = _header(request, b"accept"), _header(request, b"accept-encoding")
+            rendering = self.exposition.cached(accept, encoding)
+            if rendering is None:  # render (or wait for the one under way) off the loop
+                loop = asyncio.get_running_loop()
+                rendering = await loop.run_in_executor(self._render_pool, self.exposition.get,
+                                                       accept, encoding)
+            extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} \
+                if rendering.gzipped else {"Vary": "Accept-Encoding"}
+            return 200, rendering.content_type, rendering.body, extra
+        if path == "/healthz":
+            ok = self.healthy()
+            return (200, "text/plain", b"ok\n", {}) if ok else (503, "text/plain", b"down\n", {})
+        if path == "/":
+            return 200, "text/html; charset=utf-8", self.index, {}
+        return 404, "text/plain", b"not found\n", {}
+
+    async def _authorized(self, request: h11.Request) -> bool | None:
+        """True/False, or None when bcrypt is saturated (the caller answers 429)."""
+        scheme, _, encoded = _header(request, b"authorization").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(encoded.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user, sep, password = decoded.decode("utf-8", "surrogateescape").partition(":")
+        if not sep:
+            return False
+        if self.auth.cached(user, password):  # the common case: no thread, no bcrypt
+            return True
+        if self._auth_waiting >= AUTH_QUEUE:
+            return None
+        self._auth_waiting += 1
+        try:
+            # Wait briefly for a bcrypt slot, then 429: a queue of guesses must not delay the
+            # answer to a real scraper by seconds.
+            await asyncio.wait_for(self._auth_slots.acquire(), AUTH_WAIT)
+        except TimeoutError:
+            return None
+        finally:
+            self._auth_waiting -= 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._bcrypt_pool, self.auth.check, user,
+                                              password)
+        except AuthBusy:
+            return None
+        finally:
+            self._auth_slots.release()
+
+
+def _header(request: h11.Request, name: bytes) -> str:
+    return ", ".join(v.decode("latin-1") for k, v in request.headers if k == name)
