@@ -12,16 +12,23 @@ import gc
 import time
 import tracemalloc
 
-from exporter.clock import FakeClock
+from bench.stats import Summary
 from exporter.app import correlator_config
+from exporter.clock import FakeClock
 from exporter.config.options import Options
-from exporter.correlate import Correlator
+from exporter.correlate.correlator import Correlator
 from exporter.correlate.ids import episode_id
 from exporter.correlate.model import Episode, Phase, UpdateKind
-from exporter.events import (Change, Direction, KernelSnapshot, NodeStatus, PodStatus, Resource,
-                             Result, Transition)
-
-from bench.stats import Summary
+from exporter.events import (
+    Change,
+    Direction,
+    KernelSnapshot,
+    NodeStatus,
+    PodStatus,
+    Resource,
+    Result,
+    Transition,
+)
 
 T0 = 1_700_000_000.0
 STEP = 0.05  # seconds between events: a flap every ~0.5 s

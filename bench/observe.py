@@ -12,14 +12,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from bench.procs import Scraper
 from exporter.agent import Agent
 from exporter.app import build_agent
 from exporter.clock import MonotonicWallClock
 from exporter.config.options import Options
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import Transition
-
-from bench.procs import Scraper
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 
 Each subcommand prints its results as JSON; `all` also writes them to --out and prints the
 Markdown table bench/README.md quotes (bench/table.py renders it from a results file).
-Real-kernel benchmarks hold the machine-wide hotplug lock of tests/kernel.py while they flap.
+Real-kernel benchmarks hold the machine-wide hotplug lock of testkit/kernel.py while they flap.
 """
 from __future__ import annotations
 

@@ -22,7 +22,12 @@ import bcrypt  # noqa: E402
 
 from testkit.exporter_proc import RunningExporter  # noqa: E402
 from testkit.web_attacks import (  # noqa: E402
-    BigHeaders, Peak, Scraper, Slowloris, proc_status, raise_fd_limit,
+    BigHeaders,
+    Peak,
+    Scraper,
+    Slowloris,
+    proc_status,
+    raise_fd_limit,
 )
 
 QUICK = ("--source", "uevent", "--kubernetes", "off")

@@ -11,11 +11,10 @@ import logging
 import queue
 import sys
 import threading
-
 from typing import Any
 
 from exporter.clock import Clock
-from exporter.correlate import Correlator
+from exporter.correlate.correlator import Correlator
 from exporter.events import DeviceChange, Event, MalformedInput, SourceStatus, Transition
 from exporter.sources.base import Source
 from exporter.sources.kernel.sysfs import SysfsSource

@@ -26,9 +26,12 @@ from prometheus_client import CollectorRegistry
 from exporter import buildinfo
 from exporter.agent import Agent
 from exporter.clock import MonotonicWallClock
-from exporter.correlate import Correlator, CorrelatorConfig, KernelLedger, NodeView
-from exporter.events import SourceStatus
 from exporter.config.options import Options
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.correlator import Correlator
+from exporter.correlate.ledger import KernelLedger
+from exporter.correlate.node_view import NodeView
+from exporter.events import SourceStatus
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kernel.sysfs import SysfsSource
@@ -232,9 +235,9 @@ def _fail(message: str) -> int:
 
 def serve(options: Options) -> int:
     """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
-    from exporter.web.server import MetricsServer
     from exporter.sinks.traces.env import trace_config_from_env
     from exporter.sinks.traces.sink import TraceSink
+    from exporter.web.server import MetricsServer
 
     clock = MonotonicWallClock()
     node = resolve_node_name(options)

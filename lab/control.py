@@ -12,7 +12,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from lab.initramfs import CHECKOUT, GUEST_PORT, SCRATCH_IN_GUEST
 from lab.qemu import Guest, GuestConfig
 from testkit.exporter_proc import Scrape, poll_until  # shared with the tests and bench

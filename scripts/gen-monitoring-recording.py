@@ -3,7 +3,7 @@
 real exporter on this machine watched cpu1 go away and come back (run as root; ~80 s).
 
 A real `node-resize-exporter run` (every kernel source that works here) joined to the test API
-server (tests/fake_apiserver.py, the real list/watch protocol) and a podresources socket is
+server (testkit/fakes/apiserver.py, the real list/watch protocol) and a podresources socket is
 scraped every SCRAPE seconds while, under the machine-wide hotplug lock:
 
    0 s  in sync: Node 2 CPUs, pods a and b Running (500m each)
@@ -16,7 +16,7 @@ scraped every SCRAPE seconds while, under the machine-wide hotplug lock:
 
 Each scrape becomes OpenMetrics samples with the scrape's timestamp and the target labels a
 ServiceMonitor adds (job, instance, node, cluster) plus `up`, ready for
-`promtool tsdb create-blocks-from openmetrics` (tests/test_dashboards_prometheus.py).
+`promtool tsdb create-blocks-from openmetrics` (tests/e2e/test_dashboards_prometheus.py).
 Every sample name is its own family of type unknown, which keeps the format valid for counters
 and histograms alike; PromQL does not read metric types.
 """
@@ -36,9 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from exporter.sources.kubelet.proto import podresources_pb2 as pb  # noqa: E402
 from testkit.exporter_proc import RunningExporter  # noqa: E402
+from testkit.fakes.apiserver import FakeApiServer  # noqa: E402
+from testkit.fakes.podresources import Kubelet, Server  # noqa: E402
 from testkit.kernel import Cpu, hotplug_lock  # noqa: E402
-from tests.fake_apiserver import FakeApiServer  # noqa: E402
-from tests.test_podresources import Kubelet, Server  # noqa: E402
 
 OUT = REPO / "tests" / "fixtures" / "hot-unplug-scrapes.om.gz"
 NODE, CLUSTER, JOB, SCRAPE, RESYNC_DEADLINE = "rec-node", "rec-cluster", "node-resize-exporter", \

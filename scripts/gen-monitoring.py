@@ -99,23 +99,29 @@ def _blocked_query(p: Params) -> str:
         args.append(f"$labels.{p.cluster_label}")
     matchers.append('node="%s"')
     args.append("$labels.node")
-    return f"(printf `node_resize_kubelet_restart_blocked{{{','.join(matchers)}}} == 1` {' '.join(args)})"
+    blocked = f"node_resize_kubelet_restart_blocked{{{','.join(matchers)}}}"
+    return f"(printf `{blocked} == 1` {' '.join(args)})"
 
 
 def rules(p: Params) -> dict:
-    text = _expand(RULES_SRC.read_text(), {"job": p.job_selector, "by": p.by,
-                                           "blocked": _blocked_query(p)}, str(RULES_SRC))
+    text = _expand(
+        RULES_SRC.read_text(),
+        {"job": p.job_selector, "by": p.by, "blocked": _blocked_query(p)},
+        str(RULES_SRC),
+    )
     data = yaml.safe_load(text)
     for group in data["groups"]:
         for rule in group["rules"]:
             if "alert" in rule:
                 rule["annotations"]["runbook_url"] = p.runbook_url.format(
-                    anchor=rule["alert"].lower())
+                    anchor=rule["alert"].lower()
+                )
             for key in ("expr", *rule.get("annotations", {})):
                 target = rule if key == "expr" else rule["annotations"]
                 # Folded source lines leave trailing blanks; keep the output tidy.
                 target[key] = "\n".join(line.rstrip() for line in target[key].splitlines()) + (
-                    "\n" if key == "expr" and "\n" in target[key].strip() else "")
+                    "\n" if key == "expr" and "\n" in target[key].strip() else ""
+                )
                 if key != "expr":
                     target[key] = target[key].strip()
     return data
@@ -130,26 +136,40 @@ def inhibit_rules(p: Params) -> dict:
         "receivers": [{"name": "default"}],
         "inhibit_rules": [
             # Nothing the exporter says about a node it cannot be scraped on is current.
-            {"source_matchers": ['alertname="NodeResizeExporterDown"'],
-             "target_matchers": ['alertname=~"NodeResize.+"',
-                                 'alertname!="NodeResizeExporterDown"'],
-             "equal": equal},
+            {
+                "source_matchers": ['alertname="NodeResizeExporterDown"'],
+                "target_matchers": [
+                    'alertname=~"NodeResize.+"',
+                    'alertname!="NodeResizeExporterDown"',
+                ],
+                "equal": equal,
+            },
             # Without the Node watch the kubelet side of every judgement is stale.
-            {"source_matchers": ['alertname="NodeResizeExporterSourceDown"',
-                                 'source=~"kube_node|kube_pods"'],
-             "target_matchers": ['alertname=~"NodeResize(CapacityStale|CapacityStranded|'
-                                 'ReadmissionRejectedPods|PodresourcesOfflineCPUs)"'],
-             "equal": equal},
+            {
+                "source_matchers": [
+                    'alertname="NodeResizeExporterSourceDown"',
+                    'source=~"kube_node|kube_pods"',
+                ],
+                "target_matchers": [
+                    'alertname=~"NodeResize(CapacityStale|CapacityStranded|'
+                    'ReadmissionRejectedPods|PodresourcesOfflineCPUs)"'
+                ],
+                "equal": equal,
+            },
             # A node whose capacity is stale: its informational notices are the same story and
             # wait until the warning is handled.
-            {"source_matchers": ['alertname="NodeResizeCapacityStale"'],
-             "target_matchers": ['alertname=~"NodeResize.+"', 'severity="info"'],
-             "equal": equal},
+            {
+                "source_matchers": ['alertname="NodeResizeCapacityStale"'],
+                "target_matchers": ['alertname=~"NodeResize.+"', 'severity="info"'],
+                "equal": equal,
+            },
             # A CPU the kubelet offers although it is offline, on a node whose CPU capacity is
             # stale, is that same cause (the rule already says so; this covers evaluation skew).
-            {"source_matchers": ['alertname="NodeResizeCapacityStale"', 'resource="cpu"'],
-             "target_matchers": ['alertname="NodeResizePodresourcesOfflineCPUs"'],
-             "equal": equal},
+            {
+                "source_matchers": ['alertname="NodeResizeCapacityStale"', 'resource="cpu"'],
+                "target_matchers": ['alertname="NodeResizePodresourcesOfflineCPUs"'],
+                "equal": equal,
+            },
         ],
     }
 
@@ -158,13 +178,15 @@ def prometheusrule(data: dict) -> dict:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "node-resize-exporter", "labels": {
-            "app.kubernetes.io/name": "node-resize-exporter",
-            "app.kubernetes.io/component": "alerting"}},
+        "metadata": {
+            "name": "node-resize-exporter",
+            "labels": {
+                "app.kubernetes.io/name": "node-resize-exporter",
+                "app.kubernetes.io/component": "alerting",
+            },
+        },
         "spec": {"groups": data["groups"]},
     }
-
-
 
 
 # ---------------------------------------------------------------- output
@@ -179,7 +201,7 @@ def render(p: Params = Params()) -> dict[str, str]:
         RULES_OUT: HEADER.format(src=rel_src) + _yaml(data),
         INHIBIT_OUT: HEADER.format(src="scripts/gen-monitoring.py")
         + "# Example Alertmanager inhibit rules for the NodeResize* alerts: copy inhibit_rules\n"
-          "# into your configuration (route and receiver here are placeholders).\n"
+        "# into your configuration (route and receiver here are placeholders).\n"
         + _yaml(inhibit_rules(p)),
         PROMETHEUSRULE_OUT: HEADER.format(src=rel_src) + _yaml(prometheusrule(data)),
     }
@@ -197,17 +219,28 @@ def check(files: dict[str, str], root: Path) -> list[str]:
         path = root / rel
         current = path.read_text() if path.exists() else ""
         if current != wanted:
-            diffs.append("".join(difflib.unified_diff(
-                current.splitlines(keepends=True), wanted.splitlines(keepends=True),
-                rel, f"{rel} (generated)")))
+            diffs.append(
+                "".join(
+                    difflib.unified_diff(
+                        current.splitlines(keepends=True),
+                        wanted.splitlines(keepends=True),
+                        rel,
+                        f"{rel} (generated)",
+                    )
+                )
+            )
     return diffs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a file is out of date")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write under this directory instead of the repository")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write under this directory instead of the repository",
+    )
     defaults = Params()
     parser.add_argument("--job-selector", default=defaults.job_selector)
     parser.add_argument("--cluster-label", default=defaults.cluster_label)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """deploy/prometheusrule.yaml, as scripts/gen-monitoring.py generates it (kept for callers of
-this older entry point: tests/test_deploy.py and habits).
+this older entry point: tests/e2e/test_deploy.py and habits).
 
 Usage: scripts/gen-prometheusrule.py           rewrite deploy/prometheusrule.yaml
        scripts/gen-prometheusrule.py --check   exit 1 (with a diff) if it is out of date

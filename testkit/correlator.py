@@ -5,7 +5,7 @@ from typing import Any
 
 from exporter.app import correlator_config
 from exporter.config.options import Options
-from exporter.correlate import CorrelatorConfig
+from exporter.correlate.config import CorrelatorConfig
 
 
 def config(kubernetes: bool = False, **options: Any) -> CorrelatorConfig:

@@ -1,4 +1,4 @@
-"""Attacks on the HTTP endpoint (issue 16 item 2), shared by tests/test_web_attacks.py and
+"""Attacks on the HTTP endpoint (issue 16 item 2), shared by tests/e2e/test_web_attacks.py and
 bench/web_attacks.py: slowloris, unfinished requests with huge headers, clients that vanish
 mid-request, and a legitimate scraper that records what it got while they run.
 

@@ -1,4 +1,9 @@
-"""Shared test plumbing: the real-kernel guards and CI's no-skip rule.
+"""Shared test plumbing: the real-kernel guards, CI's no-skip rule, and the folders' markers.
+
+tests/unit needs neither root nor a server and runs in seconds; tests/e2e runs real processes
+and servers on loopback (the exporter, Prometheus, a test API server, a gRPC kubelet);
+tests/kernel drives the real kernel (cpu1, memory blocks, BPF) or a QEMU guest's. A test's
+folder is its marker: `pytest -m kernel` and `pytest tests/kernel` select the same tests.
 
 Several pytest processes may run on one machine at once (developers in parallel); every test
 that hotplugs takes one machine-wide lock, so counters one test asserts are not moved by another.
@@ -30,6 +35,25 @@ def pytest_sessionfinish(session, exitstatus):
     if baseline is not None and baseline.changed():
         with kernel.hotplug_lock():
             baseline.restore()
+
+
+FOLDER_MARKERS = {"unit": "unit", "e2e": "e2e", "kernel": "kernel"}
+
+
+def pytest_collection_modifyitems(config, items):
+    misplaced = []
+    for item in items:
+        folder = item.path.parent.name
+        marker = FOLDER_MARKERS.get(folder)
+        if marker is None:
+            misplaced.append(f"{item.nodeid}: not in tests/unit, tests/e2e or tests/kernel")
+            continue
+        if folder != "kernel" and (item.get_closest_marker("kernel")
+                                   or item.get_closest_marker("lab")):
+            misplaced.append(f"{item.nodeid}: drives a kernel, so it belongs in tests/kernel")
+        item.add_marker(marker)
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong folder:\n" + "\n".join(misplaced))
 
 
 @pytest.hookimpl(hookwrapper=True)

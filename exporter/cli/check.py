@@ -108,8 +108,8 @@ def check_journal(options: Options) -> Check:
     at run time (journaling stays off), so `check` is where it is said plainly (issue 16)."""
     import sqlite3
 
-    from exporter.sinks.journal.store import SCHEMA_VERSION, default_journal_path
     from exporter.sinks.journal.path import JournalPathError, check_journal_path
+    from exporter.sinks.journal.store import SCHEMA_VERSION, default_journal_path
     if options.no_journal:
         return Check("journal", "ok", "off (--no-journal)")
     path = Path(options.journal) if options.journal else default_journal_path()
@@ -154,9 +154,11 @@ def check_kubelet_restart(options: Options) -> Check:
     """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
     what the kernel has online now, judged as the kubelet judges them at start (issue 13)."""
     from exporter.correlate.kubelet_view import KubeletView, cpu_list
-    from exporter.sources.kubelet.kubelet_checkpoint import (read_cpu_manager_state,
-                                                     read_memory_manager_state)
     from exporter.sources.kernel.sysfs import SysfsReader
+    from exporter.sources.kubelet.kubelet_checkpoint import (
+        read_cpu_manager_state,
+        read_memory_manager_state,
+    )
     name = "kubelet restart"
     root = options.kubelet_root_dir
     if not root:

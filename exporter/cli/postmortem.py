@@ -17,15 +17,15 @@ from typing import Any
 import click
 
 from exporter import codec
-
 from exporter.app import correlator_config
-from exporter.config import options
 from exporter.clock import FakeClock
-from exporter.correlate import Correlator, CorrelatorConfig
-from exporter.correlate.model import Episode
-from exporter.events import NodeStatus, PodStatus, PodsRelisted
+from exporter.config import options
 from exporter.config.options import Options
-from exporter.report import lookup, text, timeline
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.correlator import Correlator
+from exporter.correlate.model import Episode
+from exporter.events import NodeStatus, PodsRelisted, PodStatus
+from exporter.report import figure, lookup, text, timeline
 from exporter.sinks.journal.store import Journal, JournalError, default_journal_path, event_time
 
 PROGRESS_EVERY = 10_000
@@ -258,7 +258,7 @@ def report(journal_path: Path | None, episode_id: str, output: Path,
         finally:
             journal.close()
     try:
-        timeline.write(ep, output, node)
+        figure.write(ep, output, node)
     except timeline.ReportError as e:
         raise PostmortemError(str(e)) from None
     except OSError as e:

@@ -14,8 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from exporter.config.types import (Bytes, KubeName, ListenAddress, Path_, Seconds,
-                                   TelemetryPath)
+from exporter.config.types import Bytes, KubeName, ListenAddress, Path_, Seconds, TelemetryPath
 
 # What a command takes: RUN (and check) every option, REPLAY only the episode settings.
 RUN, REPLAY = "run", "replay"

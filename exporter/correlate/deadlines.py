@@ -19,7 +19,6 @@ from exporter.correlate.model import ENDED, KERNEL, RESYNC, Episode
 from exporter.correlate.node_view import NodeView
 from exporter.events import Resource
 
-
 # Resources a kernel Transition can be about (per CPU, per memory block).
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
 

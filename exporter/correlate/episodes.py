@@ -20,12 +20,20 @@ from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
 from exporter.correlate.ids import IdMaker
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
-from exporter.correlate.model import (ENDED, KERNEL, READMISSION, RESYNC, Episode,
-                                      EpisodeUpdate, Outcome, PodOutcome, PodVerdict,
-                                      UpdateKind)
+from exporter.correlate.model import (
+    ENDED,
+    KERNEL,
+    READMISSION,
+    RESYNC,
+    Episode,
+    EpisodeUpdate,
+    Outcome,
+    PodOutcome,
+    PodVerdict,
+    UpdateKind,
+)
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.records import (copy_episode, describe_failures, make_update,
-                                        new_episode)
+from exporter.correlate.records import copy_episode, describe_failures, make_update, new_episode
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 _SUCCESS = Result.SUCCESS

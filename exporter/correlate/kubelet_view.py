@@ -12,15 +12,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporter.events import (
-    CpuManagerCheckpoint, Event, KernelSnapshot, KubeletFeatures, KubeletProcess,
-    KubepodsCpuset, MemoryAutoOnline, MemoryManagerCheckpoint, NodeCapacityConfigured,
-    NodeWarningEvents, Resource,
+    CpuManagerCheckpoint,
+    Event,
+    KernelSnapshot,
+    KubeletFeatures,
+    KubeletProcess,
+    KubepodsCpuset,
+    MemoryAutoOnline,
+    MemoryManagerCheckpoint,
+    NodeCapacityConfigured,
+    NodeWarningEvents,
+    Resource,
 )
 
 CPU_MANAGER = "cpu_manager_state"
 MEMORY_MANAGER = "memory_manager_state"
 # The gates the kubelet metrics source reads (its GATES; not imported: the correlator stays
-# free of the HTTP client; tests/test_kubelet_kep3953.py checks they agree)
+# free of the HTTP client; tests/unit/test_kubelet_kep3953.py checks they agree)
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
          "BalloonPod")
 # Start times of one process read two ways (psutil, the kubelet's process_start_time_seconds)

@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 
 from exporter.correlate.histogram import KERNEL_BUCKETS, Histogram
 from exporter.events import (
-    Direction, Event, EventsLost, KernelSnapshot, MalformedInput, ProgramStatus, Resource, Result,
-    SourceStatus, Transition,
+    Direction,
+    Event,
+    EventsLost,
+    KernelSnapshot,
+    MalformedInput,
+    ProgramStatus,
+    Resource,
+    Result,
+    SourceStatus,
+    Transition,
 )
 
 UnitKey = tuple[Resource, int, Direction, Result]
@@ -47,7 +55,7 @@ class KernelLedger:
     # Per source, the time of the last event it delivered (any kind): how stale it is, where
     # source_up alone cannot say (a watch that is "up" and silent; issue 16).
     last_event: dict[str, float] = field(default_factory=dict)
-    # Units the kernel changed while no exporter ran, found at start (exporter/correlate/down_changes.py).
+    # Units the kernel changed while no exporter ran, found at start (correlate/down_changes.py).
     down_changes: Counter[tuple[Resource, Direction]] = field(default_factory=Counter)
 
     def handle(self, event: Event, source: str | None = None) -> bool:

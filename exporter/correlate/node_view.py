@@ -11,8 +11,16 @@ from collections.abc import Iterator
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.kube_view import NodeCapacity, PodView, subtract
-from exporter.events import (HEARTBEAT_VIA, KernelSnapshot, NodeHeartbeat, NodeStatus,
-                             PodResourcesAllocatable, PodsRelisted, PodStatus, Resource)
+from exporter.events import (
+    HEARTBEAT_VIA,
+    KernelSnapshot,
+    NodeHeartbeat,
+    NodeStatus,
+    PodResourcesAllocatable,
+    PodsRelisted,
+    PodStatus,
+    Resource,
+)
 
 # Resources /proc and sysfs always report (hugepage sizes only when the kernel has them).
 _ALWAYS_REPORTED = frozenset({Resource.CPU, Resource.MEMORY, Resource.SWAP})

@@ -31,9 +31,11 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError
-from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource, \
-    create_api_info
-
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_api_info,
+)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.report.timeline import COLOURS, ReportError, Timeline, seconds, utc
+from exporter.correlate.model import Episode
+from exporter.report.timeline import ReportError, Timeline, build, seconds, utc
 
+COLOURS = {"transition": "#4878d0", "failed": "#d65f5f", "resync": "#6acc64",
+           "waiting": "#ee854a", "readmission": "#956cb4", "rejected": "#d62728",
+           "kept": "#2ca02c"}
 LINTHRESH = 0.01  # s: the linear part of the axis (a 1 ms step is still 1/10 of it)
 MAX_PODS_LISTED = 12
 NUMBERED_MARKERS = 6
@@ -175,3 +179,15 @@ def save(fig, path: Path) -> None:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "episode"}):
         fig.savefig(path, format=path.suffix.lower().lstrip("."),
                     metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
+
+
+def write(ep: Episode, path: str | Path, node: str | None = None) -> Timeline:
+    """Draw `ep` to `path`; the format follows the suffix (.svg or .png), one renderer."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".svg", ".png"):
+        raise ReportError(f"{path}: unknown image format {suffix or '(none)'!r}; "
+                          "use a .svg or .png file name")
+    tl = build(ep, node)
+    save(draw(tl), path)
+    return tl

@@ -2,14 +2,14 @@
 
 `build(episode, node)` lays the episode out (rows of bars and markers, times relative to its
 start, an honest headline); exporter/report/figure.py draws that layout with matplotlib, the one
-renderer of both PNG and SVG (the `report` extra). Tests check the layout and the drawing apart.
+renderer of both PNG and SVG (the `report` extra), and writes it. Tests check the layout and the
+drawing apart.
 """
 from __future__ import annotations
 
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict
 from exporter.events import Resource, Result
@@ -172,22 +172,4 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
     if ep.ended is not None:
         rel(ep.ended)
     tl.length = max(latest[0], 1e-3)
-    return tl
-
-
-COLOURS = {"transition": "#4878d0", "failed": "#d65f5f", "resync": "#6acc64",
-           "waiting": "#ee854a", "readmission": "#956cb4", "rejected": "#d62728",
-           "kept": "#2ca02c"}
-
-
-def write(ep: Episode, path: str | Path, node: str | None = None) -> Timeline:
-    """Draw `ep` to `path`; the format follows the suffix (.svg or .png), one renderer."""
-    from exporter.report import figure  # matplotlib: the optional `report` extra
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".svg", ".png"):
-        raise ReportError(f"{path}: unknown image format {suffix or '(none)'!r}; "
-                          "use a .svg or .png file name")
-    tl = build(ep, node)
-    figure.save(figure.draw(tl), path)
     return tl

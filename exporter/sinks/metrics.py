@@ -4,7 +4,7 @@ them with the ledger's and the node view's state at scrape time (a prometheus_cl
 No metric object is updated as events flow. The ledger and the node view are written by the
 Correlator alone, under the agent's lock, and read here under that same lock; the statistics
 this sink counts (exporter/sinks/stats.py) are under its own lock, since the agent calls sinks
-outside its lock. Names are the contract in docs/metrics.md (tests/test_catalogue.py checks it).
+outside its lock. Names are the contract in docs/metrics.md (tests/e2e/test_catalogue.py checks it).
 
 How the composition root builds it (the ledger and view are shared with the Correlator; the
 sink must be among the agent's sinks, and must see the updates resume() returns):
@@ -29,7 +29,10 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client.core import (
-    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.registry import Collector
 
@@ -174,125 +177,192 @@ class MetricsSink(Collector):
         snap = led.snapshot
         if snap is None:
             return
-        cpus = GaugeMetricFamily("node_resize_kernel_cpus", "CPUs by state (sysfs).", labels=["state"])
-        for state, ids in (("online", snap.cpus_online), ("offline", snap.cpus_offline),
-                           ("present", snap.cpus_present), ("possible", snap.cpus_possible)):
+        cpus = GaugeMetricFamily("node_resize_kernel_cpus", "CPUs by state (sysfs).",
+                                 labels=["state"])
+        for state, ids in (
+            ("online", snap.cpus_online),
+            ("offline", snap.cpus_offline),
+            ("present", snap.cpus_present),
+            ("possible", snap.cpus_possible),
+        ):
             cpus.add_metric([state], len(ids))
         yield cpus
-        blocks = GaugeMetricFamily("node_resize_kernel_memory_blocks", "Memory blocks by state.",
-                                   labels=["state"])
+        blocks = GaugeMetricFamily(
+            "node_resize_kernel_memory_blocks", "Memory blocks by state.", labels=["state"]
+        )
         blocks.add_metric(["online"], len(snap.memory_blocks_online))
         blocks.add_metric(["offline"], len(snap.memory_blocks_offline))
         yield blocks
-        cap = GaugeMetricFamily("node_resize_kernel_capacity",
-                                "What the kernel has now: CPUs online, MemTotal, hugepages, swap.",
-                                labels=["resource", "unit"])
+        cap = GaugeMetricFamily(
+            "node_resize_kernel_capacity",
+            "What the kernel has now: CPUs online, MemTotal, hugepages, swap.",
+            labels=["resource", "unit"],
+        )
         for r in Resource:
             if r in (Resource.CPU, Resource.MEMORY, Resource.SWAP) or r in snap.hugepages_bytes:
                 cap.add_metric([r.value, r.unit], snap.capacity(r))
         yield cap
-        yield GaugeMetricFamily("node_resize_kernel_memory_blocks_bytes",
-                                "Online memory blocks times the block size.",
-                                value=snap.memory_blocks_bytes)
+        yield GaugeMetricFamily(
+            "node_resize_kernel_memory_blocks_bytes",
+            "Online memory blocks times the block size.",
+            value=snap.memory_blocks_bytes,
+        )
 
     # ------------------------------------------------------------ Kubernetes side
 
     def _kubernetes(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
-        yield GaugeMetricFamily("node_resize_exporter_episodes_open", "Episodes not yet ended.",
-                                value=st.episodes_open)
-        yield _counter("node_resize_resync_request", "Hot-plug episodes that need a kubelet "
-                       "resync (KEP-3953).", ["resource"], _with_zeros(
-                           {(r.value,): n for r, n in st.resync_requests.items()},
-                           [(r.value,) for r in KERNEL_RESOURCES]))
-        yield _counter("node_resize_resync_errors", "Hot-plug episodes that did not resync, by "
-                       "reason.", ["resource", "reason"], _with_zeros(
-                           {(r.value, why): n for (r, why), n in st.resync_errors.items()},
-                           [(r.value, why) for r in KERNEL_RESOURCES
-                            for why in RESYNC_ERROR_REASONS]))
-        fam = HistogramMetricFamily("node_resize_resync_duration_seconds",
-                                    "Kernel done to Node capacity updated.",
-                                    labels=["resource", "direction", "resynced_by"])
+        yield GaugeMetricFamily(
+            "node_resize_exporter_episodes_open", "Episodes not yet ended.", value=st.episodes_open
+        )
+        yield _counter(
+            "node_resize_resync_request",
+            "Hot-plug episodes that need a kubelet resync (KEP-3953).",
+            ["resource"],
+            _with_zeros(
+                {(r.value,): n for r, n in st.resync_requests.items()},
+                [(r.value,) for r in KERNEL_RESOURCES],
+            ),
+        )
+        yield _counter(
+            "node_resize_resync_errors",
+            "Hot-plug episodes that did not resync, by reason.",
+            ["resource", "reason"],
+            _with_zeros(
+                {(r.value, why): n for (r, why), n in st.resync_errors.items()},
+                [(r.value, why) for r in KERNEL_RESOURCES for why in RESYNC_ERROR_REASONS],
+            ),
+        )
+        fam = HistogramMetricFamily(
+            "node_resize_resync_duration_seconds",
+            "Kernel done to Node capacity updated.",
+            labels=["resource", "direction", "resynced_by"],
+        )
         for (r, change, by), h in sorted(st.resync_duration_by.items(), key=str):
             _histogram(fam, [r.value, change.value, by], h)
         yield fam
-        yield _counter("node_hot_unplug_request", "Hot-unplug episodes (KEP-5578).",
-                       ["resource"], _with_zeros(
-                           {(r.value,): n for r, n in st.unplug_requests.items()},
-                           [(r.value,) for r in KERNEL_RESOURCES]))
-        yield _counter("node_hot_unplug_errors", "Hot-unplug episodes that failed, by reason.",
-                       ["resource", "reason"], _with_zeros(
-                           {(r.value, why): n for (r, why), n in st.unplug_errors.items()},
-                           [(r.value, why) for r in KERNEL_RESOURCES
-                            for why in UNPLUG_ERROR_REASONS]))
-        fam = HistogramMetricFamily("node_resize_readmission_duration_seconds",
-                                    "Kernel done to pod readmission settled.",
-                                    labels=["resource"])
+        yield _counter(
+            "node_hot_unplug_request",
+            "Hot-unplug episodes (KEP-5578).",
+            ["resource"],
+            _with_zeros(
+                {(r.value,): n for r, n in st.unplug_requests.items()},
+                [(r.value,) for r in KERNEL_RESOURCES],
+            ),
+        )
+        yield _counter(
+            "node_hot_unplug_errors",
+            "Hot-unplug episodes that failed, by reason.",
+            ["resource", "reason"],
+            _with_zeros(
+                {(r.value, why): n for (r, why), n in st.unplug_errors.items()},
+                [(r.value, why) for r in KERNEL_RESOURCES for why in UNPLUG_ERROR_REASONS],
+            ),
+        )
+        fam = HistogramMetricFamily(
+            "node_resize_readmission_duration_seconds",
+            "Kernel done to pod readmission settled.",
+            labels=["resource"],
+        )
         for r, h in sorted(st.readmission_duration.items(), key=str):
             _histogram(fam, [r.value], h)
         yield fam
-        yield _counter("node_resize_readmission_pods", "Pods judged at readmission.",
-                       ["outcome", "reason"], _with_zeros(
-                           {(o, why): n for (o, why), n in st.readmission_pods.items()},
-                           READMISSION_OUTCOMES))
-        yield _gauge("node_resize_kubelet_capacity", "Node status.capacity.", view.kubelet_capacity())
-        yield _gauge("node_resize_kubelet_allocatable", "Node status.allocatable.",
-                     view.kubelet_allocatable())
-        yield _gauge("node_resize_capacity_drift", "Kernel capacity minus the Node's (0 in sync).",
-                     view.drift())
-        drift_s = GaugeMetricFamily("node_resize_capacity_drift_seconds",
-                                    "How long the current drift has lasted.",
-                                    labels=["resource"])
+        yield _counter(
+            "node_resize_readmission_pods",
+            "Pods judged at readmission.",
+            ["outcome", "reason"],
+            _with_zeros(
+                {(o, why): n for (o, why), n in st.readmission_pods.items()}, READMISSION_OUTCOMES
+            ),
+        )
+        yield _gauge(
+            "node_resize_kubelet_capacity", "Node status.capacity.", view.kubelet_capacity()
+        )
+        yield _gauge(
+            "node_resize_kubelet_allocatable",
+            "Node status.allocatable.",
+            view.kubelet_allocatable(),
+        )
+        yield _gauge(
+            "node_resize_capacity_drift",
+            "Kernel capacity minus the Node's (0 in sync).",
+            view.drift(),
+        )
+        drift_s = GaugeMetricFamily(
+            "node_resize_capacity_drift_seconds",
+            "How long the current drift has lasted.",
+            labels=["resource"],
+        )
         for r, v in sorted(view.drift_seconds().items(), key=str):
             drift_s.add_metric([r.value], v)
         yield drift_s
         yield from self._balloons(view, st)
-        fam = HistogramMetricFamily("node_resize_balloon_resize_duration_seconds",
-                                    "Balloon resize spec change to applied.")
+        fam = HistogramMetricFamily(
+            "node_resize_balloon_resize_duration_seconds", "Balloon resize spec change to applied."
+        )
         _histogram(fam, [], st.balloon_resize_duration)
         yield fam
         yield from _heartbeats(view)
         allocatable = view.podresources_allocatable_cpus()
         if allocatable is not None:
-            yield GaugeMetricFamily("node_resize_podresources_allocatable_cpus",
-                                    "CPU ids the kubelet podresources API offers.",
-                                    value=allocatable)
-            yield GaugeMetricFamily("node_resize_podresources_offline_cpus",
-                                    "Offered CPU ids the kernel has offline.",
-                                    value=view.podresources_offline_cpus() or 0)
-
+            yield GaugeMetricFamily(
+                "node_resize_podresources_allocatable_cpus",
+                "CPU ids the kubelet podresources API offers.",
+                value=allocatable,
+            )
+            yield GaugeMetricFamily(
+                "node_resize_podresources_offline_cpus",
+                "Offered CPU ids the kernel has offline.",
+                value=view.podresources_offline_cpus() or 0,
+            )
 
     # ------------------------------------------------------------ balloons (issue 17)
 
     def _balloons(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
-        fam = GaugeMetricFamily("node_resize_balloon_requests",
-                                "Requests held by balloon pods, as the scheduler (KEP-1287: "
-                                "max of spec, allocated, actual) or the kubelet (allocated) "
-                                "counts them.", labels=["resource", "unit", "view"])
+        fam = GaugeMetricFamily(
+            "node_resize_balloon_requests",
+            "Requests held by balloon pods, as the scheduler (KEP-1287: "
+            "max of spec, allocated, actual) or the kubelet (allocated) "
+            "counts them.",
+            labels=["resource", "unit", "view"],
+        )
         for which in VIEWS:
             for r, v in sorted(view.balloon_requests(which).items(), key=str):
                 fam.add_metric([r.value, r.unit, which], v)
         yield fam
-        yield GaugeMetricFamily("node_resize_balloon_pods", "Balloon pods on the node.",
-                                value=view.balloon_pods())
-        yield _gauge("node_resize_capacity_effective", "Kubelet allocatable minus balloon requests "
-                     "in the scheduler's view.", view.effective())
+        yield GaugeMetricFamily(
+            "node_resize_balloon_pods", "Balloon pods on the node.", value=view.balloon_pods()
+        )
+        yield _gauge(
+            "node_resize_capacity_effective",
+            "Kubelet allocatable minus balloon requests in the scheduler's view.",
+            view.effective(),
+        )
         # Infeasible by every reason from the start: the alert sees the first one.
-        yield _counter("node_resize_balloon_resize", "In-place resizes of balloon pods, by result "
-                       "and reason.", ["result", "reason"], _with_zeros(
-                           st.balloon_resize_reasons,
-                           [("infeasible", why) for why in RESIZE_REASONS[1:]]))
+        yield _counter(
+            "node_resize_balloon_resize",
+            "In-place resizes of balloon pods, by result and reason.",
+            ["result", "reason"],
+            _with_zeros(
+                st.balloon_resize_reasons, [("infeasible", why) for why in RESIZE_REASONS[1:]]
+            ),
+        )
 
 
 def _heartbeats(view: NodeView) -> Iterable[Metric]:
     """Issue 17: the kubelet's last sign of life, via the Node's Ready condition (posted on a
     change and at least every 5 min) and its Lease (renewed every 10 s)."""
-    stamp = GaugeMetricFamily("node_resize_kubelet_heartbeat_timestamp_seconds",
-                              "The kubelet's last heartbeat (seconds since the epoch): the "
-                              "Node's Ready lastHeartbeatTime, or its Lease's renewTime.",
-                              labels=["via"])
-    age = GaugeMetricFamily("node_resize_kubelet_heartbeat_age_seconds",
-                            "Seconds since that heartbeat: a dead kubelet sends nothing, so "
-                            "this grows while the Node stays Ready.", labels=["via"])
+    stamp = GaugeMetricFamily(
+        "node_resize_kubelet_heartbeat_timestamp_seconds",
+        "The kubelet's last heartbeat (seconds since the epoch): the "
+        "Node's Ready lastHeartbeatTime, or its Lease's renewTime.",
+        labels=["via"],
+    )
+    age = GaugeMetricFamily(
+        "node_resize_kubelet_heartbeat_age_seconds",
+        "Seconds since that heartbeat: a dead kubelet sends nothing, so "
+        "this grows while the Node stays Ready.",
+        labels=["via"],
+    )
     for via in HEARTBEAT_VIA:
         beat = view.heartbeat(via)
         if beat is not None:

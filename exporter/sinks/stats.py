@@ -6,13 +6,15 @@ the pod events themselves), as the metrics sink renders them.
     ENDED            -> *_errors_total (by outcome; readmission_rejected when a settled
                         readmission rejected pods), node_resize_readmission_duration_seconds,
                         node_resize_readmission_pods_total
-    PodStatus events -> node_resize_balloon_resize_total, node_resize_balloon_resize_duration_seconds
+    PodStatus events -> node_resize_balloon_resize_total,
+                        node_resize_balloon_resize_duration_seconds
 
 Errors are counted per episode at its end, requests when it opens, and not again when it is
 resumed after a restart (issue 16: 51 requests for 50 unplugs over a SIGKILL): the process
 that opened it counted it, and Prometheus sums both processes' counters across the reset. So
 within one process an error can be counted for a request its predecessor counted.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +40,12 @@ def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
 
 
 def _resync_histograms_by() -> dict[tuple[Resource, Change, str], Histogram]:
-    return {(r, c, by): Histogram(RESYNC_BUCKETS)
-            for r in EPISODE_RESOURCES for c in Change for by in RESYNCED_BY}
+    return {
+        (r, c, by): Histogram(RESYNC_BUCKETS)
+        for r in EPISODE_RESOURCES
+        for c in Change
+        for by in RESYNCED_BY
+    }
 
 
 def _readmission_histograms() -> dict[Resource, Histogram]:
@@ -51,14 +57,15 @@ class EpisodeStats:
     resync_requests: Counter[Resource] = field(default_factory=Counter)
     resync_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
     resync_duration: dict[tuple[Resource, Change], Histogram] = field(
-        default_factory=_resync_histograms)
+        default_factory=_resync_histograms
+    )
     # Issue 13: the same durations by what resynced the episode (the rendered series)
     resync_duration_by: dict[tuple[Resource, Change, str], Histogram] = field(
-        default_factory=_resync_histograms_by)
+        default_factory=_resync_histograms_by
+    )
     unplug_requests: Counter[Resource] = field(default_factory=Counter)
     unplug_errors: Counter[tuple[Resource, str]] = field(default_factory=Counter)
-    readmission_duration: dict[Resource, Histogram] = field(
-        default_factory=_readmission_histograms)
+    readmission_duration: dict[Resource, Histogram] = field(default_factory=_readmission_histograms)
     readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
     balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
     # Issue 17: the same by (result, reason), the rendered series
@@ -78,11 +85,11 @@ class EpisodeStats:
             self.episodes_open += 1
         elif kind is UpdateKind.RESYNCED:
             if ep.resynced is not None and ep.kernel_done is not None:
-                self.resync_duration[(ep.resource, ep.change)].observe(
-                    ep.resynced - ep.kernel_done)
+                self.resync_duration[(ep.resource, ep.change)].observe(ep.resynced - ep.kernel_done)
                 by = ep.resynced_by if ep.resynced_by in RESYNCED_BY else RESYNCED_BY[0]
                 self.resync_duration_by[(ep.resource, ep.change, by)].observe(
-                    ep.resynced - ep.kernel_done)
+                    ep.resynced - ep.kernel_done
+                )
         elif kind is UpdateKind.ENDED and ep.outcome is not None:
             self.episodes_open -= 1
             self.episodes_ended[ep.outcome] += 1

@@ -11,10 +11,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client import (
-    CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
 )
 from prometheus_client.exposition import (
-    CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest, gzip_accepted,
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+    generate_latest,
+    gzip_accepted,
 )
 
 CACHED_FORMATS = 8  # (content type, gzip) pairs kept; the Accept header is the client's to vary

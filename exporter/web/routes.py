@@ -14,8 +14,8 @@ from typing import Callable
 
 import h11
 
-from exporter.web.exposition import Exposition
 from exporter.web.auth import AUTH_CONCURRENCY, AUTH_WAIT, AuthBusy, BasicAuth
+from exporter.web.exposition import Exposition
 
 RENDER_THREADS = 2
 AUTH_THREADS = AUTH_CONCURRENCY  # more threads would only wait for a slot

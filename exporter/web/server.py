@@ -29,12 +29,12 @@ from typing import Callable
 import h11
 from prometheus_client import CollectorRegistry
 
-from exporter.web.exposition import Exposition
-from exporter.web.routes import Routes
-from exporter.web.stream import Plain, Tls
-from exporter.web.ratelog import RateLimitedLog
 from exporter.web.auth import BasicAuth
 from exporter.web.config import WebConfig, load_web_config, peer_san_allowed
+from exporter.web.exposition import Exposition
+from exporter.web.ratelog import RateLimitedLog
+from exporter.web.routes import Routes
+from exporter.web.stream import Plain, Tls
 
 log = logging.getLogger("exporter.web.server")
 

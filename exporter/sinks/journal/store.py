@@ -26,8 +26,18 @@ from exporter.correlate.model import Episode, EpisodeUpdate
 from exporter.events import Event
 from exporter.sinks.journal.path import JournalPathError, check_journal_path, open_private
 from exporter.sinks.journal.schema import (  # noqa: F401 - re-exported for callers
-    APP_DIR, DEFAULT_MAX_AGE, DEFAULT_MAX_BYTES, DEFAULT_PRUNE_EVERY, SCHEMA, SCHEMA_VERSION, T,
-    JournalError, JournalRefused, StoredEvent, _refuse_newer_schema, default_journal_path,
+    APP_DIR,
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_PRUNE_EVERY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    JournalError,
+    JournalRefused,
+    StoredEvent,
+    T,
+    _refuse_newer_schema,
+    default_journal_path,
     event_time,
 )
 

@@ -156,11 +156,13 @@ def span_exporters(config: TraceConfig) -> list[SpanExporter]:
     if "otlp" in config.exporters:
         if config.protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcExporter)
+                OTLPSpanExporter as GrpcExporter,
+            )
             out.append(GrpcExporter())
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HttpExporter)
+                OTLPSpanExporter as HttpExporter,
+            )
             out.append(HttpExporter())
     if "console" in config.exporters:
         out.append(ConsoleSpanExporter())

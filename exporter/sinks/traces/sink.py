@@ -14,8 +14,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 import exporter
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import Event
-from exporter.sinks.traces.env import (TraceConfig, span_exporters, trace_config_from_env,
-                                       trace_resource)
+from exporter.sinks.traces.env import (
+    TraceConfig,
+    span_exporters,
+    trace_config_from_env,
+    trace_resource,
+)
 from exporter.sinks.traces.spans import build_trace
 
 log = logging.getLogger("exporter.sinks.traces")

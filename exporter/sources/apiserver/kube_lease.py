@@ -15,10 +15,10 @@ from datetime import datetime
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
 from exporter.clock import Clock
-from exporter.events import MalformedInput, NodeHeartbeat
-from exporter.sources.base import Emit
-from exporter.sources.apiserver.one_object import OneObjectSource
 from exporter.config.options import Opt
+from exporter.events import MalformedInput, NodeHeartbeat
+from exporter.sources.apiserver.one_object import OneObjectSource
+from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"

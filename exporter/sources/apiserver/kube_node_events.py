@@ -14,8 +14,8 @@ from lightkube.generic_resource import GenericNamespacedResource, create_api_inf
 
 from exporter.clock import Clock
 from exporter.events import NodeWarningEvents
-from exporter.sources.base import Emit
 from exporter.sources.apiserver.listwatch import ListWatchSource
+from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 REASON = "EmergencyCapacityReduced"

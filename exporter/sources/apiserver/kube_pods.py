@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.clock import Clock
+from exporter.config.options import Opt
+from exporter.config.types import KubeName, LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus
 from exporter.kube.client import RawPod
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
-from exporter.config.options import Opt
-from exporter.config.types import KubeName, LabelSelectorText
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods

@@ -39,11 +39,15 @@ from lightkube.core.exceptions import ApiError
 from exporter.clock import Clock
 from exporter.events import MalformedInput, SourceStatus
 from exporter.kube.client import (
-    LIST_CHUNK, AnswerTooLarge, KubeTransport, KubeUnavailable, WatchStalled, load_config,
+    LIST_CHUNK,
+    AnswerTooLarge,
+    KubeTransport,
+    KubeUnavailable,
+    WatchStalled,
+    load_config,
     make_client,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
-
 
 # Pods on one node are at most a few hundred (kubelet --max-pods, 110 by default); more is a
 # hostile or broken answer, not this node.

@@ -9,8 +9,8 @@ object of a cluster-wide collection would cost the API server O(nodes^2).
 from __future__ import annotations
 
 from exporter.clock import Clock
-from exporter.sources.base import Emit
 from exporter.sources.apiserver.listwatch import ListWatchSource
+from exporter.sources.base import Emit
 
 
 class OneObjectSource(ListWatchSource):

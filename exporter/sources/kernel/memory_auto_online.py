@@ -11,9 +11,9 @@ from pathlib import Path
 
 from exporter.clock import Clock
 from exporter.events import MalformedInput, MemoryAutoOnline
-from exporter.sources.wake import STATE_INTERVAL, PokedSource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KERNEL, SourceSpec, register
+from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
 POLICIES = frozenset({"offline", "online", "online_kernel", "online_movable"})
 

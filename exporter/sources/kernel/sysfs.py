@@ -15,14 +15,19 @@ import time
 from pathlib import Path
 
 from exporter.clock import Clock
-from exporter.events import (
-    Direction, KernelSnapshot, MalformedInput, Resource, Result, SourceStatus, Transition,
-)
-from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
+from exporter.events import (
+    Direction,
+    KernelSnapshot,
+    MalformedInput,
+    Resource,
+    Result,
+    SourceStatus,
+    Transition,
+)
+from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
-
 
 # ------------------------------------------------------------------ parsers (pure)
 

@@ -25,13 +25,19 @@ from dataclasses import dataclass
 
 from exporter.clock import Clock
 from exporter.events import (
-    DeviceChange, Direction, EventsLost, MalformedInput, Resource, Result, SourceStatus,
+    DeviceChange,
+    Direction,
+    EventsLost,
+    MalformedInput,
+    Resource,
+    Result,
+    SourceStatus,
     Transition,
 )
-from exporter.sources.kernel import uevent_filter as _uevent_filter
-from exporter.sources.wake import Waker
 from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.kernel import uevent_filter as _uevent_filter
 from exporter.sources.registry import KERNEL, SourceSpec, register
+from exporter.sources.wake import Waker
 
 NETLINK_KOBJECT_UEVENT = 15
 KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth
@@ -57,7 +63,7 @@ class Uevent:
 # credentials) inside its C receive path with no count or reason we can see, while this
 # project's rule is that hostile input is counted (`_malformed_total`) and the uevent source's
 # hardening (issue 16 item 9) must report what it refused; and the bytes -> event step must stay
-# a pure function the unit and fuzz tests feed datagrams to (tests/test_fuzz_parsers.py). It
+# a pure function the unit and fuzz tests feed datagrams to (tests/unit/test_fuzz_parsers.py). It
 # would also add libudev1, a C library loaded through ctypes, to the image, for a wire format
 # (lib/kobject_uevent.c: a header, then NUL-separated KEY=VALUE) that takes 20 lines here.
 def parse_uevent(datagram: bytes) -> Uevent:

@@ -23,14 +23,18 @@ from typing import Any
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
-from exporter.events import (CpuManagerCheckpoint, MalformedInput, MemoryManagerCheckpoint,
-                             SourceStatus)
-from exporter.sources.wake import STATE_INTERVAL, PokedSource
-from exporter.sources.base import Emit
 from exporter.config.options import Opt
 from exporter.config.types import RootDir
-from exporter.sources.registry import KUBERNETES, SourceContext, SourceSpec, register
+from exporter.events import (
+    CpuManagerCheckpoint,
+    MalformedInput,
+    MemoryManagerCheckpoint,
+    SourceStatus,
+)
+from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
+from exporter.sources.registry import KUBERNETES, SourceContext, SourceSpec, register
+from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
 CPU_STATE = "cpu_manager_state"
 MEMORY_STATE = "memory_manager_state"

@@ -27,15 +27,14 @@ from typing import Any
 
 import click
 import httpx2 as httpx
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.clock import Clock
+from exporter.config.options import Opt
 from exporter.events import KubeletFeatures, KubeletProcess, MalformedInput, SourceStatus
 from exporter.kube.client import SERVICE_ACCOUNT_DIR
 from exporter.sources.base import Emit, Source
 from exporter.sources.kubelet.kubelet_process import start_time_from_metrics
-from exporter.config.options import Opt
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
@@ -204,7 +203,7 @@ class KubeletMetricsSource(Source):
 
 
 
-INTERVAL = 60.0  # s between scrapes of the kubelet's /metrics: feature gates change only at a restart
+INTERVAL = 60.0
 
 
 class KubeletMetricsURL(click.ParamType):
@@ -221,11 +220,25 @@ class KubeletMetricsURL(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-register(SourceSpec(
-    "kubelet_metrics", KUBERNETES, "the kubelet's own /metrics (feature gates)",
-    lambda ctx: KubeletMetricsSource(ctx.clock, url=str(ctx.options.kubelet_metrics_url),
-                                     interval=INTERVAL),
-    wanted=lambda options: bool(options.kubelet_metrics_url), order=71,
-    options=(Opt("kubelet_metrics_url", ("--kubelet-metrics-url",), None,
-                 "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
-                 "http to a loopback address).", KubeletMetricsURL()),)))
+register(
+    SourceSpec(
+        "kubelet_metrics",
+        KUBERNETES,
+        "the kubelet's own /metrics (feature gates)",
+        lambda ctx: KubeletMetricsSource(
+            ctx.clock, url=str(ctx.options.kubelet_metrics_url), interval=INTERVAL
+        ),
+        wanted=lambda options: bool(options.kubelet_metrics_url),
+        order=71,
+        options=(
+            Opt(
+                "kubelet_metrics_url",
+                ("--kubelet-metrics-url",),
+                None,
+                "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
+                "http to a loopback address).",
+                KubeletMetricsURL(),
+            ),
+        ),
+    )
+)

@@ -15,13 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.clock import Clock
-from exporter.events import KubepodsCpuset, MalformedInput
-from exporter.sources.wake import STATE_INTERVAL, PokedSource
-from exporter.sources.base import Emit
 from exporter.config.options import Opt
 from exporter.config.types import RootDir
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.events import KubepodsCpuset, MalformedInput
+from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
 KUBEPODS = ("kubepods.slice", "kubepods")  # systemd driver, cgroupfs driver
 MAX_BYTES = 64 * 1024  # a cpulist of 8192 CPUs written one by one fits

@@ -22,13 +22,13 @@ from pathlib import Path
 import grpc
 
 from exporter.clock import Clock
-from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
-from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
-from exporter.sources.base import Emit, Source
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
+from exporter.sources.base import Emit, Source
 from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list
+from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # A real answer is a CPU list (<= 8192 ids, ~2 bytes each) and a few memory entries: KiB.

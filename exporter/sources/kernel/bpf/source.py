@@ -3,11 +3,12 @@
 The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition).
 bcc compiles, loads and attaches it in a short-lived child process (sources/bpf_loader.py says
 why and how), which hands the map, program and perf-event fds back; this module never imports
-bcc. It reads the ring buffer through libbpf (exporter/sources/kernel/bpf/libbpf.py) on an epoll wait with no
+bcc. It reads the ring buffer through libbpf (libbpf.py beside this file) on an epoll wait with no
 timeout (a stop wakes it through a pipe), decodes records into Transitions and counts what the
 ring buffer dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place:
 Clock.from_ktime_ns.
 """
+
 from __future__ import annotations
 
 import collections
@@ -18,19 +19,25 @@ import select
 import time
 from pathlib import Path
 
-from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.clock import MonotonicWallClock
-from exporter.events import (
-    Direction, EventsLost, MalformedInput, ProgramStatus, Resource, Result, SourceStatus,
-    Transition,
-)
-from exporter.sources.kernel.bpf import libbpf
-from exporter.sources.base import Emit, Source, SourceUnavailable
-from exporter.sources.kernel.bpf.loader import LoadError, Loaded, load
-from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
-from exporter.sources.kernel.sysfs import read_hotplug_states
 from exporter.config.options import Opt
 from exporter.config.types import PowerOfTwo
+from exporter.events import (
+    Direction,
+    EventsLost,
+    MalformedInput,
+    ProgramStatus,
+    Resource,
+    Result,
+    SourceStatus,
+    Transition,
+)
+from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.kernel.bpf import libbpf
+from exporter.sources.kernel.bpf.files import bpf_dir
+from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
+from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
+from exporter.sources.kernel.sysfs import read_hotplug_states
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
@@ -45,19 +52,29 @@ MEMORY_PROBES = {  # program name -> (kernel function, is return probe)
 STORM_WAKES = 10  # this many wake-ups within a second is a flap storm, not a resize
 STORM_BATCH_SECONDS = 0.1  # ... then records are read in batches this far apart
 # 256 KiB: thousands of records; a flap storm makes ~60/s
-RINGBUF_PAGES = Opt("ringbuf_pages", ("--ringbuf-pages",), 64,
-                    "BPF ring buffer size in pages (a power of two).", PowerOfTwo())
+RINGBUF_PAGES = Opt(
+    "ringbuf_pages",
+    ("--ringbuf-pages",),
+    64,
+    "BPF ring buffer size in pages (a power of two).",
+    PowerOfTwo(),
+)
 
 
 class HotplugRecord(ctypes.Structure):
     """Mirror of struct hotplug_record in bpf/hotplug.h."""
 
     _fields_ = [
-        ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
-        ("pfn", ctypes.c_uint64), ("nr_pages", ctypes.c_uint64),
-        ("kind", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
-        ("online", ctypes.c_int32), ("ret", ctypes.c_int32),
-        ("failed_state", ctypes.c_int32), ("steps", ctypes.c_uint32),
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("pfn", ctypes.c_uint64),
+        ("nr_pages", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("online", ctypes.c_int32),
+        ("ret", ctypes.c_int32),
+        ("failed_state", ctypes.c_int32),
+        ("steps", ctypes.c_uint32),
     ]
 
 
@@ -88,8 +105,13 @@ def errno_name(ret: int) -> str:
 class RecordDecoder:
     """Turns raw records into Transitions: names states, maps pfns to memory blocks."""
 
-    def __init__(self, clock: MonotonicWallClock, states: dict[int, str], block_size: int,
-                 page_size: int = os.sysconf("SC_PAGE_SIZE")):
+    def __init__(
+        self,
+        clock: MonotonicWallClock,
+        states: dict[int, str],
+        block_size: int,
+        page_size: int = os.sysconf("SC_PAGE_SIZE"),
+    ):
         self.clock = clock
         self.states = states
         self.block_size = block_size
@@ -108,7 +130,9 @@ class RecordDecoder:
         if failed and rec.failed_state >= 0:
             state = f"{rec.failed_state} ({self.states.get(rec.failed_state, '?')})"
         return Transition(
-            source="bpf", resource=resource, unit=int(unit),
+            source="bpf",
+            resource=resource,
+            unit=int(unit),
             direction=Direction.ONLINE if rec.online else Direction.OFFLINE,
             result=Result.FAILED if failed else Result.SUCCESS,
             start=self.clock.from_ktime_ns(rec.start_ns),
@@ -133,8 +157,11 @@ def program_text() -> str:
 
 def program_cflags(states: dict[int, str], ringbuf_pages: int) -> list[str]:
     online, offline_done = cpuhp_targets(states)
-    return [f"-DSTATE_ONLINE={online}", f"-DSTATE_OFFLINE_DONE={offline_done}",
-            f"-DRINGBUF_PAGES={ringbuf_pages}"]
+    return [
+        f"-DSTATE_ONLINE={online}",
+        f"-DSTATE_OFFLINE_DONE={offline_done}",
+        f"-DRINGBUF_PAGES={ringbuf_pages}",
+    ]
 
 
 def printable_program(states: dict[int, str], ringbuf_pages: int = RINGBUF_PAGES.default) -> str:
@@ -153,8 +180,12 @@ def preflight() -> None:
 class BpfSource(Source):
     name = "bpf"
 
-    def __init__(self, clock: MonotonicWallClock, ringbuf_pages: int = RINGBUF_PAGES.default,
-                 sysfs: str = "/sys"):
+    def __init__(
+        self,
+        clock: MonotonicWallClock,
+        ringbuf_pages: int = RINGBUF_PAGES.default,
+        sysfs: str = "/sys",
+    ):
         super().__init__(clock)
         self.ringbuf_pages = ringbuf_pages
         self.sysfs = Path(sysfs)
@@ -172,11 +203,17 @@ class BpfSource(Source):
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
         self.decoder = RecordDecoder(self.clock, states, block_size)
         try:
-            self.loaded = load(program_text(), program_cflags(states, self.ringbuf_pages),
-                               MEMORY_PROBES, (TRACEFS / "kprobe_events").exists())
+            self.loaded = load(
+                program_text(),
+                program_cflags(states, self.ringbuf_pages),
+                MEMORY_PROBES,
+                (TRACEFS / "kprobe_events").exists(),
+            )
         except LoadError as e:
-            raise SourceUnavailable(f"bcc could not compile or load bpf/: {e}",
-                                    "run `node-resize-exporter check` for what is missing") from e
+            raise SourceUnavailable(
+                f"bcc could not compile or load bpf/: {e}",
+                "run `node-resize-exporter check` for what is missing",
+            ) from e
         self.attached = dict(self.loaded.attached)
         for prog, (ok, reason) in self.attached.items():
             if not ok and prog in MEMORY_PROBES:
@@ -185,8 +222,9 @@ class BpfSource(Source):
             self.ring = libbpf.RingBuffer(self.loaded.maps["records"], self._on_sample)
         except (OSError, KeyError) as e:
             self.close()
-            raise SourceUnavailable(f"cannot read the BPF ring buffer through libbpf: {e}",
-                                    libbpf.FIX) from e
+            raise SourceUnavailable(
+                f"cannot read the BPF ring buffer through libbpf: {e}", libbpf.FIX
+            ) from e
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
 
     def loop(self, emit: Emit) -> None:
@@ -223,8 +261,13 @@ class BpfSource(Source):
         emit = self._emit
         assert emit is not None
         if size < RECORD_SIZE:
-            emit(MalformedInput(self.name, f"ring buffer record of {size} bytes, expected "
-                                f"{RECORD_SIZE}", self.clock.now()))
+            emit(
+                MalformedInput(
+                    self.name,
+                    f"ring buffer record of {size} bytes, expected {RECORD_SIZE}",
+                    self.clock.now(),
+                )
+            )
             return
         rec = HotplugRecord.from_buffer_copy(ctypes.string_at(data, RECORD_SIZE))
         try:
@@ -264,5 +307,13 @@ def _bpf(ctx: SourceContext) -> BpfSource:
     return BpfSource(ctx.clock, ctx.options.ringbuf_pages, ctx.options.sysfs_root)
 
 
-register(SourceSpec("bpf", KERNEL, "cpuhp tracepoints and memory online/offline probes (bcc)",
-                    _bpf, order=20, options=(RINGBUF_PAGES,)))
+register(
+    SourceSpec(
+        "bpf",
+        KERNEL,
+        "cpuhp tracepoints and memory online/offline probes (bcc)",
+        _bpf,
+        order=20,
+        options=(RINGBUF_PAGES,),
+    )
+)

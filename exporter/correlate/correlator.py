@@ -1,0 +1,147 @@
+"""The correlator: events in, episode updates out. Pure (no I/O), clock injected.
+
+    events ──► KernelLedger (counts, de-duplicates) ──► NodeView (both sides now: the gauges)
+                                                   └──► EpisodeTracker (episodes) ──► updates
+
+Statistics are no part of it: the metrics sink counts them from the updates. The ledger and the
+view are built by the composition root and handed both to the Correlator, which alone writes
+them, and to the metrics sink, which reads them at scrape time under the agent's lock.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import isfinite
+from typing import Any
+
+from exporter.clock import Clock
+from exporter.correlate.config import CorrelatorConfig
+from exporter.correlate.episodes import EpisodeTracker
+from exporter.correlate.ledger import KernelLedger
+from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate
+from exporter.correlate.node_view import NodeView
+from exporter.events import (
+    Event,
+    KernelSnapshot,
+    KubeletProcess,
+    NodeHeartbeat,
+    NodeStatus,
+    PodResourcesAllocatable,
+    PodsRelisted,
+    PodStatus,
+    Transition,
+)
+
+
+class Correlator:
+    def __init__(self, config: CorrelatorConfig, clock: Clock,
+                 ledger: KernelLedger | None = None, view: NodeView | None = None) -> None:
+        self._clock = clock
+        self._ledger = KernelLedger() if ledger is None else ledger
+        self._view = NodeView(config, clock) if view is None else view
+        self._tracker = EpisodeTracker(config, self._view)
+        self._next_due = self._tracker.next_due  # the deadline heap, read on every event
+        self.malformed_events = 0  # skipped: a timestamp that is not a finite number
+        self._apply: dict[type, Callable[[Any], list[EpisodeUpdate]]] = {
+            Transition: self._transition,
+            KernelSnapshot: self._snapshot,
+            NodeStatus: self._node,
+            PodStatus: self._pod,
+            PodsRelisted: self._relist,
+            PodResourcesAllocatable: self._podresources,
+            KubeletProcess: self._kubelet_process,
+            NodeHeartbeat: self._heartbeat,
+        }
+        self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
+
+    def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
+        if not self._ledger.handle(event, source):
+            if isinstance(event, Transition) and event.start is not None:
+                # A duplicate that knows more (BPF's kernel times after a uevent got there
+                # first): let the episode keep the better record.
+                self._tracker.enrich(event)
+            return []
+        apply = self._apply.get(type(event))
+        if apply is None:
+            return []
+        when: object = event.end if isinstance(event, Transition) else event.time
+        if not isinstance(when, (int, float)) or not isfinite(when):
+            self.malformed_events += 1
+            return []
+        # Deadlines that fell due before this event are decided first, on the state before it.
+        # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
+        # every open episode. The heap's head says whether anything is due at all.
+        due = self._next_due
+        if due and due[0][0] <= when:  # the clock is read only when something may be due
+            now = self._clock.now()
+            upto = float(when) if when < now else now
+            if due[0][0] <= upto:
+                return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
+        updates = apply(event)
+        return self._mark_resynced_by(updates) if updates else updates
+
+    def tick(self) -> list[EpisodeUpdate]:
+        return self._mark_resynced_by(self._tracker.advance(self._clock.now()))
+
+    def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
+        """Re-open the episodes a journal kept open across a restart. Every sink must see the
+        RESUMED updates returned (the metrics sink counts their requests)."""
+        return self._tracker.resume(episodes, self._clock.now())
+
+    def episodes_open(self) -> int:
+        return self._tracker.episodes_open
+
+    def open_episodes(self) -> list[Episode]:
+        """Copies of the open episodes, oldest first."""
+        return self._tracker.open_episodes()
+
+    # ------------------------------------------------------------ per event type
+
+    def _transition(self, t: Transition) -> list[EpisodeUpdate]:
+        if t.start is not None and not isfinite(t.start):
+            self.malformed_events += 1
+            return []
+        return self._tracker.on_transition(t)
+
+    def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
+        previous = self._view.snapshot
+        self._view.on_snapshot(snap)
+        return self._tracker.on_snapshot(previous is not None and snap.time < previous.time)
+
+    def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
+        self._view.on_node(node)
+        return self._tracker.on_node()
+
+    def _pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
+        prev = self._view.on_pod(pod)
+        return self._tracker.on_pod(pod, prev)
+
+    def _relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
+        self._view.on_relist(relist)
+        return []
+
+    def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
+        self._view.on_podresources(alloc)
+        return []
+
+    def _heartbeat(self, beat: NodeHeartbeat) -> list[EpisodeUpdate]:
+        self._view.on_heartbeat(beat)  # issue 17: a gauge only, no episode reads it
+        return []
+
+    def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:
+        start = process.start_time
+        if start is not None and isfinite(start) and start not in self._kubelet_starts:
+            self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
+        return []
+
+    def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+        """Issue 13: a resynced episode says what resynced it: a kubelet that started after the
+        kernel was done and by the resync (a restart, today's only remedy), else the running one.
+        Set on each update's copy, so a restart seen late still reaches the ENDED update."""
+        for update in updates:
+            ep = update.episode
+            if ep.resynced is None or ep.kernel_done is None:
+                continue
+            done, resynced = ep.kernel_done, ep.resynced
+            restarted = any(done < start <= resynced for start in self._kubelet_starts)
+            ep.resynced_by = RESYNCED_BY[1] if restarted else RESYNCED_BY[0]
+        return updates

@@ -1,0 +1,599 @@
+"""deploy/: the manifests validate offline against the schemas of the two newest Kubernetes
+versions kubernetes-validate knows, the PrometheusRule is what alerts/ generates, the RBAC is what
+the code calls, and the DaemonSet keeps its promises: capabilities, read-only mounts, not
+privileged, starts on every node (optional host paths, its own priority class), the shipped
+seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack.
+tests/kernel/test_image.py runs the image with this DaemonSet's securityContext for real."""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dockerfile
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import Version, all_versions
+
+from testkit.deploy import container_of, load_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: not in the upstream schemas
+# The two newest Kubernetes versions the installed kubernetes-validate has schemas for.
+KUBE_VERSIONS = sorted(set(all_versions()), key=Version)[-2:]
+
+
+
+
+def _manifests() -> dict[str, dict]:
+    kustomization = load_manifest("kustomization.yaml")
+    return {name: load_manifest(name) for name in kustomization["resources"]}
+
+
+
+
+def _init_container(ds: dict) -> dict:
+    (container,) = ds["spec"]["template"]["spec"]["initContainers"]
+    return container
+
+
+def _gen_module():
+    spec = importlib.util.spec_from_file_location("gen_prometheusrule",
+                                                  REPO / "scripts" / "gen-prometheusrule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- kustomization and schemas --------------------------------------------------------------
+
+def test_kustomization_lists_every_manifest_once():
+    listed = load_manifest("kustomization.yaml")["resources"]
+    on_disk = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+    assert len(set(listed)) == len(listed)
+
+
+def test_validating_two_versions():
+    assert len(KUBE_VERSIONS) == 2 and KUBE_VERSIONS[0] != KUBE_VERSIONS[1]
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("name", sorted(load_manifest("kustomization.yaml")["resources"]))
+def test_manifest_validates_against_kubernetes_schema(name, version):
+    doc = load_manifest(name)
+    if doc["kind"] in OPERATOR_KINDS:
+        # No offline schema for prometheus-operator's CRDs: their content is checked by the
+        # scrape-wiring and PrometheusRule tests below.
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        return
+    # strict: unknown fields are errors, so a typo such as `readOnlyRootFileSystem` is caught.
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_schema_validation_rejects_a_broken_daemonset():
+    """The validator is really looking: a wrong type in the DaemonSet must be an error."""
+    ds = load_manifest("daemonset.yaml")
+    container_of(ds)["securityContext"]["readOnlyRootFilesystem"] = "yes"
+    for version in KUBE_VERSIONS:
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(ds, version, strict=True)
+
+
+def test_namespaced_objects_share_one_namespace():
+    namespace = load_manifest("kustomization.yaml")["namespace"]
+    assert load_manifest("namespace.yaml")["metadata"]["name"] == namespace
+    for name, doc in _manifests().items():
+        if doc["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+                           "PrometheusRule"}:
+            continue
+        assert doc["metadata"]["namespace"] == namespace, name
+    subject = load_manifest("clusterrolebinding.yaml")["subjects"][0]
+    assert subject["namespace"] == namespace
+    assert subject["name"] == load_manifest("serviceaccount.yaml")["metadata"]["name"]
+
+
+# --- PrometheusRule: one source of truth -----------------------------------------------------
+
+def test_prometheusrule_is_generated_from_alerts():
+    gen = _gen_module()
+    assert (DEPLOY / "prometheusrule.yaml").read_text() == gen.render(), \
+        "deploy/prometheusrule.yaml is stale: run scripts/gen-prometheusrule.py"
+
+
+def test_prometheusrule_groups_equal_rule_file():
+    rules = yaml.safe_load((REPO / "alerts" / "node-resize-exporter.rules.yml").read_text())
+    generated = load_manifest("prometheusrule.yaml")
+    assert generated["kind"] == "PrometheusRule"
+    assert generated["spec"]["groups"] == rules["groups"]
+
+
+def test_generator_check_mode_detects_a_stale_file(tmp_path, monkeypatch, capsys):
+    gen = _gen_module()
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(gen.render().replace("severity: critical", "severity: info"))
+    monkeypatch.setattr(gen, "TARGET", stale)
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    assert gen.main(["--check"]) == 1
+    assert "severity: critical" in capsys.readouterr().out
+    stale.write_text(gen.render())
+    assert gen.main(["--check"]) == 0
+
+
+# --- scrape wiring ---------------------------------------------------------------------------
+
+def test_service_monitor_scrapes_the_daemonset_and_labels_node():
+    ds, svc, sm = (load_manifest(name) for name in
+                   ("daemonset.yaml", "service.yaml", "servicemonitor.yaml"))
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+
+    port_names = {p["name"] for p in container_of(ds)["ports"]}
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] in port_names
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == svc_port["name"]
+    assert endpoint["path"] == "/metrics"
+    # Dashboards and alerts group by `node`, taken from the pod's node name.
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    } in endpoint["relabelings"]
+    # The alerts match up{job="node-resize-exporter"}: the operator's job label is the
+    # Service name unless jobLabel says otherwise.
+    assert "jobLabel" not in sm["spec"]
+    assert svc["metadata"]["name"] == "node-resize-exporter"
+    rules = (REPO / "alerts" / "node-resize-exporter.rules.yml").read_text()
+    assert f'up{{job="{svc["metadata"]["name"]}"}}' in rules
+
+
+# --- DaemonSet security and mounts -----------------------------------------------------------
+
+
+def test_daemonset_gets_node_name_from_downward_api():
+    env = {e["name"]: e for e in container_of(load_manifest("daemonset.yaml"))["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_daemonset_is_not_privileged_and_has_only_bpf_and_perfmon():
+    ds = load_manifest("daemonset.yaml")
+    pod = ds["spec"]["template"]["spec"]
+    sc = container_of(ds)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON"]}
+    assert pod.get("hostPID", False) is False
+    assert pod.get("hostIPC", False) is False
+
+
+def _mounts(ds: dict) -> dict[str, tuple[str, bool]]:
+    """mountPath -> (host path, read-only) for every hostPath mount."""
+    host = {
+        v["name"]: v["hostPath"]["path"]
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    return {
+        m["mountPath"]: (host[m["name"]], m.get("readOnly", False))
+        for m in container_of(ds)["volumeMounts"]
+        if m["name"] in host
+    }
+
+
+def test_daemonset_mounts_host_paths_read_only_except_the_journal():
+    mounts = _mounts(load_manifest("daemonset.yaml"))
+    for path in [
+        "/sys",
+        "/sys/kernel/tracing",
+        "/lib/modules",
+        "/usr/src",
+        "/var/lib/kubelet/pod-resources",
+    ]:
+        assert mounts[path] == (path, True), path
+    assert mounts["/var/lib/node-resize-exporter"] == ("/var/lib/node-resize-exporter", False)
+    assert set(mounts) == {
+        "/sys",
+        "/sys/kernel/tracing",
+        "/lib/modules",
+        "/usr/src",
+        "/var/lib/kubelet/pod-resources",
+        "/var/lib/node-resize-exporter",
+    }
+
+
+def test_journal_flag_points_into_the_journal_mount():
+    args = container_of(load_manifest("daemonset.yaml"))["args"]
+    (journal,) = [a.split("=", 1)[1] for a in args if a.startswith("--journal=")]
+    assert Path(journal).parent == Path("/var/lib/node-resize-exporter")
+
+
+def _commented_patch() -> list[dict]:
+    """The CAP_SYS_ADMIN fallback kept as a comment in kustomization.yaml, uncommented."""
+    text = (DEPLOY / "kustomization.yaml").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("# ")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("# patches:"))
+    lines[start] = "# patches:"
+    block = yaml.safe_load("\n".join(line[2:] for line in lines[start:]))
+    (entry,) = block["patches"]
+    assert entry["target"] == {"kind": "DaemonSet", "name": "node-resize-exporter"}
+    return yaml.safe_load(entry["patch"])
+
+
+def _apply_json_patch(doc: dict, ops: list[dict]) -> dict:
+    doc = json.loads(json.dumps(doc))
+    for op in ops:
+        assert op["op"] in ("replace", "add"), op
+        *parents, leaf = [p for p in op["path"].split("/") if p]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key = int(leaf) if isinstance(node, list) else leaf
+        if op["op"] == "replace":
+            assert key in node if isinstance(node, dict) else key < len(node), op["path"]
+        node[key] = op["value"]
+    return doc
+
+
+def test_sys_admin_fallback_patch_applies_and_stays_unprivileged():
+    ds = _apply_json_patch(load_manifest("daemonset.yaml"), _commented_patch())
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(ds, version, strict=True)
+    sc = container_of(ds)["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert sc["privileged"] is False
+
+
+# --- RBAC equals the API calls the code makes ------------------------------------------------
+
+_CALL = re.compile(r"\.(get|list|watch)\(\s*(self\.resource\b|[A-Z]\w*)")
+_API_INFO = re.compile(
+    r'class\s+(\w+)\([^)]*\):(?:(?!\nclass ).)*?create_api_info\(\s*"([^"]*)",'
+    r'\s*"[^"]*",\s*"[^"]*",\s*"([^"]*)"',
+    re.S,
+)
+_RESOURCE_ATTR = re.compile(r"^\s+resource\s*=\s*([A-Z]\w*)\s*$", re.M)
+
+
+def _api_calls(sources: dict[str, str]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, from the lightkube calls in `sources` (path -> text).
+
+    Resource classes are those declared with create_api_info (exporter/kube/client.py) or
+    imported from lightkube.resources. A call names its resource directly
+    (`client.watch(RawNode, ...)`) or, in the shared list-then-watch base
+    (exporter/kube/watch.py), through `self.resource`, which each source sets as a class
+    attribute (`resource = RawNode`): those verbs then apply to every such resource.
+    """
+    classes: dict[str, tuple[str, str]] = {}
+    for text in sources.values():
+        for cls, group, plural in _API_INFO.findall(text):
+            classes[cls] = (group, plural)
+        for module, names in re.findall(
+            r"from lightkube\.resources\.(\w+) import ([\w, ()\n]+)", text
+        ):
+            group = "" if module.startswith("core_") else module.rsplit("_", 1)[0]
+            for name in re.findall(r"\w+", names):
+                classes.setdefault(name, (group, name.lower() + "s"))
+    calls: dict[tuple[str, str], set[str]] = {}
+    via_self: set[str] = set()
+    for text in sources.values():
+        for verb, target in _CALL.findall(text):
+            if target == "self.resource":
+                via_self.add(verb)
+            elif target in classes:
+                calls.setdefault(classes[target], set()).add(verb)
+    for text in sources.values():
+        for cls in _RESOURCE_ATTR.findall(text):
+            if cls in classes and via_self:
+                calls.setdefault(classes[cls], set()).update(via_self)
+    return calls
+
+
+def _code_api_calls() -> dict[tuple[str, str], set[str]]:
+    return _api_calls({str(p): p.read_text() for p in (REPO / "exporter").rglob("*.py")})
+
+
+def test_api_call_scanner_reads_both_call_styles():
+    sources = {
+        "client.py": "class RawNode(GenericGlobalResource):\n"
+        '    _api_info = create_api_info("", "v1", "Node", "nodes", verbs=V)\n'
+        "class RawLease(GenericNamespacedResource):\n"
+        '    _api_info = create_api_info("coordination.k8s.io", "v1", "Lease", '
+        '"leases", verbs=V)\n',
+        "watch.py": "    def _list(self):\n        self._client.list(self.resource, ns=1)\n"
+        "    def _watch(self):\n        self._client.watch(self.resource)\n",
+        "kube_node.py": "class KubeNodeSource(ListWatchSource):\n    resource = RawNode\n",
+        "lease.py": "    client.get(RawLease, name='x')\n    {}.get(k)\n",
+    }
+    assert _api_calls(sources) == {
+        ("", "nodes"): {"list", "watch"},
+        ("coordination.k8s.io", "leases"): {"get"},
+    }
+
+
+def test_kube_sources_exist():
+    # The RBAC comparison below is only meaningful once the sources that call the API exist.
+    names = sorted(p.name for p in (REPO / "exporter" / "sources").rglob("kube_*.py"))
+    assert {"kube_node.py", "kube_pods.py"} <= set(names)
+
+
+def test_clusterrole_is_exactly_what_the_code_calls():
+    role = load_manifest("clusterrole.yaml")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    called = _code_api_calls()
+    assert called, "found no lightkube list/watch/get calls under exporter/"
+    assert granted == called
+    assert set().union(*granted.values()) <= {"get", "list", "watch"}, "the exporter never writes"
+
+
+def test_kubelet_metrics_rbac_matches_whether_it_is_enabled():
+    # --kubelet-metrics-url needs get on nodes/metrics; the DaemonSet does not enable it, so
+    # the role must not grant it (the optional rule is documented in clusterrole.yaml).
+    args = container_of(load_manifest("daemonset.yaml"))["args"]
+    enabled = any(a.startswith("--kubelet-metrics-url") for a in args)
+    resources = {
+        r for rule in load_manifest("clusterrole.yaml")["rules"] for r in rule["resources"]
+    }
+    assert ("nodes/metrics" in resources) == enabled
+    assert "nodes/metrics" in (DEPLOY / "clusterrole.yaml").read_text()
+
+
+def test_daemonset_args_are_options_the_exporter_accepts():
+    from click.testing import CliRunner
+
+    from exporter.cli.main import main
+
+    result = CliRunner().invoke(main, ["run", "--help"])
+    assert result.exit_code == 0, result.output
+    args = container_of(load_manifest("daemonset.yaml"))["args"]
+    assert args[0] == "run"
+    for arg in args[1:]:
+        option = arg.split("=", 1)[0]
+        assert re.search(rf"^\s+{re.escape(option)}\b", result.output, re.M), (
+            f"`run` has no option {option}"
+        )
+
+
+# --- Dockerfile ------------------------------------------------------------------------------
+
+_INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
+
+
+def _build_sh_packages() -> list[str]:
+    text = (DEPLOY / "image" / "build.sh").read_text()
+    return re.search(r"^packages=\(([^)]*)\)", text, re.M).group(1).split()
+
+
+def test_dockerfile_is_the_same_recipe_as_make_image():
+    # No Docker engine here: parse with buildkit's own parser and check what can be checked.
+    commands = dockerfile.parse_file(str(DEPLOY / "Dockerfile"))
+    froms = [c for c in commands if c.cmd == "FROM"]
+    assert all(c.value[0].startswith("debian:12") for c in froms)
+    assert {c.cmd for c in commands} <= _INSTRUCTIONS
+    final = commands[commands.index(froms[-1]) :]
+    runs = " ".join(" ".join(c.value) for c in final if c.cmd == "RUN")
+    installed = re.search(r"apt-get install -y --no-install-recommends ([^&]*)", runs).group(1)
+    assert installed.split() == _build_sh_packages()
+    assert "linux-headers-amd64" in runs and "/usr/lib/node-resize-exporter/linux-headers" in runs
+    for c in commands:
+        if c.cmd in {"ENTRYPOINT", "CMD"}:
+            assert c.json, f"{c.cmd} in shell form: signals would go to /bin/sh, not Python"
+        if c.cmd == "COPY" and not any(f.startswith("--from") for f in c.flags):
+            for src in c.value[:-1]:
+                assert (REPO / src).exists(), f"COPY {src}: not in the repository"
+    copied = {c.value[0]: c.value[-1] for c in final if c.cmd == "COPY"}
+    build_sh = (DEPLOY / "image" / "build.sh").read_text()
+    (entrypoint,) = [c for c in commands if c.cmd == "ENTRYPOINT"]
+    assert copied["deploy/image/entrypoint.sh"] == entrypoint.value[0]
+    assert f"--config.entrypoint {entrypoint.value[0]}" in build_sh
+    profile = copied["deploy/seccomp/node-resize-exporter.json"]
+    assert profile in build_sh
+    assert profile in " ".join(_init_container(load_manifest("daemonset.yaml"))["command"])
+    exposed = {c.value[0] for c in commands if c.cmd == "EXPOSE"}
+    ports = {
+        str(p["containerPort"]) for p in container_of(load_manifest("daemonset.yaml"))["ports"]
+    }
+    assert exposed == ports
+    assert {f"--config.exposedports {p}/tcp" for p in ports} <= {
+        m.group(0) for m in re.finditer(r"--config.exposedports \S+", build_sh)
+    }
+
+
+# --- starts on every node --------------------------------------------------------------------
+
+OPTIONAL_HOST_PATHS = {"/sys/kernel/tracing", "/lib/modules", "/usr/src"}
+
+
+def test_host_paths_a_node_may_lack_are_optional():
+    """hostPath type unset: the kubelet does not check, so a node without kernel headers or
+    tracefs still runs the pod; the source that needs them reports down with the reason."""
+    volumes = {
+        v["hostPath"]["path"]: v["hostPath"]
+        for v in load_manifest("daemonset.yaml")["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    for path in OPTIONAL_HOST_PATHS:
+        assert "type" not in volumes[path], path
+    assert {p for p, v in volumes.items() if v.get("type") == "Directory"} == {"/sys"}
+
+
+def test_priority_class_is_the_exporters_own_and_accepted_anywhere():
+    pc = load_manifest("priorityclass.yaml")
+    pod = load_manifest("daemonset.yaml")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == pc["metadata"]["name"]
+    assert not pc["metadata"]["name"].startswith("system-")  # reserved names need kube-system
+    assert pc["value"] <= 1_000_000_000  # the highest a user-defined class may have
+    assert pc["globalDefault"] is False
+    assert "priorityclass.yaml" in load_manifest("kustomization.yaml")["resources"]
+
+
+# --- seccomp -----------------------------------------------------------------------------------
+
+SHIPPED_PROFILE = DEPLOY / "seccomp" / "node-resize-exporter.json"
+RUNTIME_DEFAULT = Path("/usr/share/containers/seccomp.json")
+
+
+def _rules(profile: dict) -> set[str]:
+    return {
+        json.dumps({**r, "names": [n]}, sort_keys=True)
+        for r in profile["syscalls"]
+        for n in r["names"]
+    }
+
+
+def test_exporter_runs_under_the_shipped_profile_installed_by_the_init_container():
+    ds = load_manifest("daemonset.yaml")
+    sc = container_of(ds)["securityContext"]["seccompProfile"]
+    assert sc["type"] == "Localhost"
+    init = _init_container(ds)
+    assert init["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = init["volumeMounts"]
+    host_dir = volumes[mount["name"]]["hostPath"]["path"]
+    # The kubelet resolves localhostProfile under /var/lib/kubelet/seccomp.
+    assert (
+        f"{host_dir}/{Path(sc['localhostProfile']).name}"
+        == f"/var/lib/kubelet/seccomp/{sc['localhostProfile']}"
+    )
+    assert f"{mount['mountPath']}/{Path(sc['localhostProfile']).name}" in " ".join(init["command"])
+    assert Path(sc["localhostProfile"]).name == SHIPPED_PROFILE.name
+
+
+def test_shipped_profile_is_the_runtime_default_plus_bpf_and_perf_event_open():
+    """The narrowest profile that works: the runtime default (Debian's containers-common,
+    CRI-O's RuntimeDefault) with bpf() allowed under CAP_BPF and perf_event_open() under
+    CAP_PERFMON, nothing else."""
+    if not RUNTIME_DEFAULT.exists():
+        pytest.fail(
+            f"{RUNTIME_DEFAULT} missing: scripts/setup.sh test installs skopeo "
+            "(golang-github-containers-common)"
+        )
+    default, shipped = (
+        json.loads(RUNTIME_DEFAULT.read_text()),
+        json.loads(SHIPPED_PROFILE.read_text()),
+    )
+    assert {k: v for k, v in shipped.items() if k != "syscalls"} == {
+        k: v for k, v in default.items() if k != "syscalls"
+    }
+    added, removed = _rules(shipped) - _rules(default), _rules(default) - _rules(shipped)
+    allowed = {
+        (n, tuple(json.loads(r).get("includes", {}).get("caps", [])))
+        for r in added
+        for n in json.loads(r)["names"]
+        if json.loads(r)["action"] == "SCMP_ACT_ALLOW"
+    }
+    assert allowed == {("bpf", ("CAP_BPF",)), ("perf_event_open", ("CAP_PERFMON",))}
+    # The refusals without the capability stay, moved to rules that also exclude CAP_BPF /
+    # CAP_PERFMON (a rule with `excludes` is dropped when the container has any of them).
+    assert {json.loads(r)["names"][0] for r in removed} == {"bpf", "perf_event_open"}
+    for r in map(
+        json.loads, added - {r for r in added if json.loads(r)["action"] == "SCMP_ACT_ALLOW"}
+    ):
+        assert r["action"] == "SCMP_ACT_ERRNO" and "CAP_SYS_ADMIN" in r["excludes"]["caps"]
+
+
+# --- /metrics protected, found by kube-prometheus-stack -------------------------------------
+
+
+def _web_secret() -> dict:
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "web-secret.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return yaml.safe_load(out)
+
+
+def test_metrics_are_served_with_tls_and_basic_auth_from_the_web_secret():
+    ds = load_manifest("daemonset.yaml")
+    args = container_of(ds)["args"]
+    (config,) = [a.split("=", 1)[1] for a in args if a.startswith("--web.config.file=")]
+    mounts = {m["mountPath"]: m for m in container_of(ds)["volumeMounts"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mount = mounts[str(Path(config).parent)]
+    assert mount["readOnly"] is True
+    secret = _web_secret()
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    web = yaml.safe_load(files[Path(config).name])
+    tls = web["tls_server_config"]
+    for key in ("cert_file", "key_file"):
+        assert Path(tls[key]).parent == Path(config).parent and Path(tls[key]).name in files
+    assert list(web["basic_auth_users"]) == [files["username"]]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container_of(ds)[probe]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = load_manifest("servicemonitor.yaml")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    name = secret["metadata"]["name"]
+    assert endpoint["basicAuth"] == {
+        "username": {"name": name, "key": "username"},
+        "password": {"name": name, "key": "password"},
+    }
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": name, "key": "tls.crt"}}
+    assert (
+        f"DNS:{endpoint['tlsConfig']['serverName']}"
+        in subprocess.run(
+            ["openssl", "x509", "-noout", "-ext", "subjectAltName"],
+            input=files["tls.crt"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+
+
+def test_kube_prometheus_stack_default_selectors_find_monitor_and_rules():
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by
+    `release: <Helm release>`; the kustomization's patches add it to exactly those two."""
+    patches = load_manifest("kustomization.yaml")["patches"]
+    labelled = {}
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+        doc = load_manifest(name)
+        for patch in patches:
+            target = patch["target"]
+            if (
+                target.get("kind") == doc["kind"]
+                and target.get("group", "") == doc["apiVersion"].split("/")[0]
+            ):
+                doc = _apply_json_patch(doc, yaml.safe_load(patch["patch"]))
+        labelled[doc["kind"]] = doc["metadata"]["labels"]
+    for kind, labels in labelled.items():
+        assert labels.get("release") == "kube-prometheus-stack", kind
+    assert {p["target"]["kind"] for p in patches} == OPERATOR_KINDS

@@ -1,0 +1,300 @@
+"""Issue 16: hostile and broken inputs, each against a real running exporter (`run` as a child
+process) where the issue found it that way; the API server is testkit/fakes/apiserver.py speaking
+the real list/watch protocol on loopback."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testkit.exporter_proc import REPO, RunningExporter, free_port
+from testkit.fakes.apiserver import FakeApiServer
+
+NODE = "hostile-test-node"
+
+
+@pytest.fixture
+def api():
+    server = FakeApiServer(port=free_port())
+    server.set_node(NODE, cpu="2", memory="8Gi")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _exporter(api, *extra: str) -> RunningExporter:
+    return RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", NODE,
+                           "--source", "sysfs", "--podresources-socket",
+                           "/nonexistent/kubelet.sock", *extra)
+
+
+def test_silent_api_server_from_start_up_is_source_up_0_then_1(api):
+    """Item 1: an API server that accepts connections and never answers. Every source has its
+    source_up series from the first scrape, and the Kubernetes ones stay 0 (never 1) until the
+    server speaks; then they come up without a restart."""
+    api.set_silent(True)
+    with _exporter(api) as exp:
+        first = exp.scrape()
+        sources = {dict(k)["source"] for k in first.series("node_resize_exporter_source_up")}
+        assert {"sysfs", "kube_node", "kube_pods", "podresources"} <= sources
+        assert first.value("node_resize_exporter_source_up", source="kube_node") == 0
+        # The list is not answered within its 10 s request timeout: down, said once, with why.
+        exp.wait_for(lambda s: "did not answer the nodes list within 10 s" in exp.logs(),
+                     timeout=40)
+        s = exp.scrape()
+        assert s.value("node_resize_exporter_source_up", source="kube_node") == 0
+        assert s.value("node_resize_exporter_source_up", source="kube_pods") == 0
+        # Staleness: kube_node last said something when it went down; sysfs is newer.
+        stamp = "node_resize_exporter_source_last_event_timestamp_seconds"
+        assert {dict(k)["source"] for k in s.series(stamp)} >= sources
+        assert 0 < s.value(stamp, source="kube_node") <= time.time()
+        api.set_silent(False)
+        # Each watch comes back on its own backoff (up to 30 s): wait for both.
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up", source="kube_node") == 1
+                     and s.value("node_resize_exporter_source_up", source="kube_pods") == 1
+                     and s.value("node_resize_kubelet_capacity", resource="cpu", unit="core") == 2,
+                     timeout=60)
+
+
+def _run_exit(*args: str) -> subprocess.CompletedProcess:
+    """`run` that must refuse to start: its exit status and what it said."""
+    return subprocess.run([sys.executable, "-m", "exporter", "run", "--web.listen-address",
+                           f"127.0.0.1:{free_port()}", "--kubernetes", "off", "--source",
+                           "sysfs", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_journal_path_that_is_a_symlink_exits_2_and_leaves_the_target(tmp_path):
+    """Item 3: as root, a journal link to another file chmodded that file 0600 and made it a
+    database; now `run` refuses with exit 2 and the reason."""
+    target = tmp_path / "victim"
+    target.write_text("keep me\n")
+    target.chmod(0o644)
+    link = tmp_path / "journal.db"
+    link.symlink_to(target)
+    done = _run_exit("--journal", str(link))
+    assert done.returncode == 2, done.stderr
+    assert "is a symbolic link" in done.stderr and "Fix: remove the link" in done.stderr
+    assert target.read_text() == "keep me\n" and target.stat().st_mode & 0o777 == 0o644
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "created-by-nobody")
+    assert _run_exit("--journal", str(dangling)).returncode == 2
+    assert not (tmp_path / "created-by-nobody").exists()
+
+
+def test_journal_in_a_directory_writable_by_others_exits_2(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    done = _run_exit("--journal", str(loose / "journal.db"))
+    assert done.returncode == 2, done.stderr
+    assert "writable by others" in done.stderr and "chmod 0700" in done.stderr
+
+
+def test_journal_of_a_future_schema_exits_2(tmp_path):
+    """Item 12."""
+    path = tmp_path / "journal.db"
+    with sqlite3.connect(path) as c:
+        c.execute("PRAGMA user_version=2")
+        c.execute("CREATE TABLE t(x)")
+    done = _run_exit("--journal", str(path))
+    assert done.returncode == 2, done.stderr
+    assert "schema version 2, newer than this exporter's 1" in done.stderr
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_64_mib_watch_line_does_not_grow_the_heap(api):
+    """Item 7: a watch line without a newline was held whole (512 MiB -> RSS +514 MiB). Now
+    it is refused at MAX_LINE_BYTES: the peak RSS grows by far less than the line."""
+    from exporter.kube.client import MAX_LINE_BYTES
+    with _exporter(api) as exp:
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 2, timeout=30)
+        api.wait_for_watches(1, "nodes")
+        before = _peak_rss_mib(exp.proc.pid)
+        piece = b"x" * 2**20
+        for _ in range(64):
+            api.send_raw(piece)
+        exp.wait_for(lambda s: f"watch event line longer than {MAX_LINE_BYTES} bytes"
+                     in exp.logs(), timeout=60)
+        api.update_node(NODE, cpu="3")
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 3, timeout=60)  # relisted, working
+        grown = _peak_rss_mib(exp.proc.pid) - before
+        # Bounded by the line limit, not by what was sent: at most a few copies of one
+        # MAX_LINE_BYTES line in flight (raw chunks, decoded text, the join), 17-34 MiB seen.
+        bound = 5 * MAX_LINE_BYTES / 2**20
+        assert grown < bound < 64, f"peak RSS grew {grown:.0f} MiB for a 64 MiB line"
+
+
+def test_a_trickling_kubelet_metrics_is_source_up_0_not_a_wedge(api):
+    """Item 4: a /metrics trickled one byte at a time wedged the source with no source_up."""
+    import threading
+
+    from testkit.fakes.kubelet_metrics import Hostile
+    stop = threading.Event()
+
+    def trickle(h):
+        h.send_response(200)
+        h.send_header("Content-Length", "1000000")
+        h.end_headers()
+        while not stop.is_set():
+            h.wfile.write(b"#")
+            h.wfile.flush()
+            stop.wait(0.2)
+
+    kubelet = Hostile(trickle)
+    try:
+        with _exporter(api, "--kubelet-metrics-url", kubelet.url) as exp:
+            first = exp.scrape()
+            assert first.value("node_resize_exporter_source_up", source="kubelet_metrics") == 0
+            exp.wait_for(lambda s: "answer not complete after 5 s" in exp.logs(), timeout=40)
+            s = exp.scrape()
+            assert s.value("node_resize_exporter_source_up", source="kubelet_metrics") == 0
+    finally:
+        stop.set()
+        kubelet.stop()
+
+
+def test_a_hostile_podresources_answer_is_not_amplified(api, tmp_path):
+    """Item 5: 100k negative CPU ids in every answer made 272,033 events in 20 s. Now the same
+    bad answer, polled again and again, is one malformed input, and the gauge counts only CPU
+    ids the kernel can have."""
+    from exporter.sources.kernel.sysfs import parse_cpu_list
+    from exporter.sources.kubelet.proto import podresources_pb2 as pb
+    from testkit.event_log import wait_until
+    from testkit.fakes.podresources import Kubelet, Server
+
+    possible = parse_cpu_list(open("/sys/devices/system/cpu/possible").read())
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(
+        cpu_ids=sorted(possible) + list(range(-100_000, 0)) + [len(possible) + 5])
+    sock = str(tmp_path / "kubelet.sock")
+    server = Server(sock, servicer=kubelet)
+    try:
+        with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", NODE,
+                             "--source", "sysfs", "--podresources-socket", sock,
+                             "--podresources-interval", "0.2") as exp:
+            exp.wait_for(lambda s: s.value("node_resize_podresources_allocatable_cpus")
+                         == len(possible), timeout=30)
+            calls = kubelet.calls
+            wait_until(lambda: kubelet.calls >= calls + 10, "ten more polls", bound=60)
+            s = exp.scrape()
+            assert s.value("node_resize_exporter_malformed_total", source="podresources") == 1
+            assert s.value("node_resize_podresources_allocatable_cpus") == len(possible)
+            assert s.value("node_resize_exporter_source_up", source="podresources") == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.kernel
+def test_forged_uevents_are_not_counted_by_a_running_exporter(cpu1):
+    """Item 9: 100 forged `offline@/devices/system/cpu/cpu1` were counted while cpu1 stayed
+    online. From user space (port id != 0) they are malformed input now, never transitions."""
+    from testkit.uevent import send_forged
+    with RunningExporter("--source", "uevent", "--kubernetes", "off") as exp:
+        exp.wait_for(lambda s: s.value("node_resize_exporter_source_up", source="uevent") == 1)
+        send_forged(100)
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_malformed_total",
+                                           source="uevent") == 100)
+        assert s.value("node_resize_kernel_transitions_total", resource="cpu", direction="offline",
+                       result="success") == 0
+        assert s.value("node_resize_kernel_cpus", state="online") == s.value(
+            "node_resize_kernel_cpus", state="present"
+        )
+
+
+@pytest.mark.kernel
+def test_sigkill_then_restart_counts_changes_while_down_and_no_request_twice(cpu1, api, tmp_path):
+    """Item 14: over a SIGKILL and a restart, a resumed episode's request was counted again
+    (51 requests for 50 unplugs), and what the kernel did meanwhile was lost. Now the new
+    process counts the cpu1 online made while it was down, and not the resumed request."""
+    journal = str(tmp_path / "journal.db")
+    args = ("--source", "uevent", "--journal", journal, "--coalesce-window", "60")
+    first = _exporter(api, *args).start()
+    try:
+        cpu1.set_online(False)
+        first.wait_for(
+            lambda s: (
+                s.value("node_hot_unplug_request_total", resource="cpu") == 1
+                and s.value("node_resize_exporter_episodes_open") == 1
+            ),
+            timeout=30,
+        )
+        first.proc.kill()  # SIGKILL: no flush, no close
+        first.proc.wait(10)
+    finally:
+        first.stop()
+        first.tmp.cleanup()
+    cpu1.set_online(True)  # while no exporter runs
+    with _exporter(api, *args) as second:
+        s = second.wait_for(
+            lambda s: s.value("node_resize_exporter_episodes_open") == 1, timeout=30
+        )
+        assert "resumed 1 open episode" in second.logs()
+        assert s.value("node_hot_unplug_request_total", resource="cpu") == 0
+        assert (
+            s.value("node_resize_exporter_down_changes_total", resource="cpu", direction="online")
+            == 1
+        )
+        assert (
+            s.value("node_resize_exporter_down_changes_total", resource="cpu", direction="offline")
+            == 0
+        )
+        assert "while the exporter was down: 1 cpu online" in second.logs()
+
+
+def _corrupt_journal(path) -> None:
+    """A real journal whose pages are then overwritten in the middle (a bad disk, a bad copy)."""
+    from exporter.events import EventsLost
+    from exporter.sinks.journal.store import Journal
+
+    j = Journal(path)
+    for i in range(200):
+        j.on_event(EventsLost("bpf", i + 1, 1000.0 + i))
+    j.close()
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xde\xad\xbe\xef" * 2048)
+
+
+def test_a_corrupt_journal_is_reported_by_check_and_counted_by_run(api, tmp_path):
+    """Item 15: a corrupt journal turned journaling off with one warning and a counter. `check`
+    now says so with the fix, and `run` counts it in sink_errors_total{sink="journal"} (the
+    series an alert watches) while /metrics keeps serving."""
+    path = tmp_path / "journal.db"
+    _corrupt_journal(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter", "check", "--journal", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(
+        l for l in done.stdout.splitlines() if l.startswith(("OK   journal", "FAIL journal"))
+    )
+    assert line.startswith("FAIL journal") and "is corrupt" in line, done.stdout
+    assert f"mv {path} {path}.corrupt" in done.stdout
+    with _exporter(api, "--journal", str(path)) as exp:
+        # The journal's error and sysfs's up come from two threads, in either order.
+        exp.wait_for(
+            lambda s: (
+                s.value("node_resize_exporter_sink_errors_total", sink="journal", default=0) > 0
+                and s.value("node_resize_exporter_source_up", source="sysfs") == 1
+            ),
+            timeout=30,
+        )

@@ -1,0 +1,234 @@
+"""The container image, run for real: `make image`'s OCI archive, unpacked with umoci and run
+with runc exactly as deploy/daemonset.yaml asks (testkit/oci_pod.py reads the securityContext,
+mounts and seccomp profile from it): capabilities BPF and PERFMON only, read-only root, no
+privilege escalation, the host paths, the host network, the shipped seccomp profile, the web
+config Secret. cpu1 goes offline and online on the host and the bpf source inside the container
+counts and times both. Root and the real kernel; the image is built once per session (its
+Debian layer is cached across sessions, see deploy/image/build.sh)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testkit import oci_pod
+from testkit.exporter_proc import Scrape, free_port, poll_until
+
+pytestmark = pytest.mark.kernel
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "deploy" / "image" / "build.sh"
+TX = "node_resize_kernel_transitions_total"
+DUR = "node_resize_kernel_transition_duration_seconds_count"
+
+
+def _version() -> str:
+    import tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+@pytest.fixture(scope="session")
+def image_archive(tmp_path_factory) -> Path:
+    """`make image` (the build script it runs; setup.sh is the caller's business), written to
+    this session's own directory so parallel sessions never read each other's half-written
+    archive."""
+    for tool in ("mmdebstrap", "umoci", "skopeo", "runc"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: run scripts/setup.sh test")
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([str(BUILD)], check=True, timeout=1800, env={**os.environ,
+                                                                "NRE_IMAGE_OUT": str(out)})
+    archive = out / f"node-resize-exporter-{_version()}.oci.tar"
+    assert archive.is_file()
+    return archive
+
+
+@pytest.fixture(scope="module")
+def unpacked(image_archive, tmp_path_factory) -> tuple[Path, dict]:
+    """(root filesystem, umoci's runtime spec) of the image. One rootfs for every container
+    here: each mounts it read-only."""
+    tmp = tmp_path_factory.mktemp("image")
+    layout = tmp / "layout"
+    layout.mkdir()
+    subprocess.run(["tar", "-xf", str(image_archive), "-C", str(layout)], check=True, timeout=300)
+    index = json.loads((layout / "index.json").read_text())
+    ref = index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
+    subprocess.run(["umoci", "unpack", "--image", f"{layout}:{ref}", str(tmp / "bundle")],
+                   check=True, capture_output=True, timeout=600)
+    shutil.rmtree(layout)
+    spec = json.loads((tmp / "bundle" / "config.json").read_text())
+    spec["root"]["path"] = str(tmp / "bundle" / "rootfs")
+    return tmp / "bundle" / "rootfs", spec
+
+
+@pytest.fixture
+def web_secret(tmp_path) -> tuple[Path, str]:
+    """The Secret deploy/web-secret.py makes, as the files a secret volume shows; and the
+    scrape password."""
+    out = subprocess.run([str(REPO / ".venv" / "bin" / "python"),
+                          str(REPO / "deploy" / "web-secret.py")],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    data = yaml.safe_load(out)["data"]
+    files = tmp_path / "secret-web"
+    files.mkdir()
+    for key, value in data.items():
+        (files / key).write_bytes(base64.b64decode(value))
+    return files, (files / "password").read_text()
+
+
+class Container:
+    """One runc container from a DaemonSet-derived config.json; stopped and deleted by exit."""
+
+    def __init__(self, spec: dict, workdir: Path):
+        self.name = f"nre-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.bundle = workdir / "bundle"
+        self.bundle.mkdir()
+        (self.bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        self.log_path = workdir / "container.log"
+
+    def __enter__(self) -> "Container":
+        self.log = open(self.log_path, "w")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(["runc", "run", "--bundle", str(self.bundle), self.name],
+                                     stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text()
+
+    def pid(self) -> int:
+        state = subprocess.run(["runc", "state", self.name], capture_output=True, text=True)
+        return json.loads(state.stdout)["pid"]
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            subprocess.run(["runc", "kill", self.name, "TERM"], capture_output=True)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                subprocess.run(["runc", "kill", self.name, "KILL"], capture_output=True)
+                self.proc.wait(10)
+        subprocess.run(["runc", "delete", "--force", self.name], capture_output=True)
+        self.log.close()
+
+
+def _scraper(container: Container, port: int, ca: Path, password: str):
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.check_hostname = False  # the certificate names node-resize-exporter, we dial 127.0.0.1
+    auth = base64.b64encode(f"prometheus:{password}".encode()).decode()
+
+    def scrape() -> Scrape | None:
+        if container.proc.poll() is not None:
+            raise AssertionError(f"container exited {container.proc.returncode}:\n"
+                                 f"{container.logs()}")
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/metrics",
+                                     headers={"Authorization": f"Basic {auth}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
+                return Scrape(r.read().decode())
+        except OSError:
+            return None
+    return scrape
+
+
+def _wait(scrape, container: Container, predicate, what: str, timeout: float = 120):
+    return poll_until(scrape, lambda s: s is not None and predicate(s), timeout, 0.1,
+                      lambda s: AssertionError(f"{what}; last scrape:\n"
+                                               f"{s.text if s else None}\nlogs:\n"
+                                               f"{container.logs()[-6000:]}"))
+
+
+def _bpf_attached(s: Scrape) -> bool:
+    """The BPF source's thread has said up and which programs it attached (all at once)."""
+    return (s.value("node_resize_exporter_source_up", source="bpf") == 1
+            and s.value("node_resize_exporter_bpf_program_attached",
+                        program="cpuhp_exit") is not None)
+
+
+def _pod(unpacked, tmp_path, web_secret, **kwargs) -> tuple[dict, str, int]:
+    _, image_spec = unpacked
+    files, _ = web_secret
+    port = free_port()
+    args = [a for a in oci_pod.exporter_container(oci_pod.daemonset())["args"]
+            if not a.startswith("--web.listen-address")]
+    args.append(f"--web.listen-address=127.0.0.1:{port}")  # host network: the host's loopback
+    spec, what = oci_pod.bundle_config(image_spec, tmp_path / "scratch", args,
+                                       {"NODE_NAME": os.uname().nodename},
+                                       {"node-resize-exporter-web": files}, **kwargs)
+    return spec, what, port
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def test_image_counts_cpu1_through_bpf_with_the_daemonsets_security(unpacked, tmp_path,
+                                                                     web_secret, cpu1):
+    spec, what, port = _pod(unpacked, tmp_path, web_secret)
+    assert what == "Localhost node-resize-exporter.json"
+    files, password = web_secret
+    with Container(spec, tmp_path) as c:
+        scrape = _scraper(c, port, files / "tls.crt", password)
+        # source_up exists from the first scrape ("starting", 0); each source's thread says
+        # up later, and /metrics answers before: wait for BPF's own word and its programs.
+        up = _wait(scrape, c, _bpf_attached, "bpf never came up")
+        startup = time.monotonic() - c.started
+        status = _status(c.pid())
+        assert status["Seccomp"].strip() == "2", "no seccomp filter on the exporter"
+        assert status["NoNewPrivs"].strip() == "1"
+        assert up.value("node_resize_exporter_source_up", source="bpf") == 1, c.logs()
+        for program in ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit"):
+            assert up.value("node_resize_exporter_bpf_program_attached", program=program) == 1
+        before_off = up.value(TX, resource="cpu", direction="offline", result="success")
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        after = _wait(scrape, c, lambda s: s.value(DUR, resource="cpu", direction="online") == 1,
+                      "cpu1 online not timed by the bpf source in the container")
+        assert after.value(DUR, resource="cpu", direction="offline") == 1
+        assert after.value(TX, resource="cpu", direction="offline",
+                           result="success") == before_off + 1
+        assert after.value(TX, resource="cpu", direction="online", result="success") == 1
+    print(f"start-up to bpf attached and served in the container: {startup:.2f} s")
+
+
+def test_image_uses_its_own_headers_on_a_node_without_any(unpacked, tmp_path, web_secret):
+    """/lib/modules and /usr/src absent on the node: bcc compiles against the image's generic
+    headers and the bpf source attaches."""
+    spec, _, port = _pod(unpacked, tmp_path, web_secret,
+                         absent=frozenset({"/lib/modules", "/usr/src"}))
+    files, password = web_secret
+    with Container(spec, tmp_path) as c:
+        scrape = _scraper(c, port, files / "tls.crt", password)
+        up = _wait(scrape, c, _bpf_attached, "bpf never came up")
+        assert up.value("node_resize_exporter_source_up", source="bpf") == 1, c.logs()
+        assert up.value("node_resize_exporter_bpf_program_attached", program="cpuhp_exit") == 1
+
+
+def test_runtime_default_seccomp_refuses_bpf_and_the_rest_runs(unpacked, tmp_path, web_secret):
+    """Why the DaemonSet ships a profile: Debian's containers-common default (CRI-O's
+    RuntimeDefault) allows bpf() only with CAP_SYS_ADMIN. The pod still runs: bpf reports down
+    with the reason, uevent and sysfs work."""
+    spec, what, port = _pod(unpacked, tmp_path, web_secret, runtime_default=True)
+    assert what == "RuntimeDefault"
+    files, password = web_secret
+    with Container(spec, tmp_path) as c:
+        scrape = _scraper(c, port, files / "tls.crt", password)
+        # bpf is down from the first scrape (it failed to open); uevent and sysfs say up from
+        # their own threads, after /metrics may already answer: wait for both.
+        up = _wait(scrape, c, lambda s: s.value("node_resize_exporter_source_up",
+                                                source="uevent") == 1
+                   and s.value("node_resize_exporter_source_up", source="sysfs") == 1,
+                   "uevent and sysfs never came up")
+        assert up.value("node_resize_exporter_source_up", source="bpf") == 0
+        assert "bpf" in c.logs() and "Operation not permitted" in c.logs(), c.logs()

@@ -1,0 +1,373 @@
+"""The postmortem CLI: episodes list/show/export, replay, report, on a journal a live run wrote."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import xml.etree.ElementTree as ET
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from exporter import codec
+from exporter.cli.main import main
+from exporter.cli.postmortem import register, replay_events
+from exporter.clock import FakeClock
+from exporter.correlate.correlator import Correlator
+from exporter.correlate.model import Outcome, PodOutcome, PodVerdict
+from exporter.events import (
+    Direction,
+    KernelSnapshot,
+    NodeStatus,
+    PodStatus,
+    Resource,
+    Result,
+    Transition,
+)
+from exporter.report import figure, lookup, timeline
+from exporter.sinks.journal.store import Journal
+from testkit.correlator import config as correlator_config
+from testkit.postmortem_samples import (
+    T0,
+    cpu_offline_episode,
+    cpu_online_open_episode,
+    memory_failed_episode,
+)
+
+GiB = 2**30
+CONFIG = correlator_config(resync_deadline=60.0, kubernetes=True)
+
+
+@click.group()
+def standalone() -> None:
+    """A bare group: register() must give it every postmortem command."""
+
+
+register(standalone)
+cli = main  # the real `node-resize-exporter` group, as users run it
+
+
+def run(*args: str, ok: bool = True):
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    if ok:
+        assert result.exit_code == 0, result.output + result.stderr
+    return result
+
+
+def snapshot(t: float, cpus: int) -> KernelSnapshot:
+    online = frozenset(range(cpus))
+    return KernelSnapshot(time=t, cpus_online=online, cpus_offline=frozenset({0, 1}) - online,
+                          cpus_present=frozenset({0, 1}), cpus_possible=frozenset({0, 1}),
+                          memory_block_size=2**27, memory_blocks_online=frozenset(range(192)),
+                          memory_blocks_offline=frozenset(), mem_total_bytes=24 * GiB,
+                          swap_total_bytes=0)
+
+
+def node(t: float, cpu: float) -> NodeStatus:
+    return NodeStatus(time=t, node="n1", capacity={Resource.CPU: cpu, Resource.MEMORY: 24 * GiB},
+                      allocatable={Resource.CPU: cpu, Resource.MEMORY: 24 * GiB})
+
+
+def pod(t: float, uid: str, phase: str = "Running", reason: str = "") -> PodStatus:
+    return PodStatus(time=t, uid=uid, namespace="default", name=f"pod-{uid}", phase=phase,
+                     reason=reason, ready=phase == "Running")
+
+
+def cpu(t: float, direction: Direction, result: Result = Result.SUCCESS, **kw) -> Transition:
+    return Transition(source="bpf", resource=Resource.CPU, unit=1, direction=direction,
+                      result=result, start=t - 0.03, end=t, steps=95, **kw)
+
+
+def live_stream() -> list:
+    """cpu1 offline -> resync -> a pod rejected; cpu1 online -> no resync; a refused offline."""
+    return [
+        snapshot(T0, 2), node(T0 + 0.1, 2), pod(T0 + 0.2, "a"), pod(T0 + 0.3, "b"),
+        cpu(T0 + 10, Direction.OFFLINE), snapshot(T0 + 10.01, 1),
+        node(T0 + 14, 1), pod(T0 + 14.5, "a", "Failed", "OutOfcpu"),
+        cpu(T0 + 40, Direction.ONLINE), snapshot(T0 + 40.01, 2),
+        cpu(T0 + 200, Direction.OFFLINE, Result.FAILED, failed_state="85", error="ret=-16"),
+        snapshot(T0 + 200.01, 2),
+    ]
+
+
+@pytest.fixture
+def live_journal(tmp_path):
+    return write_live_journal(tmp_path / "journal.db")
+
+
+def write_live_journal(path):
+    """A journal written the way the agent writes it: event first, then the updates; ticks."""
+    clock = FakeClock(T0)
+    journal = Journal(path, clock=clock)
+    correlator = Correlator(CONFIG, clock)
+    for event in live_stream():
+        t = codec_time(event)
+        while clock.t + 0.5 < t:  # the agent ticks about twice a second
+            clock.advance(0.5)
+            for u in correlator.tick():
+                journal.on_update(u)
+        clock.t = max(clock.t, t)
+        journal.on_event(event)
+        for u in correlator.handle(event):
+            journal.on_update(u)
+    for _ in range(200):  # run on past every window
+        clock.advance(0.5)
+        for u in correlator.tick():
+            journal.on_update(u)
+    journal.close()
+    return path
+
+
+def codec_time(event) -> float:
+    return getattr(event, "time", None) or event.end
+
+
+def test_list_show_and_json(live_journal):
+    out = run("episodes", "list", "--journal", str(live_journal)).output
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC",
+                                "READMISSION", "OUTCOME"]
+    assert len(lines) == 4
+    assert "converged" in lines[1] and "resync_timeout" in lines[2]
+    assert "kernel_failed" in lines[3]
+    assert "30.0 ms" in lines[1] and "4.00 s" in lines[1]  # kernel, resync (14 - 10)
+    data = json.loads(run("episodes", "list", "--json", "--journal", str(live_journal)).output)
+    assert [d["outcome"] for d in data] == ["converged", "resync_timeout", "kernel_failed"]
+    first = codec.decode(data[0])
+    assert first.resource is Resource.CPU and first.kubelet_after == 1.0
+    assert data[0]["resync_seconds"] == pytest.approx(4.0)
+    # --since: only what was active after the second episode began.
+    since = str(T0 + 100)
+    data = json.loads(run("episodes", "list", "--json", "--since", since,
+                          "--journal", str(live_journal)).output)
+    assert [d["outcome"] for d in data] == ["resync_timeout", "kernel_failed"]
+
+    shown = run("episodes", "show", first.id, "--journal", str(live_journal)).output
+    assert f"episode {first.id}: cpu decrease, converged" in shown
+    assert "cpu1 offline started" in shown and "cpu1 offline done in 30.0 ms" in shown
+    assert "Node capacity 1" in shown
+    assert "pod default/pod-a REJECTED: OutOfcpu" in shown
+    assert re.search(r"\+4\.030s .* resync .* Node capacity 1", shown)
+    assert "ended: converged" in shown
+
+
+def test_export_then_replay_reproduces_the_live_episodes(live_journal, tmp_path):
+    result = run("episodes", "export", "--journal", str(live_journal), "--progress-every", "5")
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(live_stream())
+    assert [codec.loads(x) for x in lines] == live_stream()
+    assert "exported 5/12 events" in result.stderr and "exported 12 events" in result.stderr
+    exported = tmp_path / "events.jsonl"
+    exported.write_text(result.stdout)
+    live = json.loads(run("episodes", "list", "--json", "--journal", str(live_journal)).output)
+    replayed = run("replay", str(exported), "--json", "--resync-deadline", "60")
+    assert json.loads(replayed.stdout) == live
+    assert "replayed 12 events: 3 episodes" in replayed.stderr
+    # A window of the journal: only the second half of the events.
+    part = run("episodes", "export", "--since", str(T0 + 40), "--journal", str(live_journal))
+    assert len(part.stdout.splitlines()) == 4
+
+
+def test_replay_skips_malformed_lines(tmp_path):
+    events = live_stream()[:6]
+    f = tmp_path / "e.jsonl"
+    f.write_text("\n".join([codec.dumps(e) for e in events[:3]] + ["{broken", '{"type": "X"}',
+                           codec.dumps(cpu_offline_episode())]
+                           + [codec.dumps(e) for e in events[3:]]) + "\n")
+    result = run("replay", str(f), "--json")
+    assert "skipped 3 lines" in result.stderr
+    (ep,) = json.loads(result.stdout)
+    direct = replay_events(events, correlator_config(kubernetes=True))
+    assert [codec.decode(ep)] == direct
+
+
+def _ids(journal_path) -> list[str]:
+    return [d["id"] for d in json.loads(run("episodes", "list", "--json", "--journal",
+                                            str(journal_path)).output)]
+
+
+def _svg_texts(path) -> dict[str, dict]:
+    """Every <text> of a matplotlib SVG (svg.fonttype none keeps them text): text -> attrs."""
+    root = ET.fromstring(path.read_text())
+    return {"".join(t.itertext()).strip(): {**t.attrib} for t in
+            root.iter("{http://www.w3.org/2000/svg}text")}
+
+
+def test_report_svg_and_png_come_from_one_figure(live_journal, tmp_path):
+    ep_id = _ids(live_journal)[0]
+    svg, png = tmp_path / "episode.svg", tmp_path / "episode.png"
+    run("report", ep_id, "--output", str(svg), "--journal", str(live_journal))
+    run("report", ep_id, "--output", str(png), "--journal", str(live_journal))
+    texts = _svg_texts(svg)
+    assert "converged; 1 pod rejected OutOfcpu" in texts  # not just "converged"
+    assert any(t.startswith("node n1  |  cpu hot-unplug  |  episode ") and t.endswith(" UTC")
+               for t in texts), texts
+    assert {"kernel cpu1", "kubelet.resync", "kubelet.readmission", "cpu1 offline 30.0 ms",
+            "resync 4.00 s"} <= set(texts)
+    rejected = [t for t in texts if t.startswith("[1] REJECTED: default/pod-a (OutOfcpu)")]
+    assert rejected and "#d62728" in texts[rejected[0]].get("style", ""), texts
+    assert any(t.startswith("[2] kept: default/pod-b") for t in texts)
+    assert "1, 2" in texts  # both pods were judged at one instant: one marker label
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def _episodes_to_draw():
+    long_wait = cpu_offline_episode()
+    long_wait.resynced, long_wait.readmission_settled = T0 + 1800, T0 + 1810
+    long_wait.pods = [PodOutcome(T0 + 1801 + i, "a-namespace-with-a-long-name",
+                                 f"statefulset-with-a-long-name-{i}", f"u{i}",
+                                 PodVerdict.REJECTED if i % 3 else PodVerdict.KEPT,
+                                 "OutOfcpu" if i % 3 else "Running") for i in range(30)]
+    long_wait.ended = T0 + 1810
+    timeout = cpu_offline_episode()
+    timeout.resynced = timeout.readmission_settled = timeout.kubelet_after = None
+    timeout.pods, timeout.outcome, timeout.ended = [], Outcome.RESYNC_TIMEOUT, T0 + 600
+    return {"converged": cpu_offline_episode(), "refused": memory_failed_episode(),
+            "open": cpu_online_open_episode(), "timeout": timeout, "30 pods": long_wait}
+
+
+@pytest.mark.parametrize("name", list(_episodes_to_draw()))
+def test_no_text_leaves_the_figure(name, tmp_path):
+    ep = _episodes_to_draw()[name]
+    fig = figure.draw(timeline.build(ep, "a-node-with-a-rather-long-name.example.internal"))
+    assert figure.texts_outside(fig) == []
+    for suffix in (".png", ".svg"):
+        figure.save(fig, tmp_path / f"x{suffix}")
+        assert (tmp_path / f"x{suffix}").stat().st_size > 5000
+
+
+def test_the_clipping_check_can_fail():
+    fig = figure.draw(timeline.build(cpu_offline_episode(), "n1"))
+    fig.text(0.98, 0.5, "a label that runs off the right edge")
+    assert [t for t in figure.texts_outside(fig) if "runs off" in t]
+
+
+def test_milliseconds_and_minutes_are_readable_on_one_axis():
+    """A 30 ms kernel step beside a 30 min resync wait: both wide enough to see."""
+    ep = _episodes_to_draw()["30 pods"]
+    tl = timeline.build(ep, "n1")
+    fig = figure.draw(tl)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "symlog"
+    width = ax.bbox.width
+
+    def px(bar):
+        return ax.transData.transform((bar.end, 0))[0] - ax.transData.transform((bar.start, 0))[0]
+
+    kernel, resync = tl.bars[0], tl.bars[1]
+    assert kernel.end - kernel.start == pytest.approx(0.03)
+    assert resync.end - resync.start > 1799
+    assert px(kernel) > 0.1 * width  # a linear 30 min axis would give it 0.002 %
+    assert ax.transData.transform((tl.length, 0))[0] <= ax.bbox.x1
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert {"10 ms", "1 s", "1 min", "10 min"} <= set(names)
+
+
+def test_headline_says_what_it_cost():
+    ep = cpu_offline_episode()
+    assert timeline.headline(ep) == ("converged; 1 pod rejected OutOfcpu", True)
+    ep.pods.append(PodOutcome(T0 + 6, "default", "web-1", "u2", PodVerdict.REJECTED, "OutOfcpu"))
+    assert timeline.headline(ep)[0] == "converged; 2 pods rejected OutOfcpu"
+    ep.pods.append(PodOutcome(T0 + 7, "default", "db-0", "u3", PodVerdict.REJECTED,
+                              "OutOfmemory"))
+    assert timeline.headline(ep)[0] == "converged; 3 pods rejected (2 OutOfcpu, 1 OutOfmemory)"
+    ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.KEPT]
+    assert timeline.headline(ep) == ("converged", False)
+    assert timeline.headline(memory_failed_episode())[0] == \
+        "kernel_failed: memory150 offline refused: EBUSY"
+
+
+def test_times_are_utc_and_say_so():
+    tl = timeline.build(cpu_offline_episode(), "n1")
+    assert f"opened {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0))}.000 UTC" in tl.subtitle
+    assert timeline.seconds(599.97) == "10m00.0s"
+
+
+def test_timeline_of_a_timeout_and_a_refusal():
+    tl = timeline.build(_episodes_to_draw()["timeout"])
+    assert [b.kind for b in tl.bars] == ["transition", "waiting"]
+    assert tl.bars[1].label == "no resync (resync_timeout) after 10m00.0s"
+    assert tl.bars[1].end == 600
+    assert tl.title == "resync_timeout: the kubelet did not resync within 10m00.0s"
+    assert "(unknown: no Node status recorded)" in tl.subtitle
+
+
+def test_an_ambiguous_prefix_says_so_with_both_ids(live_journal, tmp_path):
+    a, b = cpu_offline_episode(episode_id="cpu-1"), cpu_offline_episode(episode_id="cpu-12")
+    c = memory_failed_episode(episode_id="mem-3")
+    assert lookup.match([a, b, c], "cpu-1", "j") is a  # an exact id wins over a prefix
+    assert lookup.match([a, b, c], "m", "j") is c
+    with pytest.raises(lookup.NotFound, match=r"'cpu' is ambiguous in j: it matches 2 "
+                                              r"episodes \(cpu-1, cpu-12\)"):
+        lookup.match([a, b, c], "cpu", "j")
+    with pytest.raises(lookup.NotFound, match="no episode 'x'"):
+        lookup.match([a, b, c], "x", "j")
+    # Through the CLI, on whatever ids the correlator makes: the longest prefix two share.
+    ids = _ids(live_journal)
+    prefix = max((os.path.commonprefix([x, y]) for x in ids for y in ids if x != y), key=len)
+    sharing = [i for i in ids if i.startswith(prefix)]
+    if prefix and prefix not in ids:
+        for args in (["report", prefix, "--output", str(tmp_path / "x.svg")],
+                     ["episodes", "show", prefix]):
+            result = run(*args, "--journal", str(live_journal), ok=False)
+            assert result.exit_code == 2, result.output
+            assert "is ambiguous" in result.output
+            assert all(i in result.output for i in sharing[:lookup.SHOWN])
+
+
+def test_report_reads_an_exported_jsonl(live_journal, tmp_path):
+    exported = tmp_path / "events.jsonl"
+    exported.write_text(run("episodes", "export", "--journal", str(live_journal)).stdout)
+    ep_id = _ids(live_journal)[0]
+    from_journal, from_file = tmp_path / "j.svg", tmp_path / "f.svg"
+    run("report", ep_id, "--output", str(from_journal), "--journal", str(live_journal))
+    run("report", ep_id, "--output", str(from_file), "--events", str(exported),
+        "--journal", str(tmp_path / "no-journal-needed.db"))
+    assert set(_svg_texts(from_file)) == set(_svg_texts(from_journal))
+    result = run("report", "nothing-like-it", "--output", str(from_file), "--events",
+                 str(exported), ok=False)
+    assert result.exit_code == 2 and f"no episode 'nothing-like-it' in {exported}" in \
+        result.output
+
+
+def test_errors_exit_2(live_journal, tmp_path):
+    missing = tmp_path / "nothing.db"
+    for args in (["episodes", "list"], ["episodes", "show", "x"], ["episodes", "export"],
+                 ["report", "x", "--output", str(tmp_path / "x.svg")]):
+        result = run(*args, "--journal", str(missing), ok=False)
+        assert result.exit_code == 2, args
+        assert f"no journal at {missing}" in result.output
+    result = run("episodes", "show", "no-such-episode", "--journal", str(live_journal), ok=False)
+    assert result.exit_code == 2 and "no episode 'no-such-episode'" in result.output
+    ep_id = json.loads(run("episodes", "list", "--json", "--journal",
+                           str(live_journal)).output)[0]["id"]
+    result = run("report", ep_id, "--output", str(tmp_path / "x.gif"), "--journal",
+                 str(live_journal), ok=False)
+    assert result.exit_code == 2 and "use a .svg or .png" in result.output
+    result = run("episodes", "list", "--since", "yesterday-ish", "--journal",
+                 str(live_journal), ok=False)
+    assert result.exit_code == 2 and "is not a time" in result.output
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database" * 200)
+    result = run("episodes", "list", "--journal", str(junk), ok=False)
+    assert result.exit_code == 2 and "cannot read the journal" in result.output
+
+
+def test_since_forms():
+    import time
+
+    from exporter.cli.postmortem import SINCE
+    now = time.time()
+    assert abs(SINCE.convert("2h", None, None) - (now - 7200)) < 5
+    assert abs(SINCE.convert("30m", None, None) - (now - 1800)) < 5
+    assert SINCE.convert("1795000000", None, None) == 1795000000.0
+    assert SINCE.convert("2026-11-22T03:00:00+00:00", None, None) == 1795316400.0
+
+
+def test_register_adds_every_command():
+    assert set(standalone.commands) == {"episodes", "replay", "report"}
+    assert set(main.commands) >= {"episodes", "replay", "report"}
+    assert set(standalone.commands["episodes"].commands) == {"list", "show", "export"}
