@@ -228,6 +228,13 @@ def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
                  direction.value)
 
 
+def _stop(stop: threading.Event, agent: Agent) -> None:
+    """SIGTERM/SIGINT: end serve()'s wait and wake the agent, which sleeps untimed while no
+    episode is open."""
+    stop.set()
+    agent.wake()
+
+
 def _fail(message: str) -> int:
     print(f"node-resize-exporter: error: {message}", file=sys.stderr)
     return 2
@@ -290,8 +297,7 @@ def serve(options: Options) -> int:
     registry_.register(KubeletSink.attach(agent))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        # wake(): the agent sleeps untimed while no episode is open (issue 14)
-        signal.signal(sig, lambda *_: (stop.set(), agent.wake()))
+        signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()
     try:
         agent.run(stop)

@@ -83,7 +83,7 @@ def _mask(names: set[str]) -> int:
     return sum(1 << CAPS[n] for n in names)
 
 
-def drop_capabilities(keep: set[str] = frozenset()) -> DropResult:
+def drop_capabilities(keep: frozenset[str] | set[str] = frozenset()) -> DropResult:
     """Keep only `keep` (and only what the thread already had); OSError if the kernel refuses."""
     before = capabilities()
     keep_mask = _mask(set(keep)) & capabilities("self", "CapPrm")

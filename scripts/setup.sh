@@ -4,7 +4,9 @@
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
 #   test  run + pytest deps, Debian's prometheus/promtool, alertmanager and node_exporter (the
 #         peer bench/ measures against), the QEMU lab's packages and guest kernel (unpacked in a
-#         cache, not installed), the image tools (mmdebstrap, umoci, skopeo, runc) (bench: same)
+#         cache, not installed), cpio (the lab's initramfs check), perf (bench/profile.py), the
+#         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
+#         checks that every program the tests, lab and benchmarks run is installed here.
 #   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
 set -euo pipefail
 mode=${1:-run}
@@ -117,10 +119,10 @@ case "$mode" in
   # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
   test|bench) base
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod
+          qemu-system-x86 busybox-static kmod cpio linux-perf
         lab_kernel; image_tools
         venv "test,report" ;;
-  lab)  base; apt_install qemu-system-x86 busybox-static kmod; lab_kernel; venv "test" ;;
+  lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;
   image) base; image_tools; venv "test" ;;
   *) say "unknown mode '$mode' (use run, test, bench, lab or image)"; exit 2 ;;
 esac

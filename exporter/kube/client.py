@@ -107,7 +107,7 @@ def load_config(kubeconfig: str | None = None, *,
                             certificate_auth=str(Path(service_account_dir, "ca.crt"))),
             # token_file: re-read on 401, the kubelet rotates projected tokens.
             user=User(token=token.read_text().strip(), token_file=str(token)),
-            namespace=namespace).get()
+            namespace=namespace).get()  # type: ignore[return-value]  # from_one: one context
     if env.get("KUBECONFIG"):
         return _from_file(env["KUBECONFIG"], "$KUBECONFIG")
     raise KubeUnavailable(
@@ -274,6 +274,7 @@ def make_client(config: SingleConfig, *, request_timeout: float = 10.0,
         # lightkube asserts a user exists; an anonymous kubeconfig is legal, give it one.
         config = SingleConfig(context_name=config.context_name, context=config.context,
                               cluster=config.cluster, user=User(), fname=config.fname)
+    assert config.user is not None  # given one above
     verify = verify_cluster(config.cluster, config.user, config.abs_file)
     transport = KubeTransport(httpx.HTTPTransport(verify=verify, retries=0), watch_read_timeout,
                               header_timeout=request_timeout, line_timeout=line_timeout)

@@ -193,8 +193,8 @@ def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict],
     in_progress = conditions.get("PodResizeInProgress")
     pending_reason = _str(pending.get("reason")) if pending and pending.get("status") == "True" \
         else ""
-    progressing = bool(in_progress) and in_progress.get("status") == "True"
-    error = progressing and _str(in_progress.get("reason")) == "Error"
+    progressing = in_progress is not None and in_progress.get("status") == "True"
+    error = in_progress is not None and progressing and _str(in_progress.get("reason")) == "Error"
     said = pending if pending_reason else in_progress if error else None
     message = _str(said.get("message"))[:_MESSAGE_MAX] if said else ""
     # status.resize: deprecated (before v1.33) but still served by older kubelets.
@@ -265,7 +265,7 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         name=name,
         phase=_str(status.get("phase")),
         reason=_str(status.get("reason")),
-        ready=bool(ready_cond) and ready_cond.get("status") == "True",
+        ready=ready_cond is not None and ready_cond.get("status") == "True",
         deleted=deleted,
         balloon=balloon,
         requests=desired,

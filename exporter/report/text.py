@@ -95,7 +95,7 @@ def timeline(ep: Episode) -> str:
         entries.append((ep.readmission_settled, 5, "readmission", "settled"))
     if ep.ended is not None:
         entries.append((ep.ended, 6, "episode", f"ended: {outcome(ep)}"))
-    for t, _, lane, words in sorted(entries, key=lambda e: (e[0], e[1])):
-        lines.append(f"  {'+' + format(t - ep.opened, '.3f') + 's':>12}  "
-                     f"{clock_time(t, date=False)}  {lane:<11}  {words}")
+    for at, _, lane, words in sorted(entries, key=lambda e: (e[0], e[1])):
+        lines.append(f"  {'+' + format(at - ep.opened, '.3f') + 's':>12}  "
+                     f"{clock_time(at, date=False)}  {lane:<11}  {words}")
     return "\n".join(lines)

@@ -145,6 +145,6 @@ def lightkube_poster(kubeconfig: str | None) -> Any:
     client, _transport = make_client(load_config(kubeconfig))
 
     def post(obj: dict[str, Any]) -> None:
-        client.create(Event.from_dict(obj), namespace=NAMESPACE)
+        client.create(Event.from_dict(obj), namespace=NAMESPACE)  # type: ignore[call-overload]
 
     return post

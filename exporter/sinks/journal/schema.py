@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from exporter.events import Event
+from exporter.events import Event, Transition
 
 DEFAULT_MAX_AGE = 30 * 86400.0
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -64,8 +64,9 @@ def default_journal_path() -> Path:
 
 
 def event_time(event: Event) -> float:
-    t = getattr(event, "time", None)
-    return float(t if t is not None else event.end)  # Transition carries start/end, no time
+    if isinstance(event, Transition):  # it carries start/end, no time
+        return float(event.end)
+    return float(event.time)
 
 
 def _refuse_newer_schema(conn: sqlite3.Connection, path: Path) -> None:

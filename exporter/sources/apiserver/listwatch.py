@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 import httpx2 as httpx
+import lightkube
 import msgspec
 from lightkube.core.exceptions import ApiError
 
@@ -100,7 +101,7 @@ class ListWatchSource(Source):
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
         self.backoff = Backoff(backoff_initial, backoff_max)
-        self._client = None
+        self._client: lightkube.Client | None = None
         self._transport: KubeTransport | None = None
         self._emit: Emit | None = None
         self._up: bool | None = None
@@ -115,6 +116,10 @@ class ListWatchSource(Source):
 
     def field_selector(self) -> dict[str, str]:
         raise NotImplementedError
+
+    def _fields(self) -> Any:
+        # lightkube types fields as a dict of str or selector operators (dict is invariant)
+        return self.field_selector()
 
     def on_list(self, items: list[dict], emit: Emit) -> None:
         raise NotImplementedError
@@ -176,9 +181,10 @@ class ListWatchSource(Source):
                 rv = self.resource_version
 
     def _list(self, emit: Emit) -> str:
+        assert self._client is not None, "open() first"
         listing = self._client.list(self.resource, namespace=self.namespace,
-                                    fields=self.field_selector(), chunk_size=LIST_CHUNK)
-        items = []
+                                    fields=self._fields(), chunk_size=LIST_CHUNK)
+        items: list[Any] = []
         for item in listing:
             if len(items) >= LIST_MAX_OBJECTS:
                 raise AnswerTooLarge(f"list of {self.plural} has more than {LIST_MAX_OBJECTS} "
@@ -193,8 +199,9 @@ class ListWatchSource(Source):
         return rv
 
     def _watch(self, rv: str, emit: Emit) -> None:
+        assert self._client is not None, "open() first"
         stream = self._client.watch(self.resource, namespace=self.namespace,
-                                    fields=self.field_selector(), resource_version=rv,
+                                    fields=self._fields(), resource_version=rv,
                                     server_timeout=int(self.server_timeout))
         try:
             for event_type, obj in stream:
@@ -210,7 +217,7 @@ class ListWatchSource(Source):
                 if isinstance(new_rv, str) and new_rv:
                     self.resource_version = new_rv
         finally:
-            stream.close()
+            stream.close()  # type: ignore[attr-defined]  # a generator: ends the request
 
     def _deliver_event(self, event_type: str, raw: dict, emit: Emit) -> None:
         try:

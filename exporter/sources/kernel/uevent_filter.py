@@ -67,7 +67,7 @@ def program() -> list[Insn]:
 
 def _resolve(lines: list) -> list[Insn]:
     labels: dict[str, int] = {}
-    insns = []
+    insns: list[Insn] = []
     for line in lines:
         if isinstance(line, str):
             labels[line] = len(insns)

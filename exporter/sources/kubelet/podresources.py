@@ -76,7 +76,8 @@ class PodResourcesSource(Source):
             self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
             answer = self._stub.GetAllocatableResources(
-                podresources_pb2.AllocatableResourcesRequest(), timeout=self.timeout)
+                podresources_pb2.AllocatableResourcesRequest(),  # type: ignore[attr-defined]
+                timeout=self.timeout)
         except grpc.RpcError as e:
             self._rpc_failed(e, emit)
             return

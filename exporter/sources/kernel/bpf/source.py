@@ -187,6 +187,7 @@ class BpfSource(Source):
         sysfs: str = "/sys",
     ):
         super().__init__(clock)
+        self.wall_clock = clock  # RecordDecoder converts kernel times with it
         self.ringbuf_pages = ringbuf_pages
         self.sysfs = Path(sysfs)
         self.loaded: Loaded | None = None
@@ -201,7 +202,7 @@ class BpfSource(Source):
         states = read_hotplug_states(self.sysfs)
         block_file = self.sysfs / "devices/system/memory/block_size_bytes"
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
-        self.decoder = RecordDecoder(self.clock, states, block_size)
+        self.decoder = RecordDecoder(self.wall_clock, states, block_size)
         try:
             self.loaded = load(
                 program_text(),
