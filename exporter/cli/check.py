@@ -199,9 +199,8 @@ def check_kubelet_restart(options: Options) -> Check:
 
 
 def kubernetes_checks(options: Options) -> list[Check]:
-    """Configuration, RBAC (SelfSubjectAccessReview for what the sources call), the
-    podresources socket and the kubelet metrics endpoint. Informational: `check` exits on the
-    BPF verdict alone."""
+    """Configuration, this node's Node object, RBAC (SelfSubjectAccessReview for what the
+    sources call), the podresources socket and the kubelet metrics endpoint."""
     from exporter.app import kubernetes_enabled, resolve_node_name
     if not kubernetes_enabled(options):
         return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
@@ -211,9 +210,10 @@ def kubernetes_checks(options: Options) -> list[Check]:
         config = load_config(options.kubeconfig)
     except KubeUnavailable as e:
         return [Check("kubernetes config", "fail", e.reason, e.fix)]
-    checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} "
-                    f"(node {resolve_node_name(options)})")]
+    node = resolve_node_name(options)
+    checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
     checks.append(check_rbac(config))
+    checks.append(check_node(config, node))
     if options.podresources_socket:
         checks.append(check_podresources(options.podresources_socket))
     if options.kubelet_metrics_url:
@@ -252,6 +252,33 @@ def check_rbac(config: object) -> Check:
                      "events) to the exporter's service account")
     return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
                  "allowed")
+
+
+NODES_NAMED = 10  # Nodes a FAIL lists when this node's name is not one of them
+
+
+def check_node(config: object, name: str) -> Check:
+    """Does the API server know this node's name? A wrong --node-name (or a hostname that is not
+    the Node's name) watches nothing: every Kubernetes series would stay empty."""
+    import itertools
+
+    from exporter.kube.client import RawNode, make_client
+    client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
+    try:
+        if list(client.list(RawNode, fields={"metadata.name": name}, chunk_size=1)):
+            return Check("kubernetes node", "ok", f"Node {name} found")
+        seen = [n.metadata.name for n in itertools.islice(
+            client.list(RawNode, chunk_size=NODES_NAMED), NODES_NAMED) if n.metadata]
+    except Exception as e:  # noqa: BLE001 - unreachable, 401, 403: say so
+        return Check("kubernetes node", "fail", f"cannot list Nodes: {e}",
+                     "check the API server address, the credentials and list on nodes")
+    finally:
+        transport.close()
+    listed = ", ".join(str(s) for s in seen) or "none"
+    more = " (first ten)" if len(seen) == NODES_NAMED else ""
+    return Check("kubernetes node", "fail", f"the API server has no Node {name!r}; it has: "
+                 f"{listed}{more}", "pass --node-name (or NODE_NAME, the DaemonSet sets it from "
+                 "spec.nodeName) with this node's Node name")
 
 
 def check_podresources(path: str) -> Check:

@@ -19,11 +19,15 @@ from testkit.fakes.apiserver import serving_node
 NODE = "ops-node"
 
 
-def check(*args: str) -> str:
+def check_run(*args: str) -> subprocess.CompletedProcess:
     r = subprocess.run([sys.executable, "-m", "exporter", "check", *args], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert "Traceback" not in r.stderr, r.stderr
-    return r.stdout
+    return r
+
+
+def check(*args: str) -> str:
+    return check_run(*args).stdout
 
 
 @pytest.fixture
@@ -49,8 +53,21 @@ def test_check_reports_config_and_rbac_from_self_subject_access_reviews(api):
 
 
 def test_check_reports_a_missing_kubeconfig_with_the_fix(tmp_path):
-    out = check("--kubeconfig", str(tmp_path / "none"))
-    assert "FAIL kubernetes config: cannot use kubeconfig" in out and "fix:" in out
+    r = check_run("--kubeconfig", str(tmp_path / "none"))
+    assert "FAIL kubernetes config: cannot use kubeconfig" in r.stdout and "fix:" in r.stdout
+    assert r.returncode == 1, "a FAIL line and exit 0 would let a preflight script go on"
+
+
+def test_check_fails_a_node_name_the_api_server_does_not_know_and_names_its_nodes(api):
+    r = check_run("--kubeconfig", api.kubeconfig, "--node-name", NODE,
+                  "--podresources-socket", "")
+    assert f"OK   kubernetes node: Node {NODE} found" in r.stdout
+    api.set_node("worker-7", cpu="4", memory="16Gi")
+    r = check_run("--kubeconfig", api.kubeconfig, "--node-name", "not-a-node",
+                  "--podresources-socket", "")
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAIL kubernetes node"))
+    assert "'not-a-node'" in line and NODE in line and "worker-7" in line, r.stdout
+    assert "--node-name" in r.stdout and r.returncode == 1
 
 
 def test_check_podresources_socket_listening_or_not(api, tmp_path):
