@@ -196,8 +196,6 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
     correlator = Correlator(config, clock, ledger=ledger, view=view)
     ctx = registry.SourceContext(options, clock, node)
     opened = open_sources(ctx, kubernetes)
-    log.info("sources: %s", ", ".join(s.name for s in opened.running))
-    _log_unattached(opened.running)
     agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
                   reconciler=opened.reconciler, down=tuple(opened.down))
     metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
@@ -299,19 +297,18 @@ def serve(options: Options) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()
+    log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
+             ", ".join(s.name for s in agent.sources),
+             journal.path if journal is not None else "off",
+             f"on (node {node})" if kubernetes else "off",
+             "off" if trace_config is None else
+             f"{'+'.join(trace_config.exporters)} ({trace_config.protocol})")
     try:
         agent.run(stop)
     finally:
         server.stop()
     log.info("stopped")
     return 0
-
-
-def _log_unattached(sources: list[Source]) -> None:
-    programs = getattr(next((s for s in sources if s.name == "bpf"), None), "attached", {})
-    for prog, (ok, reason) in programs.items():
-        if not ok:
-            log.info("bpf program %s not attached: %s", prog, reason)
 
 
 def _drop_privileges(bpf_running: bool) -> None:

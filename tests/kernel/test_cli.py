@@ -109,3 +109,21 @@ def test_telemetry_path_and_json_logs_as_node_exporter_does():
     assert set(first) >= {"ts", "level", "logger", "msg"}
     assert first["ts"].endswith("Z")  # UTC
     assert {line["level"] for line in lines} <= {"debug", "info", "warn", "error"}
+
+
+@pytest.mark.kernel
+def test_start_up_says_each_thing_once_and_names_journal_kubernetes_and_traces(tmp_path):
+    """The default start on this host: BPF, with the memory probes unattachable (no kprobes
+    here). Each fact is one line; the last start-up line says what runs."""
+    from testkit.exporter_proc import RunningExporter
+    home = tmp_path / "state"
+    home.mkdir(mode=0o700)
+    journal = home / "journal.db"
+    with RunningExporter("--journal", str(journal), "--log.level", "info") as exp:
+        logs = exp.logs()
+    lines = [line.split(" ", 1)[1] for line in logs.splitlines() if line.startswith("ts=")]
+    assert len(lines) == len(set(lines)), "\n".join(lines)
+    started = [line for line in lines if 'msg="started: ' in line]
+    assert len(started) == 1, logs
+    assert f"journal {journal};" in started[0] and "kubernetes off" in started[0] \
+        and "traces off" in started[0] and "sources sysfs, bpf, uevent" in started[0], started

@@ -216,9 +216,14 @@ class BpfSource(Source):
                 "run `node-resize-exporter check` for what is missing",
             ) from e
         self.attached = dict(self.loaded.attached)
+        # One line per reason, not one per probe: all four fail together on a kernel without
+        # kprobes.
+        unattached: dict[str, list[str]] = {}
         for prog, (ok, reason) in self.attached.items():
             if not ok and prog in MEMORY_PROBES:
-                self.log.info("memory probe %s not attached: %s", prog, reason)
+                unattached.setdefault(reason, []).append(prog)
+        for reason, progs in unattached.items():
+            self.log.info("memory probes %s not attached: %s", ", ".join(progs), reason)
         try:
             self.ring = libbpf.RingBuffer(self.loaded.maps["records"], self._on_sample)
         except (OSError, KeyError) as e:
