@@ -11,11 +11,11 @@ import logging
 import queue
 import sys
 import threading
-from typing import Any
 
 from exporter.clock import Clock
 from exporter.correlate.correlator import Correlator
 from exporter.events import DeviceChange, Event, MalformedInput, SourceStatus, Transition
+from exporter.sinks import Sink
 from exporter.sources.base import Source
 from exporter.sources.kernel.sysfs import SysfsSource
 
@@ -42,7 +42,7 @@ class Agent:
     poke after every kernel event.
     """
 
-    def __init__(self, correlator: Correlator, sources: list[Source], sinks: list[Any],
+    def __init__(self, correlator: Correlator, sources: list[Source], sinks: list[Sink],
                  clock: Clock, *, reconciler: SysfsSource | None = None,
                  down: tuple[SourceStatus, ...] = ()) -> None:
         self.correlator = correlator
@@ -73,7 +73,7 @@ class Agent:
         for source in self.sources:
             source.close()
 
-    def add_sink(self, sink: Any) -> None:
+    def add_sink(self, sink: Sink) -> None:
         """A sink built after start-up (traces: after the privilege drop)."""
         self.sinks.append(sink)
 
