@@ -153,9 +153,9 @@ declare(
     Opt("log_format", ("--log.format",), "logfmt",
         "Output format of log messages (UTC timestamps).", click.Choice(["logfmt", "json"])),
     # Where the host's filesystems are (node_exporter's --path.* flags; every source reads them)
-    Opt("sysfs_root", ("--sysfs-root", "--path.sysfs"), "/sys",
+    Opt("sysfs_root", ("--path.sysfs", "--sysfs-root"), "/sys",
         "Where the host's sysfs is mounted."),
-    Opt("procfs_root", ("--procfs-root", "--path.procfs"), "/proc",
+    Opt("procfs_root", ("--path.procfs", "--procfs-root"), "/proc",
         "Where the host's procfs is mounted."),
     # Kubernetes: the connection every Kubernetes source and sink uses
     Opt("kubernetes", ("--kubernetes",), "auto",
