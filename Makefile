@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: run test lint lab check bench image
+.PHONY: run test lint unit-unprivileged lab check bench image
 run:
 	@scripts/setup.sh run
 	@exec .venv/bin/node-resize-exporter run $(ARGS)
@@ -10,13 +10,23 @@ run:
 test:
 	@scripts/setup.sh test
 	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory unit-unprivileged
 	@$(PY) -m pytest $(ARGS)
 
-# ruff over the whole tree (ruff.toml); mypy --strict on the pure core (the correlator and the
-# event types), the part every other module trusts.
+# ruff over the whole tree (ruff.toml, imports sorted); mypy over exporter/, and --strict on the
+# pure core (the correlator and the event types), the part every other module trusts.
 lint:
 	@.venv/bin/ruff check --quiet .
+	@.venv/bin/mypy --no-error-summary exporter
 	@.venv/bin/mypy --strict --no-error-summary exporter/correlate exporter/events.py
+
+# tests/unit needs neither root nor a server: run as root (CI), it is first run as nobody to
+# prove it. Skipped when not root (nobody to switch to).
+unit-unprivileged:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  setpriv --reuid=nobody --regid=nogroup --clear-groups \
+	    env HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
+	    $(PY) -m pytest -q -p no:cacheprovider -W ignore tests/unit; fi
 
 check:
 	@scripts/setup.sh run

@@ -285,7 +285,3 @@ def register(main: click.Group) -> None:
     main.add_command(episodes)
     main.add_command(replay)
     main.add_command(report)
-
-
-# What the main group registers (exporter/cli/main.py reads this).
-COMMANDS = (episodes, replay, report)

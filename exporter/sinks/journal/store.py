@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from exporter import codec
 from exporter.clock import Clock
@@ -256,7 +256,8 @@ class Journal:
                              "('KernelSnapshot', 'Transition') ORDER BY seq",
                              (row[0],)).fetchall()
         out = []
-        for (text,) in self._read(query, []):
+        rows: list[Any] = self._read(query, [])
+        for (text,) in rows:
             try:
                 out.append(codec.loads(text))
             except codec.CodecError:
@@ -287,7 +288,7 @@ class Journal:
         return found[0] if len(found) == 1 else None
 
     def _episodes(self, where: str, args: tuple) -> list[Episode]:
-        rows = self._read(lambda c: c.execute(
+        rows: list[Any] = self._read(lambda c: c.execute(
             f"SELECT id, json FROM episodes WHERE {where} ORDER BY opened, id", args).fetchall(),
             [])
         out = []
@@ -322,7 +323,7 @@ class Journal:
         where = f"{where} AND seq > ?" if where else "WHERE seq > ?"
         last = 0
         while True:
-            rows = self._read(lambda c: c.execute(
+            rows: list[Any] = self._read(lambda c: c.execute(
                 f"SELECT seq, json FROM events {where} ORDER BY seq LIMIT ?",
                 (*args, last, batch)).fetchall(), [])
             for seq, text in rows:
