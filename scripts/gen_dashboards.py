@@ -21,6 +21,11 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 NODE_DETAIL_PATH = "/d/nre-node-detail/node-resize-node-detail"
 GRAFANA_DS = {"type": "grafana", "uid": "-- Grafana --"}
 PANEL_H = {"stat": 4}
+# What a panel of a spec may say; anything else is a typo or a YAML surprise (an unquoted
+# `on:` is the boolean true, a comma in an unquoted flow-style title starts a new key).
+PANEL_KEYS = {"type", "title", "description", "targets", "w", "h", "unit", "bars", "log",
+              "alarm_at", "alarm_color", "node_link", "sort_by", "columns", "column_units",
+              "on", "off"}
 
 
 def _expand(text: str, values: dict[str, str], where: str) -> str:
@@ -206,6 +211,10 @@ def _targets(panel: dict, values: dict, where: str) -> list[dict]:
 
 
 def _panel(panel: dict, pid: int, x: int, y: int, values: dict, where: str) -> dict:
+    unknown = sorted(map(repr, set(panel) - PANEL_KEYS))
+    if unknown:
+        raise SystemExit(f"{where}: panel {panel['title']!r}: unknown key(s) {', '.join(unknown)}"
+                         " (quote a title with a comma, and the keys on/off)")
     description = panel.get("description", "").strip()
     if not description:
         raise SystemExit(f"{where}: panel {panel['title']!r} has no description (the question "

@@ -140,6 +140,19 @@ def test_bad_parameters_are_refused(bad, tmp_path):
         _gen().main(["--out", str(tmp_path), *bad])
 
 
+@pytest.mark.parametrize("change, refused", [
+    (lambda panel: panel.pop("description"), "has no description"),
+    (lambda panel: panel.update({True: "attached"}), "unknown key"),  # an unquoted `on:`
+])
+def test_a_panel_spec_that_would_be_generated_wrong_is_refused(change, refused):
+    gen = _gen()
+    spec = yaml.safe_load((REPO / "dashboards" / "src" / "node-detail.yml").read_text())
+    gen.dashboard(spec, gen.Params(), "node-detail.yml")
+    change(spec["rows"][0]["panels"][0])
+    with pytest.raises(SystemExit, match=refused):
+        gen.dashboard(spec, gen.Params(), "node-detail.yml")
+
+
 # --- Alertmanager inhibit rules ------------------------------------------------------------
 
 def test_amtool_accepts_the_inhibit_rules():
