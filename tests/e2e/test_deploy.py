@@ -2,7 +2,8 @@
 versions kubernetes-validate knows, the PrometheusRule is what alerts/ generates, the RBAC is what
 the code calls, and the DaemonSet keeps its promises: capabilities, read-only mounts, not
 privileged, starts on every node (optional host paths, its own priority class), the shipped
-seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack.
+seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack, whose
+Grafana sidecar loads the dashboards component's ConfigMaps.
 tests/kernel/test_image.py runs the image with this DaemonSet's securityContext for real."""
 from __future__ import annotations
 
