@@ -3,13 +3,20 @@
 
 Source (edit these):   alerts/src/rules.yml, dashboards/src/*.yml
 Generated (never edit): alerts/node-resize-exporter.rules.yml, alerts/alertmanager-inhibit.yml,
-                        dashboards/*.json, deploy/prometheusrule.yaml
+                        dashboards/*.json, deploy/prometheusrule.yaml,
+                        deploy/components/dashboards/dashboards.yaml (the dashboards as
+                        ConfigMaps for Grafana's dashboard sidecar, kube-prometheus-stack's)
 
 Parameters (the defaults produce the committed files):
-  --job-selector 'job="node-resize-exporter"'   selects the exporter's series everywhere
+  --job-selector 'job="node-resize-exporter"'   selects the exporter's series in the rules; in the
+                                                dashboards the default of their `job` variable
+                                                (= or =~ only: the variable lists the jobs)
   --cluster-label cluster                       kept by every rule and alert, a dashboard
                                                 variable; '' for a single-cluster Prometheus
   --runbook-url 'https://.../runbooks.md#{anchor}'   {anchor}: the alert name in lower case
+  --grafana-url ''                              prefix of every alert's dashboard_url; empty: a
+                                                path (/d/nre-node-detail/...) that a notification
+                                                template prefixes with the Grafana address
 
 Why a Python script rather than a jsonnet monitoring-mixin: the project is Python and already
 depends on PyYAML; jsonnet would add a toolchain (go-jsonnet, jsonnet-bundler, vendored
@@ -33,7 +40,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_dashboards import _expand, dashboard  # noqa: E402  (scripts/gen_dashboards.py)
+from gen_dashboards import NODE_DETAIL_PATH, _expand, dashboard  # noqa: E402  (gen_dashboards.py)
 
 REPO = Path(__file__).resolve().parent.parent
 RULES_SRC = REPO / "alerts" / "src" / "rules.yml"
@@ -41,6 +48,13 @@ DASHBOARDS_SRC = REPO / "dashboards" / "src"
 RULES_OUT = "alerts/node-resize-exporter.rules.yml"
 INHIBIT_OUT = "alerts/alertmanager-inhibit.yml"
 PROMETHEUSRULE_OUT = "deploy/prometheusrule.yaml"
+DASHBOARDS_CONFIGMAPS_OUT = "deploy/components/dashboards/dashboards.yaml"
+# What Grafana's dashboard sidecar (grafana chart, as kube-prometheus-stack configures it)
+# looks for: ConfigMaps labelled grafana_dashboard (kube-prometheus-stack: value "1", in every
+# namespace); the folder annotation is read only where sidecar.dashboards.folderAnnotation
+# names it (with provider.foldersFromFilesStructure).
+SIDECAR_LABEL = {"grafana_dashboard": "1"}
+FOLDER_ANNOTATION = {"grafana_folder": "Node resize"}
 
 
 @dataclass(frozen=True)
@@ -49,20 +63,34 @@ class Params:
     cluster_label: str = "cluster"
     runbook_url: str = ("https://github.com/node-resize-exporter/node-resize-exporter/blob/main/"
                         "docs/runbooks.md#{anchor}")
+    grafana_url: str = ""
 
     def check(self) -> None:
         if self.cluster_label and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
             raise SystemExit(f"--cluster-label {self.cluster_label!r} is not a label name")
-        if self.job_selector and not re.fullmatch(r'\s*\w+\s*(=|!=|=~|!~)\s*".*"\s*',
+        if self.job_selector and not re.fullmatch(r'\s*\w+\s*(=|=~)\s*"[^"]*"\s*',
                                                   self.job_selector):
-            raise SystemExit(f"--job-selector {self.job_selector!r}: expected one matcher such "
-                             'as job="node-resize-exporter"')
+            raise SystemExit(f"--job-selector {self.job_selector!r}: expected one = or =~ "
+                             'matcher such as job="node-resize-exporter" (the dashboards\' job '
+                             "variable starts on it)")
         if "{anchor}" not in self.runbook_url:
             raise SystemExit("--runbook-url must contain {anchor}")
+        if self.grafana_url and not re.fullmatch(r"https?://[^\s?#]+[^/\s?#]", self.grafana_url):
+            raise SystemExit(f"--grafana-url {self.grafana_url!r}: expected Grafana's base URL "
+                             "such as https://grafana.example (no trailing slash), or empty")
 
     @property
     def by(self) -> str:
         return f"{self.cluster_label}, node" if self.cluster_label else "node"
+
+    def dashboard_url(self) -> str:
+        """An alert's dashboard_url: the node-detail dashboard on the alert's node (and
+        cluster). Every alert is about one node; the time range is Grafana's default."""
+        # The dashboards' variable is `cluster` whatever the label is called.
+        params = [f"var-cluster={{{{ $labels.{self.cluster_label} }}}}"] if self.cluster_label \
+            else []
+        params.append("var-node={{ $labels.node }}")
+        return f"{self.grafana_url}{NODE_DETAIL_PATH}?{'&'.join(params)}"
 
 
 HEADER = ("# GENERATED by scripts/gen-monitoring.py from {src}: do not edit; change the source "
@@ -116,6 +144,7 @@ def rules(p: Params) -> dict:
                 rule["annotations"]["runbook_url"] = p.runbook_url.format(
                     anchor=rule["alert"].lower()
                 )
+                rule["annotations"]["dashboard_url"] = p.dashboard_url()
             for key in ("expr", *rule.get("annotations", {})):
                 target = rule if key == "expr" else rule["annotations"]
                 # Folded source lines leave trailing blanks; keep the output tidy.
@@ -189,6 +218,28 @@ def prometheusrule(data: dict) -> dict:
     }
 
 
+
+
+def dashboard_configmaps(boards: dict[str, str]) -> str:
+    """The committed dashboards (file name -> JSON text) as ConfigMaps for Grafana's sidecar,
+    one per dashboard (a ConfigMap holds 1 MiB; `kubectl apply` keeps a copy in an annotation
+    limited to 256 KiB), the JSON byte for byte as committed in dashboards/."""
+    docs = []
+    for name, text in sorted(boards.items()):
+        stem = Path(name).stem
+        docs.append({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"node-resize-exporter-dashboard-{stem}",
+                         "namespace": "node-resize-exporter",
+                         "labels": {**SIDECAR_LABEL,
+                                    "app.kubernetes.io/name": "node-resize-exporter",
+                                    "app.kubernetes.io/component": "dashboards"},
+                         "annotations": dict(FOLDER_ANNOTATION)},
+            # The sidecar writes each key as a file of that name: unique among all dashboards.
+            "data": {f"node-resize-exporter-{stem}.json": text}})
+    return "---\n".join(_yaml(doc) for doc in docs)
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -205,10 +256,15 @@ def render(p: Params = Params()) -> dict[str, str]:
         + _yaml(inhibit_rules(p)),
         PROMETHEUSRULE_OUT: HEADER.format(src=rel_src) + _yaml(prometheusrule(data)),
     }
+    boards = {}
     for src in sorted(DASHBOARDS_SRC.glob("*.yml")):
         spec = yaml.safe_load(src.read_text())
         board = dashboard(spec, p, str(src.relative_to(REPO)))
-        out[f"dashboards/{src.stem}.json"] = json.dumps(board, indent=2) + "\n"
+        boards[f"{src.stem}.json"] = json.dumps(board, indent=2) + "\n"
+    out.update({f"dashboards/{name}": text for name, text in boards.items()})
+    out[DASHBOARDS_CONFIGMAPS_OUT] = HEADER.format(src="dashboards/src/*.yml") + (
+        "# Grafana's dashboard sidecar loads these: deploy/components/dashboards.\n---\n"
+        + dashboard_configmaps(boards))
     return out
 
 
@@ -245,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-selector", default=defaults.job_selector)
     parser.add_argument("--cluster-label", default=defaults.cluster_label)
     parser.add_argument("--runbook-url", default=defaults.runbook_url)
+    parser.add_argument("--grafana-url", default=defaults.grafana_url)
     args = parser.parse_args(argv)
-    files = render(Params(args.job_selector, args.cluster_label, args.runbook_url))
+    files = render(Params(args.job_selector, args.cluster_label, args.runbook_url,
+                          args.grafana_url))
     root = args.out or REPO
     if args.check:
         diffs = check(files, root)

@@ -1,9 +1,15 @@
 """Grafana dashboard JSON from the small specs in dashboards/src/*.yml (used by gen-monitoring.py).
 
-A spec names rows of panels with their questions (description), queries and units; this fills
-in what every Grafana panel needs (datasource, grid position, field config). Placeholders in a
-query: @sel@ (job, cluster and node matchers of the exporter's series), @rsel@ (cluster and
-node only: recording rules drop job), @by@ (cluster label and node, for `by` clauses).
+A spec names rows of panels with their questions (description, required), queries and units;
+this fills in what every Grafana panel needs (datasource, grid position, field config, data
+links). Placeholders in a query: @sel@ (job, cluster and node matchers of the exporter's series),
+@rsel@ (cluster and node only: recording rules drop job), @by@ (cluster label and node, for `by`
+clauses); in a link URL: @vars@ (time range, datasource, job and cluster as query parameters).
+
+The job is a template variable, not a constant baked into every query: `$job` lists the jobs
+whose series carry node_resize_exporter_build_info and starts on the site's job (the
+--job-selector value), so a dashboard dropped into Grafana as it is finds an exporter scraped
+under any job name, and no query needs the generator to change it.
 """
 from __future__ import annotations
 
@@ -11,8 +17,15 @@ import copy
 import re
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
+# Where a node's name links to (uid and slug of dashboards/src/node-detail.yml).
+NODE_DETAIL_PATH = "/d/nre-node-detail/node-resize-node-detail"
 GRAFANA_DS = {"type": "grafana", "uid": "-- Grafana --"}
 PANEL_H = {"stat": 4}
+# What a panel of a spec may say; anything else is a typo or a YAML surprise (an unquoted
+# `on:` is the boolean true, a comma in an unquoted flow-style title starts a new key).
+PANEL_KEYS = {"type", "title", "description", "targets", "w", "h", "unit", "bars", "log",
+              "alarm_at", "alarm_color", "node_link", "sort_by", "columns", "column_units",
+              "on", "off"}
 
 
 def _expand(text: str, values: dict[str, str], where: str) -> str:
@@ -23,16 +36,38 @@ def _expand(text: str, values: dict[str, str], where: str) -> str:
     return re.sub(r"@(\w+)@", sub, text)
 
 
+def job_matcher(p) -> tuple[str, str, str] | None:
+    """(label, operator, value) of the site's job selector; None when there is none."""
+    if not p.job_selector:
+        return None
+    m = re.fullmatch(r'\s*(\w+)\s*(=~|=)\s*"(.*)"\s*', p.job_selector)
+    assert m, p.job_selector  # Params.check refused anything else
+    label, op, value = m.groups()
+    return label, op, value
+
+
+def _link_vars(p) -> str:
+    """The query parameters a link to another dashboard carries: what the user is looking at."""
+    out = ["${__url_time_range}", "${datasource:queryparam}"]
+    if job_matcher(p):
+        out.append("${job:queryparam}")
+    if p.cluster_label:
+        out.append("${cluster:queryparam}")
+    return "&".join(out)
+
+
 def _values(spec: dict, p) -> dict[str, str]:
     node = 'node=~"$node"' if spec.get("node", "multi") == "multi" else 'node="$node"'
     cluster = [f'{p.cluster_label}="$cluster"'] if p.cluster_label else []
-    job = [p.job_selector] if p.job_selector else []
+    matcher = job_matcher(p)
+    job = [f'{matcher[0]}=~"$job"'] if matcher else []
     return {"sel": ",".join(job + cluster + [node]), "rsel": ",".join(cluster + [node]),
-            "job": ",".join(job), "by": p.by}
+            "job": ",".join(job), "by": p.by, "vars": _link_vars(p)}
 
 
 def _variables(spec: dict, p) -> list[dict]:
-    job = p.job_selector
+    matcher = job_matcher(p)
+    job = f'{matcher[0]}=~"$job"' if matcher else ""
     out = [{"name": "datasource", "label": "Data source", "type": "datasource",
             "query": "prometheus", "regex": "", "current": {}, "hide": 0, "includeAll": False,
             "multi": False, "options": [], "refresh": 1, "skipUrlSync": False}]
@@ -48,6 +83,18 @@ def _variables(spec: dict, p) -> list[dict]:
             var["allValue"] = ".+"
         return var
 
+    if matcher:
+        # Every job that exposes the exporter's build_info; it starts on the site's job when
+        # that exists (Grafana falls back to the first value otherwise), and a =~ selector
+        # filters the list. Changing it is a click (or ?var-job= in a link), not a regeneration.
+        label, op, value = matcher
+        var = query_var("job", "Job", f"label_values(node_resize_exporter_build_info, {label})",
+                        False)
+        if op == "=":
+            var["current"] = {"selected": True, "text": value, "value": value}
+        else:
+            var["regex"] = f"/^(?:{value})$/"
+        out.append(var)
     node_matchers = [job] if job else []
     if p.cluster_label:
         out.append(query_var("cluster", "Cluster", "label_values(node_resize_exporter_build_info"
@@ -72,7 +119,7 @@ def _annotations(spec: dict, values: dict, where: str) -> list[dict]:
     return out
 
 
-def _field_config(panel: dict) -> dict:
+def _field_config(panel: dict, values: dict) -> dict:
     defaults: dict = {"unit": panel.get("unit", "short")}
     kind = panel["type"]
     if kind == "stat":
@@ -101,7 +148,20 @@ def _field_config(panel: dict) -> dict:
     overrides = [{"matcher": {"id": "byName", "options": name},
                   "properties": [{"id": "unit", "value": unit}]}
                  for name, unit in panel.get("column_units", {}).items()]
+    if panel.get("node_link"):
+        # A node's name opens the node-detail dashboard on that node, keeping the time range,
+        # datasource, job and cluster: the table's node cell, or a top-k series' node label.
+        if kind == "table":
+            overrides.append({"matcher": {"id": "byName", "options": "node"}, "properties": [
+                {"id": "links", "value": [_node_link("${__value.raw}", values)]}]})
+        else:
+            defaults["links"] = [_node_link("${__field.labels.node}", values)]
     return {"defaults": defaults, "overrides": overrides}
+
+
+def _node_link(node_ref: str, values: dict) -> dict:
+    return {"title": "Node detail",
+            "url": f"{NODE_DETAIL_PATH}?var-node={node_ref}&{values['vars']}"}
 
 
 def _options(panel: dict) -> dict:
@@ -111,8 +171,11 @@ def _options(panel: dict) -> dict:
                 "colorMode": "value", "graphMode": "area", "justifyMode": "auto",
                 "orientation": "auto", "textMode": "auto"}
     if kind == "table":
-        return {"showHeader": True, "cellHeight": "sm",
-                "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+        out = {"showHeader": True, "cellHeight": "sm",
+               "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+        if "sort_by" in panel:
+            out["sortBy"] = [{"displayName": panel["sort_by"], "desc": True}]
+        return out
     if kind == "heatmap":
         return {"calculate": False, "cellGap": 1, "yAxis": {"unit": panel.get("unit", "s"),
                                                             "axisPlacement": "left"},
@@ -148,12 +211,20 @@ def _targets(panel: dict, values: dict, where: str) -> list[dict]:
 
 
 def _panel(panel: dict, pid: int, x: int, y: int, values: dict, where: str) -> dict:
+    unknown = sorted(map(repr, set(panel) - PANEL_KEYS))
+    if unknown:
+        raise SystemExit(f"{where}: panel {panel['title']!r}: unknown key(s) {', '.join(unknown)}"
+                         " (quote a title with a comma, and the keys on/off)")
+    description = panel.get("description", "").strip()
+    if not description:
+        raise SystemExit(f"{where}: panel {panel['title']!r} has no description (the question "
+                         "it answers and how to read it)")
     out = {"type": panel["type"], "id": pid, "title": panel["title"],
-           "description": panel.get("description", "").strip(), "datasource": DS,
+           "description": description, "datasource": DS,
            "gridPos": {"h": panel.get("h", PANEL_H.get(panel["type"], 8)),
                        "w": panel.get("w", 12), "x": x, "y": y},
            "targets": _targets(panel, values, where),
-           "fieldConfig": _field_config(panel), "options": _options(panel)}
+           "fieldConfig": _field_config(panel, values), "options": _options(panel)}
     if panel["type"] == "table":
         out["transformations"] = [
             {"id": "merge", "options": {}},
@@ -182,7 +253,8 @@ def dashboard(spec: dict, p, where: str) -> dict:
         "annotations": {"list": _annotations(spec, values, where)},
         "description": spec["description"].strip(),
         "editable": True, "fiscalYearStartMonth": 0, "graphTooltip": 1, "id": None,
-        "links": copy.deepcopy(spec.get("links", [])), "liveNow": False,
+        "links": [{**link, "url": _expand(link["url"], values, where)}
+                  for link in copy.deepcopy(spec.get("links", []))], "liveNow": False,
         "panels": panels, "refresh": "30s", "schemaVersion": 39,
         "tags": ["node-resize-exporter", "kubernetes", "hotplug"],
         "templating": {"list": _variables(spec, p)},

@@ -2,7 +2,8 @@
 
 - `promtool check rules` and `promtool test rules` pass, and every alert has a firing and a
   non-firing promtool case that asserts its labels and annotations;
-- every alert carries severity, summary, description and a runbook_url whose anchor exists;
+- every alert carries severity, summary, description, a runbook_url whose anchor exists and a
+  dashboard_url that opens a committed dashboard on the alert's node;
 - every PromQL expression in the dashboards parses (each is wrapped in a temporary rule file
   and given to promtool), and every metric name in dashboards and alerts is in the catalogue,
   docs/metrics.md (plus recording rules of our own), so a renamed metric breaks a test.
@@ -30,6 +31,7 @@ RUNBOOKS = REPO / "docs" / "runbooks.md"
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RUNBOOK_BASE = ("https://github.com/node-resize-exporter/node-resize-exporter/blob/main/"
                 "docs/runbooks.md#")
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
 SEVERITIES = {"critical", "warning", "info"}
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up"}
@@ -111,9 +113,27 @@ def test_alert_is_named_labelled_and_annotated(alert):
                         alert["alert"]), "CamelCase with the NodeResize prefix"
     assert alert["labels"]["severity"] in SEVERITIES
     annotations = alert["annotations"]
-    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert set(annotations) == ANNOTATIONS
     assert annotations["summary"].strip() and annotations["description"].strip()
     assert annotations["runbook_url"] == RUNBOOK_BASE + alert["alert"].lower()
+
+
+@pytest.mark.parametrize("alert", _alerts(), ids=lambda a: a["alert"])
+def test_dashboard_url_opens_a_committed_dashboard_on_the_alerts_node(alert):
+    """Relative (/d/<uid>/<slug>?...: Grafana's address is the site's; a notification template
+    prefixes it, or scripts/gen-monitoring.py --grafana-url makes it absolute), on a dashboard
+    that exists, with the node (and cluster) variables set from the alert's labels."""
+    url = alert["annotations"]["dashboard_url"]
+    m = re.fullmatch(r"/d/([\w-]+)/[\w-]+\?(.+)", url)
+    assert m, url
+    uids = {json.loads(p.read_text())["uid"]: p for p in DASHBOARDS}
+    assert m.group(1) in uids, f"{url}: no committed dashboard has uid {m.group(1)}"
+    board = json.loads(uids[m.group(1)].read_text())
+    variables = {v["name"] for v in board["templating"]["list"]}
+    params = dict(part.split("=", 1) for part in m.group(2).split("&"))
+    assert params["var-node"] == "{{ $labels.node }}"
+    assert params.get("var-cluster") == "{{ $labels.cluster }}"
+    assert {k.removeprefix("var-") for k in params} <= variables
 
 
 def _runbook_anchors() -> set[str]:
@@ -155,7 +175,9 @@ def test_alert_has_firing_and_silent_promtool_cases(alert):
     for case in firing:
         for exp in case["exp_alerts"]:
             assert exp["exp_labels"]["severity"] == alert["labels"]["severity"]
-            assert set(exp["exp_annotations"]) == {"summary", "description", "runbook_url"}
+            assert set(exp["exp_annotations"]) == ANNOTATIONS
+            # Every alert is about one node: its dashboard_url has a node to open.
+            assert exp["exp_labels"].get("node"), exp
 
 
 # --- dashboards ------------------------------------------------------------------------------

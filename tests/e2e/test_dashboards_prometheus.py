@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "hot-unplug-scrapes.om.gz"
 RULES = REPO / "alerts" / "node-resize-exporter.rules.yml"
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
-CLUSTER, NODE, RECORDED_EVERY = "rec-cluster", "rec-node", 2
+JOB, CLUSTER, NODE, RECORDED_EVERY = "node-resize-exporter", "rec-cluster", "rec-node", 2
 
 # (dashboard, where) -> why the recording has no data for it.
 EMPTY_BY_DESIGN = {
@@ -46,6 +46,14 @@ EMPTY_BY_DESIGN = {
     ("fleet-overview.json", "panel 'Balloon resizes by result' A"): "no balloon resize",
     ("node-detail.json", "panel 'Balloon pods and resizes' B"): "no balloon resize",
     ("fleet-overview.json", "annotation 'Kubelet restarts'"): "no kubelet on the recording host",
+    # The table of nodes in trouble has one column per kind of trouble; the recording's node
+    # has two (stale CPU, a rejected pod) and an offline CPU the kubelet offers.
+    ("fleet-overview.json", "panel 'Nodes in trouble' B"): "it ends stale, nothing stranded",
+    ("fleet-overview.json", "panel 'Nodes in trouble' C"): "no kubelet checkpoint on the host",
+    ("fleet-overview.json", "panel 'Nodes in trouble' D"): "every source stayed up",
+    ("fleet-overview.json", "panel 'Nodes in trouble' E"): "every scrape succeeded",
+    ("fleet-overview.json", "panel 'Top 10 nodes by memory drift (kernel - kubelet)' A"):
+        "only cpu1 was unplugged: memory never drifted",
     ("node-detail.json", "annotation 'Kubelet restarts'"): "no kubelet on the recording host",
 }
 
@@ -133,6 +141,7 @@ def _grafana(expr: str, rec: Recorded) -> str:
     expr = expr.replace("$__rate_interval", f"{rec.rate_interval}s")
     expr = expr.replace("$__interval", f"{rec.step}s")
     expr = expr.replace("$__range", f"{int(rec.end - rec.start) + rec.step}s")
+    expr = re.sub(r"\$\{?job\}?", JOB, expr)
     expr = re.sub(r"\$\{?cluster\}?", CLUSTER, expr)
     return re.sub(r"\$\{?node\}?", NODE, expr)
 
@@ -205,7 +214,7 @@ def test_the_question_panels_answer_the_questions(recorded):
     # The second offline happened 38 s into the recording (read at the next scrapes).
     assert abs(float(since["value"][1]) / 1000 - (recorded.start + 38)) < 2 * recorded.scrape
     resyncs = _answer(recorded, {"panels": []}, "graph",
-                      _target("Resync duration p90 (1h window)"))
+                      _target("Slowest 10 nodes: resync duration p90 (1h window)"))
     assert {r["metric"]["direction"] for r in resyncs if r["metric"]["resource"] == "cpu"} \
         == {"decrease", "increase"}
     (rejected,) = _instant(recorded, _target(
@@ -213,6 +222,17 @@ def test_the_question_panels_answer_the_questions(recorded):
     assert rejected["metric"]["reason"] == "OutOfcpu" and float(rejected["value"][1]) >= 1
     blocked = _instant(recorded, _target("Nodes where a kubelet restart would fail"))
     assert len(blocked) == 1  # 0 on this machine: no kubelet checkpoint here
+
+
+def test_the_trouble_table_names_the_node_and_what_is_wrong(recorded):
+    """The fleet's table of nodes in trouble, at the end of the recording: the node, with one
+    stale resource (cpu), the pod rejected OutOfcpu and the offline cpu1."""
+    def column(ref: str) -> dict[str, float]:
+        return {r["metric"]["node"]: float(r["value"][1])
+                for r in _instant(recorded, _target("Nodes in trouble", ref))}
+    assert column("A") == {NODE: 1.0}  # stale resources
+    assert column("H")[NODE] >= 1  # pods rejected in the time range
+    assert column("G") == {NODE: 1.0}  # cpu1 offline
 
 
 def test_episode_annotations_mark_every_start_and_end(recorded):

@@ -2,7 +2,8 @@
 versions kubernetes-validate knows, the PrometheusRule is what alerts/ generates, the RBAC is what
 the code calls, and the DaemonSet keeps its promises: capabilities, read-only mounts, not
 privileged, starts on every node (optional host paths, its own priority class), the shipped
-seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack.
+seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack, whose
+Grafana sidecar loads the dashboards component's ConfigMaps.
 tests/kernel/test_image.py runs the image with this DaemonSet's securityContext for real."""
 from __future__ import annotations
 
@@ -597,3 +598,50 @@ def test_kube_prometheus_stack_default_selectors_find_monitor_and_rules():
     for kind, labels in labelled.items():
         assert labels.get("release") == "kube-prometheus-stack", kind
     assert {p["target"]["kind"] for p in patches} == OPERATOR_KINDS
+
+
+# --- Grafana dashboards for the dashboard sidecar -------------------------------------------
+
+DASHBOARDS_COMPONENT = DEPLOY / "components" / "dashboards"
+COMMITTED_DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+
+
+def _dashboard_configmaps() -> list[dict]:
+    return list(yaml.safe_load_all((DASHBOARDS_COMPONENT / "dashboards.yaml").read_text()))
+
+
+def test_dashboards_component_ships_the_configmaps():
+    kustomization = yaml.safe_load((DASHBOARDS_COMPONENT / "kustomization.yaml").read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert kustomization["kind"] == "Component"
+    assert kustomization["resources"] == ["dashboards.yaml"]
+    assert {d["kind"] for d in _dashboard_configmaps()} == {"ConfigMap"}
+
+
+def test_every_committed_dashboard_is_a_configmap_the_grafana_sidecar_loads():
+    """kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1"
+    (its values: sidecar.dashboards.label / labelValue, searchNamespace ALL); each holds the
+    dashboard's JSON byte for byte, under a file name no other dashboard uses."""
+    shipped = {}
+    for cm in _dashboard_configmaps():
+        meta = cm["metadata"]
+        assert meta["labels"]["grafana_dashboard"] == "1", meta["name"]
+        assert meta["annotations"]["grafana_folder"], meta["name"]
+        assert meta["namespace"] == load_manifest("kustomization.yaml")["namespace"]
+        ((key, text),) = cm["data"].items()
+        assert key.startswith("node-resize-exporter-") and key.endswith(".json")
+        shipped[key.removeprefix("node-resize-exporter-")] = text
+        # `kubectl apply` keeps the object in an annotation that may not pass 256 KiB.
+        assert len(json.dumps(cm)) < 200_000, meta["name"]
+    assert shipped == {p.name: p.read_text() for p in COMMITTED_DASHBOARDS}
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_dashboard_configmaps_validate_against_kubernetes_schema(version):
+    for cm in _dashboard_configmaps():
+        kubernetes_validate.validate(cm, version, strict=True)
+
+
+def test_readme_installs_the_dashboards_in_one_line():
+    readme = (REPO / "README.md").read_text()
+    assert "kubectl apply -k deploy/components/dashboards/" in readme

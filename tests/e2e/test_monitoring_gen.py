@@ -1,7 +1,9 @@
 """scripts/gen-monitoring.py: the committed rules, inhibit rules, dashboards and PrometheusRule
 are what it generates; its parameters reach every file; the outputs pass promtool and amtool;
 the dashboards follow the rules issue 12 sets (windows valid at any scrape interval, a cluster
-variable, recording rules where they exist, one panel per operator question)."""
+variable, recording rules where they exist, one panel per operator question) and drop into a
+Grafana as they are: the job is a variable, every panel says what it answers, the fleet view
+stays readable at 1,000 nodes and links a node to its own dashboard."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,11 +15,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import promql_parser
 import pytest
 import yaml
 
 from testkit.exporter_proc import free_port
-from testkit.monitoring import dashboard_exprs, recorded_rules
+from testkit.monitoring import as_promql, dashboard_exprs, recorded_rules
 from testkit.prometheus import Daemon, get_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +50,8 @@ def test_committed_files_are_current():
     files = gen.render()
     assert {"alerts/node-resize-exporter.rules.yml", "alerts/alertmanager-inhibit.yml",
             "deploy/prometheusrule.yaml", "dashboards/fleet-overview.json",
-            "dashboards/node-detail.json"} <= set(files)
+            "dashboards/node-detail.json",
+            "deploy/components/dashboards/dashboards.yaml"} <= set(files)
     stale = gen.check(files, REPO)
     assert not stale, "run scripts/gen-monitoring.py:\n" + "\n".join(stale)[:4000]
 
@@ -66,7 +70,8 @@ def test_parameters_reach_rules_dashboards_and_inhibit_rules(tmp_path):
     gen = _gen()
     assert gen.main(["--out", str(tmp_path), "--job-selector", 'job="nre"',
                      "--cluster-label", "k8s_cluster",
-                     "--runbook-url", "https://wiki.example/nre#{anchor}"]) == 0
+                     "--runbook-url", "https://wiki.example/nre#{anchor}",
+                     "--grafana-url", "https://grafana.example/sub"]) == 0
     rules_path = tmp_path / "alerts" / "node-resize-exporter.rules.yml"
     rules = yaml.safe_load(rules_path.read_text())
     text = rules_path.read_text()
@@ -77,6 +82,9 @@ def test_parameters_reach_rules_dashboards_and_inhibit_rules(tmp_path):
     for alert in alerts:
         assert alert["annotations"]["runbook_url"] == \
             f"https://wiki.example/nre#{alert['alert'].lower()}"
+        assert alert["annotations"]["dashboard_url"] == (
+            "https://grafana.example/sub/d/nre-node-detail/node-resize-node-detail"
+            "?var-cluster={{ $labels.k8s_cluster }}&var-node={{ $labels.node }}")
     stale = next(a for a in alerts if a["alert"] == "NodeResizeCapacityStale")
     assert 'k8s_cluster="%s",node="%s"} == 1` $labels.k8s_cluster $labels.node' in \
         stale["annotations"]["description"]
@@ -87,9 +95,12 @@ def test_parameters_reach_rules_dashboards_and_inhibit_rules(tmp_path):
         board = json.loads(path.read_text())
         variables = {v["name"]: v for v in board["templating"]["list"]}
         assert variables["cluster"]["query"]["query"] == \
-            'label_values(node_resize_exporter_build_info{job="nre"}, k8s_cluster)'
+            'label_values(node_resize_exporter_build_info{job=~"$job"}, k8s_cluster)'
+        # The site's job is where the job variable starts, not a constant in the queries.
+        assert variables["job"]["current"]["value"] == "nre"
+        assert 'job="nre"' not in path.read_text()
         for where, expr in dashboard_exprs(board):
-            if where.startswith("variable 'cluster'"):
+            if where in ("variable 'cluster'", "variable 'job'"):
                 continue
             assert 'k8s_cluster="$cluster"' in expr, (path.name, where, expr)
     inhibit = yaml.safe_load((tmp_path / "alerts" / "alertmanager-inhibit.yml").read_text())
@@ -102,14 +113,44 @@ def test_no_cluster_label_for_a_single_cluster_prometheus(tmp_path):
     text = (tmp_path / "alerts" / "node-resize-exporter.rules.yml").read_text()
     assert "cluster" not in text.replace("over-commits", "")
     board = json.loads((tmp_path / "dashboards" / "fleet-overview.json").read_text())
-    assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "node"]
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "job", "node"]
+    rules = yaml.safe_load(text)
+    urls = {r["annotations"]["dashboard_url"] for g in rules["groups"] for r in g["rules"]
+            if "alert" in r}
+    assert urls == {"/d/nre-node-detail/node-resize-node-detail?var-node={{ $labels.node }}"}
+
+
+def test_a_regex_job_selector_filters_the_job_variable(tmp_path):
+    gen = _gen()
+    assert gen.main(["--out", str(tmp_path), "--job-selector", 'job=~"nre-.+"']) == 0
+    board = json.loads((tmp_path / "dashboards" / "node-detail.json").read_text())
+    job = {v["name"]: v for v in board["templating"]["list"]}["job"]
+    assert job["regex"] == "/^(?:nre-.+)$/" and job["current"] == {}
+    rules = (tmp_path / "alerts" / "node-resize-exporter.rules.yml").read_text()
+    assert 'up{job=~"nre-.+"} == 0' in rules
 
 
 @pytest.mark.parametrize("bad", [["--cluster-label", "a-b"], ["--job-selector", "job=x"],
-                                 ["--runbook-url", "https://example/runbooks"]])
+                                 ["--job-selector", 'job!="x"'],
+                                 ["--runbook-url", "https://example/runbooks"],
+                                 ["--grafana-url", "grafana.example"],
+                                 ["--grafana-url", "https://grafana.example/"]])
 def test_bad_parameters_are_refused(bad, tmp_path):
     with pytest.raises(SystemExit, match=re.escape(bad[0])):
         _gen().main(["--out", str(tmp_path), *bad])
+
+
+@pytest.mark.parametrize("change, refused", [
+    (lambda panel: panel.pop("description"), "has no description"),
+    (lambda panel: panel.update({True: "attached"}), "unknown key"),  # an unquoted `on:`
+])
+def test_a_panel_spec_that_would_be_generated_wrong_is_refused(change, refused):
+    gen = _gen()
+    spec = yaml.safe_load((REPO / "dashboards" / "src" / "node-detail.yml").read_text())
+    gen.dashboard(spec, gen.Params(), "node-detail.yml")
+    change(spec["rows"][0]["panels"][0])
+    with pytest.raises(SystemExit, match=refused):
+        gen.dashboard(spec, gen.Params(), "node-detail.yml")
 
 
 # --- Alertmanager inhibit rules ------------------------------------------------------------
@@ -159,10 +200,151 @@ def test_no_window_is_the_bare_interval(board):
 
 def test_every_query_is_restricted_to_the_cluster_variable(board):
     variables = [v["name"] for v in board["templating"]["list"]]
-    assert variables == ["datasource", "cluster", "node"]
+    assert variables == ["datasource", "job", "cluster", "node"]
     for where, expr in dashboard_exprs(board):
-        if where != "variable 'cluster'":
+        if where not in ("variable 'cluster'", "variable 'job'"):
             assert 'cluster="$cluster"' in expr, (where, expr)
+
+
+def test_the_job_is_a_variable_not_a_constant(board):
+    """Every selector of the exporter's own series matches job=~"$job" (recording rules drop
+    job, so theirs do not); the job variable lists the jobs that expose the exporter's
+    build_info and starts on node-resize-exporter, the job deploy/ gives it."""
+    assert 'job=\\"node-resize-exporter\\"' not in json.dumps(board)
+    job = {v["name"]: v for v in board["templating"]["list"]}["job"]
+    assert job["type"] == "query" and not job["multi"]
+    assert job["query"]["query"] == "label_values(node_resize_exporter_build_info, job)"
+    assert job["current"]["value"] == "node-resize-exporter"
+    for where, expr in dashboard_exprs(board):
+        for name, matchers in re.findall(r"([a-zA-Z_][\w:]*)\{([^}]*)\}", expr):
+            if ":" not in name and where != "variable 'job'":
+                assert 'job=~"$job"' in matchers, (where, name, matchers)
+
+
+def test_every_panel_says_what_it_answers(board):
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert panels
+    for panel in panels:
+        assert panel.get("description", "").strip(), f"panel {panel['title']!r}: no description"
+
+
+def test_links_between_dashboards_keep_what_the_user_looks_at(board):
+    uids = {json.loads(p.read_text())["uid"] for p in DASHBOARDS}
+    for link in board["links"]:
+        m = re.fullmatch(r"/d/([\w-]+)/[\w-]+\?(.+)", link["url"])
+        assert m and m.group(1) in uids, link
+        assert m.group(2).split("&") == ["${__url_time_range}", "${datasource:queryparam}",
+                                         "${job:queryparam}", "${cluster:queryparam}"]
+
+
+def _node_links(panel: dict) -> list[str]:
+    config = panel["fieldConfig"]
+    links = [link["url"] for link in config["defaults"].get("links", [])]
+    for override in config["overrides"]:
+        if override["matcher"] == {"id": "byName", "options": "node"}:
+            links += [link["url"] for prop in override["properties"] if prop["id"] == "links"
+                      for link in prop["value"]]
+    return links
+
+
+def _per_node(node) -> str:
+    """What a PromQL expression's result is, per node: "each" (one series per node: a raw
+    selector, or an aggregation by node), "top" (per node but at most k: topk) or "none"
+    (aggregated over the nodes)."""
+    if isinstance(node, (promql_parser.VectorSelector, promql_parser.MatrixSelector)):
+        return "each"
+    if isinstance(node, (promql_parser.ParenExpr, promql_parser.UnaryExpr,
+                         promql_parser.SubqueryExpr)):
+        return _per_node(node.expr)
+    if isinstance(node, promql_parser.Call):
+        kinds = {_per_node(a) for a in node.args if not isinstance(
+            a, (promql_parser.StringLiteral, promql_parser.NumberLiteral))}
+        return "each" if "each" in kinds else "top" if "top" in kinds else "none"
+    if isinstance(node, promql_parser.AggregateExpr):
+        if str(node.op) in ("topk", "bottomk", "limitk"):
+            return "top" if _per_node(node.expr) != "none" else "none"
+        modifier = node.modifier
+        if modifier is None:
+            return "none"
+        keeps = ("node" in modifier.labels) == (modifier.type == promql_parser.AggModifierType.By)
+        return _per_node(node.expr) if keeps else "none"
+    if isinstance(node, promql_parser.BinaryExpr):
+        lhs, rhs = _per_node(node.lhs), _per_node(node.rhs)
+        if str(node.op) == "and":  # the left side, only where the right has a match
+            return "top" if "top" in (lhs, rhs) and lhs != "none" else lhs
+        return "each" if "each" in (lhs, rhs) else "top" if "top" in (lhs, rhs) else "none"
+    return "none"  # number and string literals
+
+
+def _per_node_expr(expr: str) -> str:
+    return _per_node(promql_parser.parse(as_promql(expr)))
+
+
+@pytest.mark.parametrize("expr, kind", [
+    ('max by (cluster, node) (x{job=~"$job"})', "each"),
+    ("sum by (resource) (rate(x[$__rate_interval]))", "none"),
+    ("count(max by (cluster, node) (x <= -1) or max by (node) (y > 1)) or vector(0)", "none"),
+    ("max by (node) (x) and topk(10, abs(max by (node) (x)) > 0)", "top"),
+    ("topk(10, node_resource:x:p90_1h)", "top"),
+    ("node_resource:x:p90_1h", "each"),
+    ("sum without (node) (x)", "none"),
+    ("(time() - max by (node, resource) (x > 0)) * 1000", "each"),
+])
+def test_per_node_reads_promql(expr, kind):
+    assert _per_node_expr(expr) == kind
+
+
+def test_fleet_overview_is_readable_at_a_thousand_nodes():
+    """Nothing draws one line or one row per node of the fleet: graphs aggregate or keep the
+    top 10, per-node tables list only nodes with something wrong (a filter in every query),
+    no per-node state timeline, annotations fleet-wide."""
+    fleet = json.loads((REPO / "dashboards" / "fleet-overview.json").read_text())
+    panels = [p for p in fleet["panels"] if p["type"] != "row"]
+    assert not [p["title"] for p in panels if p["type"] == "state-timeline"]
+    for panel in panels:
+        for target in panel["targets"]:
+            expr, where = target["expr"], (panel["title"], target["refId"])
+            kind = _per_node_expr(expr)
+            if panel["type"] in ("timeseries", "heatmap", "stat"):
+                assert kind != "each", where
+                if "{{node}}" in target["legendFormat"]:
+                    assert kind == "top", where
+            elif kind == "each":
+                # A table with a row per node lists the nodes in trouble: a filter (a
+                # comparison with a number) in the query bounds it.
+                assert re.search(r"(==|!=|<=|>=|<|>) -?\d", expr), where
+    for ann in fleet["annotations"]["list"]:
+        if "expr" in ann:
+            assert _per_node_expr(ann["expr"]) == "none", ann["name"]
+    titles = {p["title"] for p in panels}
+    assert {"Nodes in trouble", "Nodes in each trouble state",
+            "Top 10 nodes by CPU drift (kernel - kubelet)"} <= titles
+
+
+def test_a_node_in_the_fleet_view_opens_its_node_dashboard():
+    """Tables with a node column link the cell, top-k graphs the series, to the node-detail
+    dashboard with its node variable set and the time range, datasource, job and cluster
+    kept."""
+    fleet = json.loads((REPO / "dashboards" / "fleet-overview.json").read_text())
+    detail = json.loads((REPO / "dashboards" / "node-detail.json").read_text())
+    detail_vars = {v["name"] for v in detail["templating"]["list"]}
+    linked = 0
+    for panel in (p for p in fleet["panels"] if p["type"] != "row"):
+        per_node = any(_per_node_expr(t["expr"]) != "none" for t in panel["targets"])
+        links = _node_links(panel)
+        assert bool(links) == per_node, panel["title"]
+        for url in links:
+            m = re.fullmatch(rf"/d/{detail['uid']}/[\w-]+\?var-node=(\S+?)&(.+)", url)
+            assert m, url
+            node_ref = "${__value.raw}" if panel["type"] == "table" else \
+                "${__field.labels.node}"
+            assert m.group(1) == node_ref, (panel["title"], url)
+            params = m.group(2).split("&")
+            assert params[:2] == ["${__url_time_range}", "${datasource:queryparam}"]
+            assert {re.fullmatch(r"\$\{(\w+):queryparam\}", p).group(1) for p in params[1:]} \
+                <= detail_vars
+            linked += 1
+    assert linked >= 5
 
 
 def test_recording_rules_are_used_where_they_exist(board):
