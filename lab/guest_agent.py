@@ -92,9 +92,10 @@ class Agent:
         return {"block": None, "errno": 0, "error": "no ZONE_NORMAL boot block refused",
                 "restored": restored, "other_errors": other}
 
-    def op_spawn(self, argv: list[str], log: str, cwd: str = "/work/main",
+    def op_spawn(self, argv: list[str], log: str, cwd: str,
                  env: dict | None = None, err_log: str | None = None) -> dict:
-        """Start a program; stdout to scratch/<log>, stderr there too unless err_log names one."""
+        """Start a program in `cwd` (the checkout, as the host sees it); stdout to scratch/<log>,
+        stderr there too unless err_log names one."""
         out = open(self.scratch / log, "ab")
         err = open(self.scratch / err_log, "ab") if err_log else None
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err or subprocess.STDOUT,
