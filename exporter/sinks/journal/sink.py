@@ -61,6 +61,9 @@ BATCH = 2_000
 # the end: the duplicate of a transition comes within the coalescing window).
 RECHECK_TAIL = 64
 DROP_LOG_SECONDS = 60.0
+# At shutdown, how long the writer may take to empty the queue (a pod's default grace period is
+# 30 s, and the sources and the trace sink flush too).
+CLOSE_SECONDS = 10.0
 
 
 class JournalSink:
@@ -166,7 +169,7 @@ class JournalSink:
                 while not self._has_work() and not self._stopping:
                     self._cv.wait()
                 if not self._has_work():
-                    return
+                    break
                 batch = self._take()
             try:
                 self._write_batch(*batch)
@@ -176,6 +179,7 @@ class JournalSink:
                 with self._cv:
                     self._inflight = False
                     self._cv.notify_all()
+        self._finish()
 
     def _has_work(self) -> bool:
         return bool(self._events or self._episodes or self._exported)
@@ -251,21 +255,32 @@ class JournalSink:
         return bool(self._read(lambda c: reader.is_exported(c, episode_id), False))
 
     def close(self) -> None:
-        """Write what is pending, apply retention, checkpoint, close (SIGTERM's flush)."""
+        """Write what is pending, apply retention, close (SIGTERM's flush). Waits at most
+        CLOSE_SECONDS for a writer thread: on a disk that slow, what is still queued is left
+        (the transaction in flight is atomic; the next start reads what was committed) rather
+        than outliving the pod's grace period."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            with self._cv:
-                self._stopping = True
-                self._cv.notify_all()
-            thread.join()
+        if thread is None:
+            self.flush()  # no writer thread: everything handed over, written here
+            self._finish()
+            return
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        thread.join(CLOSE_SECONDS)
+        if thread.is_alive():
+            log.warning("journal %s: %d write(s) still pending after %.0f s at shutdown (the "
+                        "disk is too slow); left unwritten", self.path, self.pending,
+                        CLOSE_SECONDS)
+
+    def _finish(self) -> None:
+        """The writer's last act: retention, then close (SQLite checkpoints the WAL)."""
         if not self.up:
             return
-        self.flush()  # anything handed over after the thread stopped
         with self._db:
             try:
                 if self._store.is_open:
                     self._store.prune()
-                    self._store.checkpoint()
             except (OSError, sqlite3.Error) as e:
                 self._write_failed(e, 0)
             self._store.close()
