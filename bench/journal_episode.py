@@ -16,7 +16,6 @@ same run measured 21 / 252 / 4,232 MiB and 0.51 / 1.94 / 8.50 ms per block.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time

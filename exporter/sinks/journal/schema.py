@@ -90,10 +90,11 @@ def default_journal_path() -> Path:
 
 
 def event_time(event: Event) -> float:
+    """The time an event is filed under: its `time`, or a Transition's `end` (it has no time)."""
     t = getattr(event, "time", None)
-    if t is None:  # Transition carries start/end, no time
-        t = event.end
-    return float(t)
+    if t is None:
+        t = getattr(event, "end", None)
+    return float(t) if isinstance(t, (int, float)) else 0.0
 
 
 NEWER_FIX = ("roll forward to the exporter that wrote it, or move the file away (a new journal "
