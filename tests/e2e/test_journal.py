@@ -102,15 +102,23 @@ def test_exported_flag_survives_restart_and_either_sink_order(tmp_path):
     j.on_update(EpisodeUpdate(kind=UpdateKind.ENDED, episode=ep, time=ep.ended))
     other = memory_failed_episode()
     j.on_update(EpisodeUpdate(kind=UpdateKind.ENDED, episode=other, time=other.ended))
+    # Exported, then killed before its ENDED row was written: still open in the journal.
+    open_ = cpu_online_open_episode()
+    j.save_episode(open_)
+    j.mark_exported(open_.id)
     j.close()
+    r = JournalReader(path)
+    assert r.is_exported(ep.id) and not r.is_exported(other.id)
+    assert r.episode(ep.id) == ep
+    r.close()
     j = JournalSink(path, clock=FakeClock(T0))
-    assert j.is_exported(ep.id)
+    assert j.open_episodes() == [open_]
+    assert j.is_exported(open_.id)  # a resumed episode is not traced a second time
     assert not j.is_exported(other.id)
     j.mark_exported(other.id)
     assert j.is_exported(other.id)
     j.close()
     r = JournalReader(path)
-    assert r.episode(ep.id) == ep
     assert r.is_exported(other.id)
     r.close()
 
@@ -400,7 +408,6 @@ def test_a_version_1_journal_is_migrated_forward_and_reads_the_same(tmp_path):
     with sqlite3.connect(path) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     assert j.open_episodes() == [open_]
-    assert j.is_exported(done.id)
     grown = replace(open_, transitions=open_.transitions + [replace(
         open_.transitions[0], unit=2, end=open_.transitions[0].end + 0.01)])
     j.save_episode(grown)
@@ -408,6 +415,7 @@ def test_a_version_1_journal_is_migrated_forward_and_reads_the_same(tmp_path):
     r = JournalReader(path)
     assert r.episodes() == [done, grown]
     assert list(r.events()) == [lost(T0)]
+    assert r.is_exported(done.id) and not r.is_exported(open_.id)
     r.close()
     with sqlite3.connect(path) as c:  # the resumed episode now has its rows in `transitions`
         assert c.execute("SELECT count(*) FROM transitions WHERE episode=?",

@@ -86,6 +86,12 @@ def is_exported(conn: sqlite3.Connection, episode_id: str) -> bool:
     return bool(row and row[0])
 
 
+def exported_open(conn: sqlite3.Connection) -> set[str]:
+    """Ids marked exported whose episode is still open (or only a stub row)."""
+    return {row[0] for row in conn.execute(
+        "SELECT id FROM episodes WHERE exported=1 AND ended IS NULL")}
+
+
 def last_kernel_events(conn: sqlite3.Connection, bad: Malformed) -> list[Event]:
     """The KernelSnapshot read last (by its time, not by arrival) and every Transition that
     ended at or after it, whatever order they were journaled in: the input of

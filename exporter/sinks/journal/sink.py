@@ -111,8 +111,12 @@ class JournalSink:
                                    max_bytes=max_bytes)  # JournalRefused: an unsafe path
         try:
             with self._db:
-                self._store.connect()
+                conn = self._store.connect()
                 self._store.prune()
+                # Episodes the last process exported but left open (killed between the export
+                # and the ENDED row): the only ones a trace sink here could ask about, so
+                # is_exported never reads the disk on the agent's thread.
+                self._marked |= reader.exported_open(conn)
         except JournalNewer as e:
             self._go_down(str(e))
         except OSError as e:  # the file itself cannot be made or opened
@@ -248,11 +252,9 @@ class JournalSink:
             self._cv.notify()
 
     def is_exported(self, episode_id: str) -> bool:
-        if episode_id in self._marked:
-            return True
-        if not self.up:
-            return False
-        return bool(self._read(lambda c: reader.is_exported(c, episode_id), False))
+        """Marked by this process, or by the last one for an episode it left open. From
+        memory: the trace sink asks on the agent's thread, which must not wait for the disk."""
+        return episode_id in self._marked
 
     def close(self) -> None:
         """Write what is pending, apply retention, close (SIGTERM's flush). Waits at most
