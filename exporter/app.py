@@ -3,10 +3,11 @@
     sources (registry) -> Agent -> Correlator -> sinks (journal, metrics, traces)
                                                    \\-> /metrics (http.py) renders the Collector
 
-Order matters and is written down here once: the journal opens first (it must hold an event
+Order matters and is written down here once: the journal opens first (it is handed each event
 before anything acts on it) and resumes open episodes; the sources open next (a named source
 that cannot start fails fast, exit 2); the port is bound; privileges are dropped; only then
-are threads started (they inherit the reduced capability set), the trace sink last among them.
+are threads started (they inherit the reduced capability set): the journal's writer, the
+sources', the trace sink's last among them.
 """
 from __future__ import annotations
 
