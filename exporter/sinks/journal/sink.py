@@ -102,13 +102,13 @@ class JournalSink:
         # whether one was replaced since).
         self._written: dict[str, list[Transition]] = {}
         self._full_checked: set[str] = set()
+        self._store = JournalStore(self.path, clock=clock, max_age=max_age,
+                                   max_bytes=max_bytes)  # JournalRefused: an unsafe path
         if must_open:
             problem = cannot_create(self.path)
             if problem:
                 raise JournalRefused(f"--journal {self.path}: {problem}. Fix: a writable path "
                                      "on a local filesystem, or --no-journal")
-        self._store = JournalStore(self.path, clock=clock, max_age=max_age,
-                                   max_bytes=max_bytes)  # JournalRefused: an unsafe path
         try:
             with self._db:
                 conn = self._store.connect()
