@@ -38,7 +38,8 @@ class Agent:
 
     Everything it works with is built elsewhere (exporter/app.py) and handed in: the sources
     already opened, the correlator, the sinks in the order they must see each event (the
-    journal first: an event is written before it is acted on), and the sysfs reconciler to
+    journal first: an event is handed to its writer queue before it is acted on; the writer
+    thread commits it, so no sink call here waits for a disk), and the sysfs reconciler to
     poke after every kernel event.
     """
 
@@ -136,7 +137,7 @@ class Agent:
             self._log_malformed(event)
         elif isinstance(event, SourceStatus) and not event.up and event.reason and not quiet:
             log.warning("source %s down: %s", event.source, event.reason)
-        for sink in self.sinks:  # the journal writes the raw event before it is acted on
+        for sink in self.sinks:  # the journal queues the raw event before it is acted on
             self._call(sink.on_event, event)
         with self.lock:
             updates = self.correlator.handle(event, name)

@@ -3,10 +3,11 @@
     sources (registry) -> Agent -> Correlator -> sinks (journal, metrics, traces)
                                                    \\-> /metrics (http.py) renders the Collector
 
-Order matters and is written down here once: the journal opens first (it must hold an event
+Order matters and is written down here once: the journal opens first (it is handed each event
 before anything acts on it) and resumes open episodes; the sources open next (a named source
 that cannot start fails fast, exit 2); the port is bound; privileges are dropped; only then
-are threads started (they inherit the reduced capability set), the trace sink last among them.
+are threads started (they inherit the reduced capability set): the journal's writer, the
+sources', the trace sink's last among them.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -117,38 +117,20 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
 
 
 def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
-    """The journal sink. A path the user named must be writable at start-up, or it is an
-    error; otherwise failures degrade (logged, counted, retried: a full disk may be freed)."""
+    """The journal sink, its writer not started yet (serve() starts it after the privilege
+    drop). A path the user named must be creatable and open now, or it is an error with the
+    fix; the default path degrades instead (logged, counted, retried: a full disk may be
+    freed). A journal of a newer schema is not an error either: the sink reports itself down
+    and everything else runs (a rolled-back DaemonSet must not crash-loop on its hostPath)."""
     if options.no_journal:
         return None
-    from exporter.sinks.journal.store import Journal, default_journal_path
-    if options.journal:
-        problem = unwritable(Path(options.journal))
-        if problem:
-            raise StartupError(f"--journal {options.journal}: {problem}. Fix: a writable path "
-                               "on a local filesystem, or --no-journal")
-    from exporter.sinks.journal.store import JournalRefused
+    from exporter.sinks.journal.schema import JournalRefused, default_journal_path
+    from exporter.sinks.journal.sink import JournalSink
     try:
-        return Journal(options.journal or default_journal_path(), clock=clock)
-    except JournalRefused as e:  # a link, a FIFO, a loose directory, a newer schema (#16)
+        return JournalSink(options.journal or default_journal_path(), clock=clock,
+                           must_open=bool(options.journal), start=False)
+    except JournalRefused as e:  # a link, a FIFO, a loose directory, a path never creatable
         raise StartupError(str(e)) from None
-
-
-def unwritable(path: Path) -> str:
-    """Why `path` cannot become a writable file ("" when it can): the directory it would be
-    created in, or the file itself."""
-    if path.is_dir():
-        return "is a directory"
-    if path.exists():
-        return "" if os.access(path, os.W_OK) else "not writable"
-    parent = path.parent
-    while not parent.exists():  # created on open: the first existing ancestor decides
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot create files in {parent}"
-    return ""
 
 
 def preflight_kubernetes(options: Options, node: str) -> None:
@@ -279,6 +261,8 @@ def serve(options: Options) -> int:
         return _fail(f"--web.listen-address {where}: cannot listen: {e.strerror or e}")
 
     _drop_privileges(any(s.name == "bpf" for s in agent.sources))
+    if journal is not None:
+        journal.start()  # its writer thread, after the drop like every thread
     # After the drop: the span processor starts a thread, which would keep what it inherited.
     if trace_config is not None:
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))

@@ -117,9 +117,10 @@ base() {
 case "$mode" in
   run)  base; venv run ;;
   # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
+  # python3-fusepy: the slow-disk journal test's FUSE file system (testkit/slowfs.py).
   test|bench) base
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod cpio linux-perf
+          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;

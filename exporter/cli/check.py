@@ -108,8 +108,8 @@ def check_journal(options: Options) -> Check:
     at run time (journaling stays off), so `check` is where it is said plainly (issue 16)."""
     import sqlite3
 
-    from exporter.sinks.journal.path import JournalPathError, check_journal_path
-    from exporter.sinks.journal.store import SCHEMA_VERSION, default_journal_path
+    from exporter.sinks.journal.path import JournalPathError, cannot_create, check_journal_path
+    from exporter.sinks.journal.schema import NEWER_FIX, SCHEMA_VERSION, default_journal_path
     if options.no_journal:
         return Check("journal", "ok", "off (--no-journal)")
     path = Path(options.journal) if options.journal else default_journal_path()
@@ -121,6 +121,10 @@ def check_journal(options: Options) -> Check:
     except JournalPathError as e:
         return Check("journal", "fail", str(e).split(". Fix: ")[0],
                      str(e).partition(". Fix: ")[2])
+    problem = cannot_create(path)  # tried, not guessed: root passes access() under /proc
+    if problem:
+        return Check("journal", "fail", f"{path}: {problem}",
+                     "a writable path on a local filesystem (--journal PATH), or --no-journal")
     if not path.exists():
         return Check("journal", "ok", f"{path} does not exist yet; `run` creates it (0600)")
     try:
@@ -133,7 +137,9 @@ def check_journal(options: Options) -> Check:
         return Check("journal", "fail", f"{path} is corrupt: {'; '.join(problems)[:300]}", fix)
     if version > SCHEMA_VERSION:
         return Check("journal", "fail", f"{path} has schema {version}, newer than this "
-                     f"exporter's {SCHEMA_VERSION}", "run the newer exporter, or move it away")
+                     f"exporter's {SCHEMA_VERSION}: `run` leaves it untouched and runs without "
+                     "a journal (sink_up{sink=\"journal\"} 0)",
+                     f"{NEWER_FIX.replace('move the file away', f'mv {path} {path}.newer')}")
     return Check("journal", "ok", f"{path} readable, schema {version}, no corruption found")
 
 

@@ -26,7 +26,8 @@ from exporter.correlate.correlator import Correlator
 from exporter.correlate.model import Episode
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
-from exporter.sinks.journal.store import Journal, JournalError, default_journal_path, event_time
+from exporter.sinks.journal.reader import JournalReader
+from exporter.sinks.journal.schema import JournalError, default_journal_path, event_time
 
 PROGRESS_EVERY = 10_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -68,14 +69,14 @@ def journal_option(f):
         help=f"the journal to read [default: {default_journal_path()}]")(f)
 
 
-def open_journal(path: Path | None) -> Journal:
+def open_journal(path: Path | None) -> JournalReader:
     try:
-        return Journal.open_existing(path)
+        return JournalReader(path if path is not None else default_journal_path())
     except JournalError as e:
         raise PostmortemError(str(e)) from None
 
 
-def find_episode(journal: Journal, episode_id: str) -> Episode:
+def find_episode(journal: JournalReader, episode_id: str) -> Episode:
     try:
         return lookup.match(journal.episodes(), episode_id, str(journal.path))
     except JournalError as e:

@@ -7,6 +7,12 @@ reconciler journals one after every kernel event) and the transitions journaled 
 start the composition root compares that with what sysfs says now; each CPU or memory block in
 another state is one change while down, counted once in
 `node_resize_exporter_down_changes_total{resource,direction}` and logged. Pure functions.
+
+The state is computed by kernel time, not by the order events were journaled in: several
+sources deliver the same transition at different moments (a BPF batch for an earlier cycle can
+arrive after the uevent of a later one), so in arrival order a late duplicate would flip a unit
+back to a state the kernel had already left. Per unit, the newest observation wins: the last
+snapshot (read at its `time`) or a successful transition that ended after it, the latest `end`.
 """
 from __future__ import annotations
 
@@ -24,22 +30,26 @@ class KernelState:
 
 
 def state_at_stop(events: Iterable[Event]) -> KernelState | None:
-    """The state the last process knew: the last snapshot among `events` (journal order), with
-    the successful transitions after it applied. None without a snapshot."""
-    cpus: set[int] | None = None
-    blocks: set[int] = set()
+    """The state the last process knew: the newest snapshot among `events` (by its time), with
+    the successful transitions that ended after it applied in kernel-time order (`end`), so the
+    order they arrived or were journaled in does not matter. None without a snapshot."""
+    snapshot: KernelSnapshot | None = None
+    transitions: list[Transition] = []
     for event in events:
         if isinstance(event, KernelSnapshot):
-            cpus, blocks = set(event.cpus_online), set(event.memory_blocks_online)
-        elif isinstance(event, Transition) and cpus is not None \
-                and event.result is Result.SUCCESS:
-            units = cpus if event.resource is Resource.CPU else blocks
-            if event.direction is Direction.ONLINE:
-                units.add(event.unit)
-            else:
-                units.discard(event.unit)
-    if cpus is None:
+            if snapshot is None or event.time >= snapshot.time:
+                snapshot = event
+        elif isinstance(event, Transition) and event.result is Result.SUCCESS:
+            transitions.append(event)
+    if snapshot is None:
         return None
+    cpus, blocks = set(snapshot.cpus_online), set(snapshot.memory_blocks_online)
+    for t in sorted((t for t in transitions if t.end >= snapshot.time), key=lambda t: t.end):
+        units = cpus if t.resource is Resource.CPU else blocks
+        if t.direction is Direction.ONLINE:
+            units.add(t.unit)
+        else:
+            units.discard(t.unit)
     return KernelState(frozenset(cpus), frozenset(blocks))
 
 

@@ -1,8 +1,9 @@
 """Sinks: where events and episode updates go (journal, traces, metrics).
 
 The agent drives every sink through `Sink`: `on_event` sees each raw event before the correlator
-acts on it (so the journal holds it even if the process dies while acting), `on_update` each
-EpisodeUpdate the correlator returns, `close` flushes on SIGTERM.
+acts on it (the journal queues it for its writer thread, which commits within milliseconds),
+`on_update` each EpisodeUpdate the correlator returns, `close` flushes on SIGTERM. A sink never
+blocks the agent on I/O.
 """
 from __future__ import annotations
 

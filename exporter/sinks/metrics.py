@@ -96,6 +96,9 @@ class MetricsSink(Collector):
                 with self._stats_lock:
                     families += list(self._kubernetes(self.view, self.stats))
         families.append(self._sink_errors())
+        up = self._sink_up()
+        if up.samples:  # only a journal has one; none with --no-journal
+            families.append(up)
         return families
 
     def _sink_errors(self) -> Metric:
@@ -108,6 +111,20 @@ class MetricsSink(Collector):
                 continue
             name = type(sink).__name__.lower().removesuffix("sink") or "sink"
             fam.add_metric([name], getattr(sink, "errors", 0))
+        return fam
+
+    def _sink_up(self) -> Metric:
+        """One series per sink that can be down as a whole (the journal: a file of a newer
+        schema is left alone; the reason is logged once)."""
+        fam = GaugeMetricFamily("node_resize_exporter_sink_up",
+                                "1 while the sink works; 0 when it was turned off at start "
+                                "(the journal: written by a newer exporter, left untouched).",
+                                labels=["sink"])
+        for sink in self.sinks:
+            up = getattr(sink, "up", None)
+            if sink is not self and isinstance(up, bool):
+                name = type(sink).__name__.lower().removesuffix("sink") or "sink"
+                fam.add_metric([name], 1.0 if up else 0.0)
         return fam
 
     # ------------------------------------------------------------ the exporter itself

@@ -40,7 +40,8 @@ def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
             kubeconfig = api.write_kubeconfig(str(tmp / "kubeconfig"))
             with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                                  "--node-name", "cat-node",
-                                 "--podresources-socket", str(tmp / "kubelet.sock")) as exp:
+                                 "--podresources-socket", str(tmp / "kubelet.sock"),
+                                 "--journal", str(tmp / "journal.db")) as exp:  # sink_up
                 # Families with samples once the Node, the balloon pod, the kubelet and the
                 # first sysfs read (the kernel families) are in: four threads, any order.
                 text = exp.wait_for(

@@ -10,7 +10,7 @@ import pytest
 
 from exporter.clock import FakeClock
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
-from exporter.sinks.journal.store import Journal
+from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.traces.env import trace_config_from_env, trace_resource
 from exporter.sinks.traces.sink import TraceSink
 from testkit.exporter_proc import REPO
@@ -147,14 +147,14 @@ def test_exported_once_across_a_restart_with_the_journal(tmp_path, otel_env):
     path = tmp_path / "j.db"
     with HttpReceiver() as rx:
         otel_env({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint})
-        journal = Journal(path, clock=FakeClock(T0))
+        journal = JournalSink(path, clock=FakeClock(T0))
         sink = TraceSink.from_env(journal=journal)
         sink.on_update(ended(ep))
         sink.on_update(ended(ep))  # the same episode again in this process
         sink.close()
         journal.close()
         # "Restart": a new journal and sink see the resumed episode end again.
-        journal = Journal(path, clock=FakeClock(T0))
+        journal = JournalSink(path, clock=FakeClock(T0))
         sink = TraceSink.from_env(journal=journal)
         sink.on_update(ended(ep))
         sink.on_update(ended(other))

@@ -352,9 +352,9 @@ def test_ring_buffer_overflow_is_counted_and_gauges_end_right(cpu1):
 
 
 def _journal_episodes(path: Path):
-    from exporter.sinks.journal.store import Journal
+    from exporter.sinks.journal.reader import JournalReader
 
-    j = Journal.open_existing(path)
+    j = JournalReader(path)
     try:
         return j.episodes(), {ep.id: j.is_exported(ep.id) for ep in j.episodes()}
     finally:

@@ -96,17 +96,53 @@ def test_journal_in_a_directory_writable_by_others_exits_2(tmp_path):
     assert "writable by others" in done.stderr and "chmod 0700" in done.stderr
 
 
-def test_journal_of_a_future_schema_exits_2(tmp_path):
-    """Item 12."""
+def _check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", "check", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _journal_line(done: subprocess.CompletedProcess) -> str:
+    return next(line for line in done.stdout.splitlines()
+                if line.startswith(("OK   journal", "FAIL journal")))
+
+
+def test_journal_of_a_future_schema_is_left_alone_and_run_goes_on(tmp_path):
+    """Item 12 and rollback safety: a newer exporter's journal is not relabelled, and the older
+    binary does not exit 2 over it (the journal is a hostPath: a rolled-back DaemonSet would
+    crash-loop on every node). `run` serves with the journal sink down; `check` says what to do."""
+    from exporter.sinks.journal.schema import SCHEMA_VERSION
     path = tmp_path / "journal.db"
+    newer = SCHEMA_VERSION + 1
     with sqlite3.connect(path) as c:
-        c.execute("PRAGMA user_version=2")
+        c.execute(f"PRAGMA user_version={newer}")
         c.execute("CREATE TABLE t(x)")
-    done = _run_exit("--journal", str(path))
-    assert done.returncode == 2, done.stderr
-    assert "schema version 2, newer than this exporter's 1" in done.stderr
+    before = path.read_bytes()
+    line = _journal_line(_check("--journal", str(path)))
+    assert line.startswith("FAIL journal") and f"schema {newer}, newer" in line, line
+    done = _check("--journal", str(path))
+    assert f"mv {path} {path}.newer" in done.stdout and "roll forward" in done.stdout
+    with RunningExporter("--kubernetes", "off", "--source", "sysfs", "--journal",
+                         str(path)) as exp:
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_sink_up", sink="journal") == 0
+                         and s.value("node_resize_exporter_source_up", source="sysfs") == 1)
+        assert s.value("node_resize_kernel_cpus", state="online") >= 1
+        assert exp.logs().count("journal sink down") == 1
+        assert f"schema version {newer}, newer" in exp.logs()
+    assert exp.proc.returncode == 0
+    assert path.read_bytes() == before
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == newer
+
+
+@pytest.mark.parametrize("where", ["/proc/nope/j.db", "/sys/j.db"])
+def test_a_journal_path_that_cannot_be_created_fails_check_and_run(where):
+    """`check --journal /proc/nope/j.db` said OK (root passes access() there) and `run` went on
+    with every write failing. Both now try, and fail with the fix."""
+    line = _journal_line(_check("--journal", where))
+    assert line.startswith("FAIL journal") and "cannot create" in line, line
+    done = _run_exit("--journal", where)
+    assert done.returncode == 2, done.stderr
+    assert "cannot create" in done.stderr and "--no-journal" in done.stderr
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -260,9 +296,9 @@ def test_sigkill_then_restart_counts_changes_while_down_and_no_request_twice(cpu
 def _corrupt_journal(path) -> None:
     """A real journal whose pages are then overwritten in the middle (a bad disk, a bad copy)."""
     from exporter.events import EventsLost
-    from exporter.sinks.journal.store import Journal
+    from exporter.sinks.journal.sink import JournalSink
 
-    j = Journal(path)
+    j = JournalSink(path)
     for i in range(200):
         j.on_event(EventsLost("bpf", i + 1, 1000.0 + i))
     j.close()

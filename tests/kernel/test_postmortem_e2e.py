@@ -15,7 +15,7 @@ import time
 import pytest
 
 from exporter.events import Direction, Resource
-from exporter.sinks.journal.store import Journal
+from exporter.sinks.journal.reader import JournalReader
 from testkit.exporter_proc import RunningExporter
 from testkit.fakes.otlp import HttpReceiver
 
@@ -38,7 +38,7 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
 def journal_episodes(path):
     if not path.exists():
         return []
-    j = Journal.open_existing(path)
+    j = JournalReader(path)
     try:
         return j.episodes()
     finally:
@@ -94,7 +94,7 @@ def test_real_cpu1_episode_trace_has_kernel_times(cpu1, tmp_path):
     assert abs(root.start_ns - ep.opened * 1e9) <= MS
     assert abs(root.end_ns - ep.ended * 1e9) <= MS
     # The raw transition events are in the journal too, before any episode was built.
-    j = Journal.open_existing(journal)
+    j = JournalReader(journal)
     raw = [e for e in j.events() if type(e).__name__ == "Transition" and e.unit == 1]
     j.close()
     assert any(abs(e.end - tr.end) < 1e-6 for e in raw)
@@ -132,7 +132,7 @@ def test_sigkill_mid_episode_then_restart_resumes_and_traces_once(cpu1, tmp_path
              and s.attributes.get("node_resize.episode.id") == open_ep.id]
     assert len(roots) == 1
     assert abs(roots[0].start_ns - open_ep.opened * 1e9) <= MS
-    j = Journal.open_existing(journal)
+    j = JournalReader(journal)
     assert j.is_exported(open_ep.id)
     j.close()
 

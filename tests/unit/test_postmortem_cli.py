@@ -27,7 +27,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.report import figure, lookup, timeline
-from exporter.sinks.journal.store import Journal
+from exporter.sinks.journal.sink import JournalSink
 from testkit.correlator import config as correlator_config
 from testkit.postmortem_samples import (
     T0,
@@ -100,7 +100,7 @@ def live_journal(tmp_path):
 def write_live_journal(path):
     """A journal written the way the agent writes it: event first, then the updates; ticks."""
     clock = FakeClock(T0)
-    journal = Journal(path, clock=clock)
+    journal = JournalSink(path, clock=clock)
     correlator = Correlator(CONFIG, clock)
     for event in live_stream():
         t = codec_time(event)

@@ -13,12 +13,16 @@ other users can write lets them plant such a link at any time. So:
   worse than not starting.
 A refusal is a JournalPathError whose message says what is wrong and how to fix it; the
 composition root turns it into exit 2.
+
+`cannot_create` answers "could `run` make the journal there?" by trying, not by reading mode
+bits: root passes every access() test, yet nothing can be created under /proc or /sys.
 """
 from __future__ import annotations
 
 import logging
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("exporter.sinks.journal.store")
@@ -95,3 +99,30 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return f"mode {mode:o}"
+
+
+def cannot_create(path: Path) -> str:
+    """Why the journal at `path` cannot be made or written ("" when it can). Tries it: a
+    temporary file (or, where directories are missing, a temporary directory) in the nearest
+    existing ancestor, removed at once; an existing journal must be writable."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return "" if os.access(path, os.W_OK) else "not writable"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:  # created on open: the first
+        parent = parent.parent                            # existing ancestor decides
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:
+        if parent == path.parent:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".node-resize-exporter.", suffix=".probe",
+                                      dir=parent))
+    except OSError as e:
+        return f"cannot create {'files' if parent == path.parent else 'directories'} in " \
+               f"{parent} ({e.strerror or e})"
+    return ""

@@ -1,7 +1,15 @@
 """What the journal file is: its schema and version, where it lives by default, its errors.
 
-Kept apart from the Journal sink (journal.py) so the CLI and the checks can name these without
-the writer.
+Kept apart from the store, the sink and the reader so the CLI and the checks can name these
+without any of them.
+
+Versions (PRAGMA user_version):
+1. `events` and `episodes`, each episode row holding the whole episode (transitions included)
+   as one JSON object, rewritten on every update.
+2. adds `transitions`: an episode's transitions, one row each, appended as they join; the
+   episode row then holds the episode without them. Opening a version 1 journal migrates it
+   forward in place (the table is added; old rows keep their transitions inline and are read
+   as they are).
 """
 from __future__ import annotations
 
@@ -11,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from exporter.events import Event, Transition
+from exporter.events import Event
 
 DEFAULT_MAX_AGE = 30 * 86400.0
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_PRUNE_EVERY = 1000
 APP_DIR = "node-resize-exporter"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -39,6 +47,18 @@ CREATE TABLE IF NOT EXISTS episodes (
 );
 CREATE INDEX IF NOT EXISTS episodes_opened ON episodes(opened);
 CREATE INDEX IF NOT EXISTS episodes_ended ON episodes(ended);
+-- Version 2: one row per transition of an episode, by its place in the episode's list.
+CREATE TABLE IF NOT EXISTS transitions (
+    episode TEXT NOT NULL,
+    idx     INTEGER NOT NULL,
+    json    TEXT NOT NULL,
+    PRIMARY KEY (episode, idx)
+) WITHOUT ROWID;
+-- Retention deletes episode rows; their transitions go with them.
+CREATE TRIGGER IF NOT EXISTS episodes_delete_transitions AFTER DELETE ON episodes
+BEGIN
+    DELETE FROM transitions WHERE episode = old.id;
+END;
 """
 
 T = TypeVar("T")
@@ -49,8 +69,14 @@ class JournalError(Exception):
 
 
 class JournalRefused(JournalError):
-    """The journal must not be opened for writing (an unsafe path, a newer schema): `run`
-    exits 2 with this message instead of journaling into the wrong thing."""
+    """The journal must not be opened for writing (an unsafe path, a named path that cannot
+    be created): `run` exits 2 with this message instead of journaling into the wrong thing."""
+
+
+class JournalNewer(JournalRefused):
+    """The journal was written by a newer exporter (a higher schema version). Not an exit: the
+    journal is a hostPath, so a rolled-back DaemonSet would crash-loop on every node. The sink
+    leaves the file untouched and reports itself down instead."""
 
 
 def default_journal_path() -> Path:
@@ -64,20 +90,25 @@ def default_journal_path() -> Path:
 
 
 def event_time(event: Event) -> float:
-    if isinstance(event, Transition):  # it carries start/end, no time
-        return float(event.end)
-    return float(event.time)
+    """The time an event is filed under: its `time`, or a Transition's `end` (it has no time)."""
+    t = getattr(event, "time", None)
+    if t is None:
+        t = getattr(event, "end", None)
+    return float(t) if isinstance(t, (int, float)) else 0.0
 
 
-def _refuse_newer_schema(conn: sqlite3.Connection, path: Path) -> None:
-    """A journal a newer exporter wrote is not relabelled as ours (its rows would be misread);
-    JournalRefused instead, which `run` turns into exit 2."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+NEWER_FIX = ("roll forward to the exporter that wrote it, or move the file away (a new journal "
+             "is made), or pass --journal PATH")
+
+
+def refuse_newer_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """A journal a newer exporter wrote is not relabelled as ours (its rows would be misread):
+    JournalNewer, before anything is written to it."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
-        raise JournalRefused(f"journal {path} has schema version {version}, newer than this "
-                             f"exporter's {SCHEMA_VERSION}: it was written by a newer "
-                             "node-resize-exporter. Fix: run that version, or move the file "
-                             "away (a new journal is made), or pass --journal PATH")
+        raise JournalNewer(f"journal {path} has schema version {version}, newer than this "
+                           f"exporter's {SCHEMA_VERSION}: it was written by a newer "
+                           f"node-resize-exporter. Fix: {NEWER_FIX}")
 
 
 @dataclass(frozen=True)
