@@ -6,7 +6,7 @@ metrics) that read them. The README's "Episodes and the Kubernetes join" describ
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.events import Change, Resource, Transition
 
@@ -16,11 +16,6 @@ class Phase(str, enum.Enum):
     RESYNC = "resync"  # kernel done; waiting for the Node capacity to match the kernel
     READMISSION = "readmission"  # hot-unplug only: resynced; watching pod admission settle
     ENDED = "ended"
-
-
-# The phases as module globals, for the per-event paths (episodes, index, deadlines) to import:
-# on Python 3.11 `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's.
-KERNEL, RESYNC, READMISSION, ENDED = Phase.KERNEL, Phase.RESYNC, Phase.READMISSION, Phase.ENDED
 
 
 class Outcome(str, enum.Enum):
@@ -73,6 +68,10 @@ class Episode:
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+
+    def copy(self) -> Episode:
+        """A copy sinks may keep: the two lists are its only mutable parts."""
+        return replace(self, transitions=list(self.transitions), pods=list(self.pods))
 
     @property
     def kernel_seconds(self) -> float | None:

@@ -123,7 +123,7 @@ def test_no_deadline_entry_is_late_under_random_streams():
                       else [build(step, s.clock.now() - lag)])
             for event in events:
                 s.push_tick() if event is None else s.push(event)
-                for track in tracker._open.by_id.values():
+                for track in tracker._open.tracks():
                     assert track.scheduled <= tracker._deadlines.due(track), track.ep.id
 
     run()
