@@ -30,8 +30,8 @@ from exporter.correlate.model import (
     UpdateKind,
 )
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.records import describe_failures
-from exporter.events import Change, PodStatus, Resource, Result, Transition
+from exporter.correlate.records import describe_failures, flap_words
+from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
@@ -103,14 +103,20 @@ class EpisodeTracker:
         ledger's business; this only replaces the record, so spans get the kernel's times."""
         if t.start is None:
             return
-        for track, i in self._open.startless(t):
-            if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
-                self._open.replace(track, i, t)
-                track.ep.opened = min(track.ep.opened, t.start)
-                # (A kernel-phase deadline runs from last_end.)
-                if track.ep.phase is not Phase.KERNEL:
-                    self._deadlines.schedule(track)  # an earlier opening may bring one forward
-                return
+        # In a flap storm one episode holds many records of the same transition (cpu1 offline,
+        # ...): the duplicate is the one whose end is nearest its own.
+        best: tuple[float, Track, Transition] | None = None
+        for track, old in self._open.startless(t):
+            gap = abs(old.end - t.end)
+            if gap < self._config.coalesce_window and (best is None or gap < best[0]):
+                best = (gap, track, old)
+        if best is not None:
+            _, track, old = best
+            self._open.replace(track, old, t)
+            track.ep.opened = min(track.ep.opened, t.start)
+            # (A kernel-phase deadline runs from last_end.)
+            if track.ep.phase is not Phase.KERNEL:
+                self._deadlines.schedule(track)  # an earlier opening may bring one forward
 
     def _remember_id(self, ep_id: str) -> None:
         if len(self._recent_order) == self._recent_order.maxlen:
@@ -128,16 +134,26 @@ class EpisodeTracker:
         began = t.end if t.start is None else min(t.start, t.end)
         kind = (resource, change)
         updates: list[EpisodeUpdate] = []
+        window = self._config.coalesce_window
+        # A flap: an opposite change while an episode is still in its kernel phase joins it
+        # (README, "flap storms"), so a storm of offline/online cycles is one episode with its
+        # counts, not one superseded episode per transition. A refused transition starts no
+        # flap (the capacity did not move), but joins one already going.
+        flapped = self._open.joinable((resource, _OPPOSITE[change]), t.end, window)
+        if flapped is not None and t.result is not Result.SUCCESS and not flapped.ep.flapping:
+            flapped = None
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
         if t.result is Result.SUCCESS:
             for track in self._open.of_kind((resource, _OPPOSITE[change])):
+                if track is flapped:
+                    continue
                 if track.ep.kernel_done is None:
                     success_end = track.success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
                 updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
                                          _SUPERSEDED[kind]))
-        joined = self._open.joinable(kind, t.end, self._config.coalesce_window)
+        joined = flapped or self._open.joinable(kind, t.end, window)
         if joined is not None:
             self._open.append(joined, t)
             # Sources deliver out of order: a transition that began earlier widens the episode
@@ -156,6 +172,8 @@ class EpisodeTracker:
         kernel = None if snap is None else snap.capacity(resource)
         ep = Episode(
             id=ep_id, resource=resource, change=change, opened=began, transitions=[t],
+            offline_transitions=int(t.direction is Direction.OFFLINE),
+            online_transitions=int(t.direction is Direction.ONLINE),
             # A snapshot taken after the transition already shows its effect.
             kernel_before=kernel if snap is not None and snap.time <= began else None,
             # In the kernel phase, the latest snapshot's (what _note_kernel_after sets).
@@ -335,8 +353,10 @@ class EpisodeTracker:
         self._open.remove(track)
         ep.outcome, ep.ended, ep.phase = outcome, at, Phase.ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
-            detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
+            detail += f" ({track.failed} of {ep.transitions_seen} transitions failed: " \
                       f"{describe_failures(ep.transitions)})"
+        if ep.flapping:
+            detail += f" ({flap_words(ep)})"
         ep.detail = detail
         # Final, and no index holds it any more: nothing changes it after this, so the update
         # carries the episode itself, not a copy.

@@ -22,6 +22,10 @@ from exporter.correlate.model import Episode, Phase, PodOutcome
 from exporter.events import Change, Direction, Resource, Result, Transition
 
 Kind = tuple[Resource, Change]
+# An episode keeps at most this many of its transitions: the first half, and the latest ones
+# (a flap storm of 10,000 transitions holds 128). Every one is counted in the episode's
+# offline_transitions / online_transitions; its tallies (success_end, failed) cover all.
+TRANSITIONS_KEPT = 128
 # What a transition is, bar its times: the key a duplicate with the kernel's times is found by.
 TransitionKey = tuple[Resource, int, Direction, Result]
 
@@ -46,11 +50,6 @@ class Track:
     # scan of them when asked (on every supersede and every end):
     success_end: float | None = None  # latest end of a transition the kernel completed
     failed: int = 0  # transitions the kernel refused
-
-
-def _success_end(transitions: list[Transition]) -> float | None:
-    ends = [t.end for t in transitions if t.result is Result.SUCCESS]
-    return max(ends) if ends else None
 
 
 def by_seq(tracks: Iterable[Track]) -> list[Track]:
@@ -80,7 +79,9 @@ class OpenEpisodes:
         # kernel_after not yet from a snapshot after the kernel phase (and not following)
         self._stale: dict[int, Track] = {}
         self._no_baseline: dict[int, Track] = {}  # kubelet_before still unknown
-        self._startless: dict[TransitionKey, dict[tuple[int, int], Track]] = {}
+        # Start-less records (uevent, sysfs) still in an episode's sample, keyed by
+        # (seq, id(record)): the dict holds the record, so its id stays unique.
+        self._startless: dict[TransitionKey, dict[tuple[int, int], tuple[Track, Transition]]] = {}
         self._heap: list[tuple[float, int, Track]] = []
 
     def __len__(self) -> int:
@@ -103,8 +104,8 @@ class OpenEpisodes:
             self._stale[track.seq] = track
         if ep.kubelet_before is None:
             self._no_baseline[track.seq] = track
-        for i, t in enumerate(ep.transitions):
-            self._take(track, i, t)
+        for t in ep.transitions:
+            self._take(track, t)
         self._enter(track, ep.phase)
 
     def remove(self, track: Track) -> None:
@@ -116,9 +117,9 @@ class OpenEpisodes:
         self._by_kind[track.kind].pop(seq, None)
         self._stale.pop(seq, None)
         self._no_baseline.pop(seq, None)
-        for i, t in enumerate(ep.transitions):
+        for t in ep.transitions:
             if t.start is None:
-                self._startless.get(_key(t), {}).pop((seq, i), None)
+                self._startless.get(_key(t), {}).pop((seq, id(t)), None)
         # Its heap entry stays until it pops (a heap cannot drop one from the middle); one at
         # the head goes now, or the next event would go through advance() only to skip it.
         heap = self._heap
@@ -173,28 +174,44 @@ class OpenEpisodes:
             self._waiting -= 1
 
     def append(self, track: Track, t: Transition) -> None:
-        """A transition joins the track's episode."""
-        track.ep.transitions.append(t)
+        """A transition joins the track's episode: counted, and kept in its sample (the oldest
+        of the latest ones makes room once the sample is full)."""
+        ep = track.ep
+        if t.direction is Direction.OFFLINE:
+            ep.offline_transitions += 1
+        else:
+            ep.online_transitions += 1
+        transitions = ep.transitions
+        if len(transitions) >= TRANSITIONS_KEPT:
+            dropped = transitions.pop(TRANSITIONS_KEPT // 2)
+            if dropped.start is None:
+                self._startless.get(_key(dropped), {}).pop((track.seq, id(dropped)), None)
+        transitions.append(t)
         track.last_end = max(track.last_end, t.end)
-        self._take(track, len(track.ep.transitions) - 1, t)
+        self._take(track, t)
 
-    def _take(self, track: Track, index: int, t: Transition) -> None:
-        """Transition `index` of the track's episode: into its tallies and the start-less index."""
+    def _take(self, track: Track, t: Transition) -> None:
+        """A transition of the track's episode: into its tallies and the start-less index."""
         if t.result is Result.SUCCESS:
             end = track.success_end
             track.success_end = t.end if end is None else max(end, t.end)
         elif t.result is Result.FAILED:
             track.failed += 1
         if t.start is None:
-            self._startless.setdefault(_key(t), {})[(track.seq, index)] = track
+            self._startless.setdefault(_key(t), {})[(track.seq, id(t))] = (track, t)
 
-    def replace(self, track: Track, index: int, t: Transition) -> None:
-        """The start-less record at `index` gives way to `t`, the same transition with the
-        kernel's own times (found by startless(): same result, so `failed` stays)."""
-        old = track.ep.transitions[index]
-        self._startless.get(_key(old), {}).pop((track.seq, index), None)
-        track.ep.transitions[index] = t
-        track.success_end = _success_end(track.ep.transitions)
+    def replace(self, track: Track, old: Transition, t: Transition) -> None:
+        """The start-less record `old` gives way to `t`, the same transition with the kernel's
+        own times (found by startless(): same result, so `failed` stays)."""
+        self._startless.get(_key(old), {}).pop((track.seq, id(old)), None)
+        transitions = track.ep.transitions
+        for i in range(len(transitions) - 1, -1, -1):  # a duplicate comes soon: from the end
+            if transitions[i] is old:
+                transitions[i] = t
+                break
+        ends = [x.end for x in transitions if x.result is Result.SUCCESS]
+        # The sample may have let the latest success go; the tally covers every transition.
+        track.success_end = max(ends) if ends else track.success_end
 
     # ------------------------------------------------------------ questions
 
@@ -235,13 +252,13 @@ class OpenEpisodes:
                     return track
         return None
 
-    def startless(self, t: Transition) -> list[tuple[Track, int]]:
-        """(track, index) of each start-less record of the same transition, in opening order."""
+    def startless(self, t: Transition) -> list[tuple[Track, Transition]]:
+        """(track, record) of each start-less record of the same transition, in opening order
+        (and within one episode in the order they came)."""
         entries = self._startless.get(_key(t))
         if not entries:
             return []
-        # Sorted by key, (seq, index): unique, so the tracks themselves are never compared.
-        return [(track, index) for (_, index), track in sorted(entries.items())]
+        return sorted(entries.values(), key=lambda entry: entry[0].seq)  # stable
 
     # ------------------------------------------------------------ deadlines
 

@@ -68,10 +68,24 @@ class Episode:
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+    # Every transition that joined, by direction (0 and 0 in journals from before they were
+    # counted). `transitions` keeps a sample when there are more than index.TRANSITIONS_KEPT.
+    offline_transitions: int = 0
+    online_transitions: int = 0
 
     def copy(self) -> Episode:
         """A copy sinks may keep: the two lists are its only mutable parts."""
         return replace(self, transitions=list(self.transitions), pods=list(self.pods))
+
+    @property
+    def flapping(self) -> bool:
+        """Transitions both ways joined it: a flap storm, told as one episode (README)."""
+        return self.offline_transitions > 0 and self.online_transitions > 0
+
+    @property
+    def transitions_seen(self) -> int:
+        """Every transition that joined, including those the sample let go."""
+        return max(self.offline_transitions + self.online_transitions, len(self.transitions))
 
     @property
     def kernel_seconds(self) -> float | None:

@@ -1,6 +1,7 @@
-"""Words for an episode's failed transitions (its detail, and the detail of its end)."""
+"""Words for an episode's detail: its failed transitions, its flapping."""
 from __future__ import annotations
 
+from exporter.correlate.model import Episode
 from exporter.events import Resource, Result, Transition
 
 
@@ -16,3 +17,12 @@ def describe_failures(transitions: list[Transition]) -> str:
     if len(failed) > 4:
         words.append(f"and {len(failed) - 4} more")
     return "; ".join(words)
+
+
+def flap_words(ep: Episode) -> str:
+    """"flapping: 100 offline and 100 online transitions in 15.2 s, ended online"."""
+    last = max(ep.transitions, key=lambda t: t.end, default=None)
+    took = (ep.kernel_done if ep.kernel_done is not None else ep.opened) - ep.opened
+    words = f"flapping: {ep.offline_transitions} offline and {ep.online_transitions} online " \
+            f"transitions in {took:.1f} s"
+    return words + (f", ended {last.direction.value}" if last is not None else "")

@@ -71,7 +71,7 @@ def test_a_memory_episode_beside_a_thousand_cpu_ones_is_decided_alone(monkeypatc
     s.snapshot(1_000_000.0, cpus=2)
     count = Counting(s, monkeypatch)
     s.transition(1_000_001.0, MEM, 7, Direction.OFFLINE)
-    s.transition(1_000_001.5, MEM, 7, Direction.ONLINE)  # supersedes the unplug
+    s.transition(1_000_003.5, MEM, 7, Direction.ONLINE)  # supersedes the unplug (resyncing)
     s.tick(1_000_010.0)  # the plug's kernel phase closes: it waits for its resync too
     assert count.calls["advance_one"] <= 2 and count.calls["check_resync"] <= 2
     assert [ep.outcome for ep in s.ended()] == [Outcome.SUPERSEDED]
