@@ -90,10 +90,16 @@ def test_messages_read_like_the_story():
 def test_a_slow_api_never_holds_the_agent():
     release = threading.Event()
 
-    def post(obj: dict) -> None:
-        release.wait()  # an API server that does not answer until the test says so
+    class Api:  # an API server that does not answer until the test says so
+        def create(self, obj: dict) -> dict:
+            release.wait()
+            return obj
 
-    sink = KubeEventsSink(NODE, post)
+        def patch(self, name: str, patch: dict) -> dict:
+            release.wait()
+            return patch
+
+    sink = KubeEventsSink(NODE, Api())
 
     def agent() -> None:
         for _ in range(200):  # far more than the queue holds
