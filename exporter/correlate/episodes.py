@@ -18,7 +18,7 @@ from dataclasses import replace
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
 from exporter.correlate.ids import IdMaker
-from exporter.correlate.index import OpenEpisodes, Track, by_seq
+from exporter.correlate.index import TRANSITIONS_KEPT, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (
     Episode,
@@ -35,6 +35,7 @@ from exporter.events import Change, Direction, PodStatus, Resource, Result, Tran
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
+UPDATE_EVERY = TRANSITIONS_KEPT // 2  # a long storm's TRANSITION updates (on_transition)
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
 _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
 _SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
@@ -160,7 +161,12 @@ class EpisodeTracker:
             # (its id stays, so that a replay keeps it).
             joined.ep.opened = min(joined.ep.opened, began)
             self._note_kernel_after(joined)
-            updates.append(EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end))
+            # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not
+            # on each: the journal rewrites its row that much less often (the counters count
+            # every transition; its end has them all).
+            seen = joined.ep.offline_transitions + joined.ep.online_transitions
+            if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
+                updates.append(EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end))
             return updates
         ep_id = base_id = self._ids.make(resource, change, began)
         n = 1

@@ -89,6 +89,8 @@ def test_ten_thousand_transitions_keep_the_state_and_the_journal_row_bounded():
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     last = _storm(s, 5000, start=last, uevents=True)  # 10,000 transitions, 20,000 records
+    # Past the sample, one update (one journal row rewrite) per 64 transitions.
+    assert len(s.updates) == 10_000 // 64, len(s.updates)
     s.updates = []
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
