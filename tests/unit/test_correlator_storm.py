@@ -107,3 +107,25 @@ def test_ten_thousand_transitions_keep_the_state_and_the_journal_row_bounded():
     assert len(row) < 64 * 1024, len(row)  # the episode's journal row (README: <= 64 KiB)
     s.tick(last + 5.0)  # the storm ends (back online: the Node still agrees)
     assert s.correlator.episodes_open() <= 1
+
+
+def test_episode_copy_keeps_every_field():
+    """Episode.copy() lists the fields itself: each set to a value unlike its default must come
+    through, and the copy's lists must be its own."""
+    import dataclasses
+
+    from exporter.correlate.model import Episode, Phase, PodOutcome, PodVerdict
+
+    values = {"id": "x", "resource": Resource.MEMORY, "change": Change.DECREASE, "opened": 1.0,
+              "transitions": [Transition("bpf", CPU, 1, OFF, Result.SUCCESS, end=2.0)],
+              "phase": Phase.READMISSION, "resynced_by": "kubelet_live", "detail": "d",
+              "pods": [PodOutcome(3.0, "ns", "p", "u", PodVerdict.KEPT, "Running")],
+              "outcome": Outcome.MISMATCH}
+    fields = dataclasses.fields(Episode)
+    for k, f in enumerate(fields):  # numbers for the rest, each different
+        values.setdefault(f.name, 10 + k)
+    ep = Episode(**values)
+    copy = ep.copy()
+    assert copy == ep and copy is not ep
+    assert all(getattr(copy, f.name) == values[f.name] for f in fields)
+    assert copy.transitions is not ep.transitions and copy.pods is not ep.pods
