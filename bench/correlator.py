@@ -103,11 +103,19 @@ def stream(n: int, first_round: int = 0, t: float = T0) -> list[tuple[object, st
     return out[:n]
 
 
+# The throughput stream flaps cpu1 every 0.25 s: with the default 2 s window that is one flap
+# storm, a single episode (README, "Flap storms"), which storm_state() times. A window shorter
+# than the flaps makes each transition an episode of its own again, so the episode machinery
+# (open, supersede, end) is what is timed, as it was before storms were one episode.
+THROUGHPUT_WINDOW = 0.1
+
+
 def throughput(events: int = 1_000_000, chunk: int = 100_000, repeats: int = 3) -> dict:
     rates = []
     for _ in range(repeats):
         clock = FakeClock(T0)
-        correlator = Correlator(correlator_config(Options(), kubernetes=True), clock)
+        correlator = Correlator(correlator_config(Options(coalesce_window=THROUGHPUT_WINDOW),
+                                                  kubernetes=True), clock)
         handled, busy, rounds, ended = 0, 0.0, 0, 0
         while handled < events:
             batch = stream(min(chunk, events - handled), rounds)
@@ -193,3 +201,54 @@ def _probes(t: float, n: int) -> list[tuple[object, str | None]]:
             out.append((Transition("bpf", Resource.MEMORY, 7, direction, Result.SUCCESS, end=t,
                                    start=t - 0.002), None))
     return out
+
+
+def storm_state(transitions: int = 10_000) -> dict:
+    """A flap storm through the real correlator: cpu1 out and back, each transition from BPF
+    and again from a uevent (the ledger drops the copy), 50 ms apart: 1,000 to warm up, then
+    `transitions` timed, then `transitions` more under tracemalloc. What the correlator holds
+    per transition once the episode's sample is full, how many episodes the storm made, and the
+    size of the storm episode's journal row (the codec's JSON, as the journal stores it)."""
+    from exporter import codec
+
+    clock = FakeClock(T0)
+    correlator = Correlator(correlator_config(Options(), kubernetes=True), clock)
+    correlator.handle(_snapshot(T0, 2, 192), "sysfs")
+    correlator.handle(NodeStatus(T0, "n1", {Resource.CPU: 2.0}, {Resource.CPU: 2.0}),
+                      "kube_node")
+    opened = 0
+
+    def flap(k: int) -> None:
+        nonlocal opened
+        t = T0 + 1 + k * STEP
+        direction = Direction.OFFLINE if k % 2 == 0 else Direction.ONLINE
+        clock.t = t
+        for event in (Transition("bpf", Resource.CPU, 1, direction, Result.SUCCESS, end=t,
+                                 start=t - 0.02, steps=100),
+                      Transition("uevent", Resource.CPU, 1, direction, Result.SUCCESS,
+                                 end=t + 0.001)):
+            for update in correlator.handle(event):
+                opened += update.kind is UpdateKind.OPENED
+
+    warm = 1_000  # the sample fills and the ledger knows every key
+    for k in range(warm):
+        flap(k)
+    t0 = time.thread_time()  # timed apart: tracemalloc slows every allocation
+    for k in range(warm, warm + transitions):
+        flap(k)
+    busy = time.thread_time() - t0
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for k in range(warm + transitions, warm + 2 * transitions):
+        flap(k)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    [ep] = correlator.open_episodes()
+    return {"transitions": warm + 2 * transitions, "episodes_opened": opened,
+            "bytes_grown": grown, "bytes_per_transition": grown / transitions,
+            "transitions_kept": len(ep.transitions),
+            "counted": ep.offline_transitions + ep.online_transitions,
+            "journal_row_bytes": len(codec.dumps(ep)),
+            "us_per_transition": busy / transitions * 1e6}

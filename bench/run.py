@@ -31,6 +31,7 @@ SIZES = {
     "storm_cycles": (100, 5), "storm_repeats": (3, 1), "startup_repeats": (5, 1),
     "idle_seconds": (60.0, 2.0), "scrape_seconds": (30.0, 2.0),
     "correlator_events": (1_000_000, 20_000), "correlator_repeats": (3, 1),
+    "storm_transitions": (10_000, 2_000),
     "open_episodes": (10_000, 200),
 }
 
@@ -76,7 +77,8 @@ def run_scrape(quick: bool, peer: bool) -> dict:
 def run_correlator(quick: bool, peer: bool) -> dict:
     return {"throughput": correlator.throughput(size("correlator_events", quick),
                                                 repeats=size("correlator_repeats", quick)),
-            "memory": correlator.episode_memory(size("open_episodes", quick))}
+            "memory": correlator.episode_memory(size("open_episodes", quick)),
+            "storm": correlator.storm_state(size("storm_transitions", quick))}
 
 
 BENCHMARKS = {"latency": run_latency, "storm": run_storm, "overhead": run_overhead,

@@ -16,6 +16,7 @@ from exporter.clock import Clock
 from exporter.correlate.correlator import Correlator
 from exporter.events import DeviceChange, Event, MalformedInput, SourceStatus, Transition
 from exporter.sinks import Sink
+from exporter.sinks.episode_log import EpisodeLog
 from exporter.sources.base import Source
 from exporter.sources.kernel.sysfs import SysfsSource
 
@@ -57,6 +58,7 @@ class Agent:
         self.lock = threading.Lock()  # the Collector renders under it
         self.alive = threading.Event()
         self._malformed_logged: set[str] = set()
+        self.episode_log = EpisodeLog()  # the episode lines in the log (bounded)
         self._version = 0  # bumped whenever the correlator's state may have changed
         for status in down:  # sources that could not open: their series say so from the start
             self._process(status.source, status, quiet=True)
@@ -119,6 +121,7 @@ class Agent:
                 sink.close()
             except Exception:
                 log.exception("closing sink %s", type(sink).__name__)
+        self.episode_log.close()
 
     def wake(self) -> None:
         """Make run() look at its stop event now; safe from a signal handler (issue 14)."""
@@ -143,6 +146,7 @@ class Agent:
             updates = self.correlator.handle(event, name)
             self._version += 1
         for update in updates:
+            self._call(self.episode_log.on_update, update)
             for sink in self.sinks:
                 self._call(sink.on_update, update)
         if (name != "sysfs" and isinstance(event, (Transition, DeviceChange))
@@ -164,6 +168,7 @@ class Agent:
             if updates:
                 self._version += 1
         for update in updates:
+            self._call(self.episode_log.on_update, update)
             for sink in self.sinks:
                 self._call(sink.on_update, update)
 

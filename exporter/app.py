@@ -189,6 +189,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
         if updates:
             log.info("resumed %d open episode(s) from the journal", len(updates))
         for update in updates:
+            agent.episode_log.on_update(update)
             for sink in agent.sinks:
                 sink.on_update(update)
         _count_changes_while_down(journal, opened.reconciler, ledger)
@@ -267,9 +268,9 @@ def serve(options: Options) -> int:
     if trace_config is not None:
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
     if options.kube_events and kubernetes:
-        from exporter.sinks.kube_events import KubeEventsSink, lightkube_poster
+        from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
         try:
-            agent.add_sink(KubeEventsSink(node, lightkube_poster(options.kubeconfig)))
+            agent.add_sink(KubeEventsSink(node, lightkube_events_api(options.kubeconfig)))
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
     registry_.register(built.metrics)

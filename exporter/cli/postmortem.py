@@ -23,13 +23,14 @@ from exporter.config import options
 from exporter.config.options import Options
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.correlator import Correlator
-from exporter.correlate.model import Episode
+from exporter.correlate.model import Episode, Outcome
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
 from exporter.sinks.journal.reader import JournalReader
 from exporter.sinks.journal.schema import JournalError, default_journal_path, event_time
 
 PROGRESS_EVERY = 10_000
+LIST_LIMIT = 50  # `episodes list` shows the newest this many unless --limit says otherwise
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -38,8 +39,8 @@ class PostmortemError(click.ClickException):
 
 
 class SinceType(click.ParamType):
-    """A point in time: 90s / 30m / 2h / 7d / 1w ago, an ISO time (local unless it says), or
-    Unix seconds."""
+    """A point in time: 90s / 30m / 2h / 7d / 1w ago, an ISO or RFC 3339 time (local unless it
+    says; `Z` is UTC), or Unix seconds."""
 
     name = "TIME"
 
@@ -53,6 +54,7 @@ class SinceType(click.ParamType):
         if re.fullmatch(r"\d{9,}(?:\.\d+)?", s):
             return float(s)
         try:
+            # (Python 3.11's fromisoformat takes RFC 3339's Z and offsets.)
             return datetime.fromisoformat(s).timestamp()  # naive -> local time
         except ValueError:
             self.fail(f"{s!r} is not a time: use e.g. 2h, 30m, 7d, 2026-11-22T03:00 or "
@@ -102,18 +104,37 @@ def episodes() -> None:
 
 @episodes.command("list")
 @journal_option
-@click.option("--since", type=SINCE, default=None, help="only episodes active since (2h, ISO)")
+@click.option("--since", type=SINCE, default=None,
+              help="only episodes active since (2h, 30m, RFC 3339, Unix seconds)")
+@click.option("--until", type=SINCE, default=None, help="only episodes opened by (same forms)")
+@click.option("--outcome", "outcomes", multiple=True,
+              type=click.Choice([o.value for o in Outcome] + ["open"]),
+              help="only episodes that ended so (repeatable; `open`: not ended yet)")
+@click.option("--limit", type=click.IntRange(min=0), default=LIST_LIMIT, show_default=True,
+              help="the newest N episodes (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table")
-def list_episodes(journal_path: Path | None, since: float | None, as_json: bool) -> None:
-    """Table of episodes: id, resource, direction, start, phase times, outcome."""
+def list_episodes(journal_path: Path | None, since: float | None, until: float | None,
+                  outcomes: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Table of episodes, newest first: id, resource, direction, start, phase times, outcome."""
+    if since is not None and until is not None and until < since:
+        raise PostmortemError("--until is before --since: nothing can match")
     journal = open_journal(journal_path)
     try:
-        found = journal.episodes(since=since)
+        found = journal.episodes(since=since, until=until)
     except JournalError as e:
         raise PostmortemError(str(e)) from None
     finally:
         journal.close()
-    print_episodes(found, as_json)
+    if outcomes:
+        wanted = set(outcomes)
+        found = [ep for ep in found
+                 if (ep.outcome.value if ep.outcome is not None else "open") in wanted]
+    found.sort(key=lambda ep: (ep.opened, ep.id), reverse=True)
+    shown = found[:limit] if limit else found
+    print_episodes(shown, as_json)
+    if len(shown) < len(found):
+        click.echo(f"the newest {len(shown)} of {len(found)} episodes; --limit 0 shows all",
+                   err=True)
 
 
 @episodes.command("show")

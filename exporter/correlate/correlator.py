@@ -39,7 +39,7 @@ class Correlator:
         self._ledger = KernelLedger() if ledger is None else ledger
         self._view = NodeView(config, clock) if view is None else view
         self._tracker = EpisodeTracker(config, self._view)
-        self._next_due = self._tracker.next_due  # the deadline heap, read on every event
+        self._next_due = self._tracker.next_due  # when the earliest deadline falls due
         self.malformed_events = 0  # skipped: a timestamp that is not a finite number
         self._apply: dict[type, Callable[[Any], list[EpisodeUpdate]]] = {
             Transition: self._transition,
@@ -69,12 +69,12 @@ class Correlator:
             return []
         # Deadlines that fell due before this event are decided first, on the state before it.
         # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
-        # every open episode. The heap's head says whether anything is due at all.
-        due = self._next_due
-        if due and due[0][0] <= when:  # the clock is read only when something may be due
+        # every open episode. The earliest deadline says whether anything is due at all.
+        due = self._next_due()
+        if due <= when:  # the clock is read only when something may be due
             now = self._clock.now()
             upto = float(when) if when < now else now
-            if due[0][0] <= upto:
+            if due <= upto:
                 return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
         updates = apply(event)
         return self._mark_resynced_by(updates) if updates else updates

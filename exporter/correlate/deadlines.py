@@ -15,7 +15,7 @@ import math
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
-from exporter.correlate.model import ENDED, KERNEL, RESYNC, Episode
+from exporter.correlate.model import Episode, Phase
 from exporter.correlate.node_view import NodeView
 from exporter.events import Resource
 
@@ -45,19 +45,19 @@ class Deadlines:
             self._seen_since.clear()
             self._seen_apart.clear()
         if self.kernel_now(track.ep) is None:
-            self._open.unknown_kernel.setdefault(track.ep.resource, {})[track.seq] = track
+            self._open.kernel_unknown(track)
 
     def due(self, track: Track) -> float:
         """When the tracker next has something to decide for this track, given the state now:
         the conditions of EpisodeTracker._advance_one, solved for `upto`."""
         ep, cfg = track.ep, self._config
-        if ep.phase is KERNEL:
+        if ep.phase is Phase.KERNEL:
             return track.last_end + cfg.coalesce_window
-        if ep.phase is ENDED:
+        if ep.phase is Phase.ENDED:
             return math.inf
         if not cfg.kubernetes:
             return -math.inf  # a resumed episode from a run that had a Node source: at once
-        if ep.phase is RESYNC:
+        if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self.mismatch_since(track)
@@ -80,9 +80,8 @@ class Deadlines:
             self._seen_apart.clear()
             return []
         agreeing: list[Track] = []
-        resync, unknown_kernel = self._open.resync, self._open.unknown_kernel
         for r in EPISODE_RESOURCES:
-            waiting = resync.get(r)
+            waiting = self._open.resyncing(r)
             if not waiting:
                 # Nothing waits: forget what was seen, so that the next episode to wait is
                 # looked at again on the next change (an extra look, never a missed one).
@@ -97,18 +96,18 @@ class Deadlines:
             since = self._view.node.since.get(r) if kubelet is not None else None
             moved = since != self._seen_since.get(r) or (apart and not self._seen_apart.get(r))
             self._seen_since[r], self._seen_apart[r] = since, apart
-            unknown = unknown_kernel.setdefault(r, {})
             if regressed:  # stamped before the last snapshot: some lose their kernel value
-                unknown.update((t.seq, t) for t in waiting.values()
-                               if self.kernel_now(t.ep) is None)
-            for track in list(unknown.values()):
+                for track in waiting:
+                    if self.kernel_now(track.ep) is None:
+                        self._open.kernel_unknown(track)
+            for track in self._open.kernel_unknown_of(r):
                 if self.kernel_now(track.ep) is not None:
-                    del unknown[track.seq]
+                    self._open.kernel_known(track)
                     self.schedule(track)
             if known and not apart:
-                agreeing += waiting.values()
+                agreeing += waiting
             elif moved:
-                for track in list(waiting.values()):
+                for track in waiting:
                     self.schedule(track)
         return by_seq(agreeing) if agreeing else agreeing
 

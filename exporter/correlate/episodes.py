@@ -18,31 +18,25 @@ from dataclasses import replace
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
 from exporter.correlate.ids import IdMaker
-from exporter.correlate.index import OpenEpisodes, Track, by_seq
+from exporter.correlate.index import TRANSITIONS_KEPT, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (
-    ENDED,
-    KERNEL,
-    READMISSION,
-    RESYNC,
     Episode,
     EpisodeUpdate,
     Outcome,
+    Phase,
     PodOutcome,
     PodVerdict,
     UpdateKind,
 )
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.records import copy_episode, describe_failures, make_update, new_episode
+from exporter.correlate.records import describe_failures, flap_words
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
-
-_SUCCESS = Result.SUCCESS
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
+UPDATE_EVERY = TRANSITIONS_KEPT // 2  # a long storm's TRANSITION updates (on_transition)
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
-# Looked up per transition: Enum properties (.change, .value) cost more than a dict.
-_CHANGE = {Direction.ONLINE: Change.INCREASE, Direction.OFFLINE: Change.DECREASE}
 _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
 _SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
                for r in Resource for c in Change}
@@ -59,7 +53,8 @@ class EpisodeTracker:
         self._ids = IdMaker()
         self._deadlines = Deadlines(config, view, self._open)
         # The deadline heap itself (earliest first), for a caller's "anything due?" test.
-        self.next_due = self._open.heap
+        # When the earliest deadline falls due (inf: none), for a caller's "anything due?" test.
+        self.next_due = self._open.next_due
 
     # ------------------------------------------------------------ entry points
 
@@ -82,9 +77,9 @@ class EpisodeTracker:
         """
         updates = []
         for kept in episodes:
-            if kept.outcome is not None or kept.phase is ENDED or kept.id in self._open:
+            if kept.outcome is not None or kept.phase is Phase.ENDED or kept.id in self._open:
                 continue
-            ep = copy_episode(kept)
+            ep = kept.copy()
             ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.REJECTED]
             rejected = {p.uid: p for p in ep.pods}
             track = Track(ep, last_end=max([t.end for t in ep.transitions], default=ep.opened),
@@ -92,7 +87,7 @@ class EpisodeTracker:
                           last_change=max((p.time for p in ep.pods), default=None))
             self._add(track)
             self._remember_id(ep.id)
-            updates.append(make_update(UpdateKind.RESUMED, copy_episode(ep), now))
+            updates.append(EpisodeUpdate(UpdateKind.RESUMED, ep.copy(), now))
         return updates
 
     @property
@@ -100,8 +95,8 @@ class EpisodeTracker:
         return len(self._open)
 
     def open_episodes(self) -> list[Episode]:
-        return [copy_episode(self._shown(t))
-                for t in sorted(self._open.by_id.values(), key=lambda t: t.ep.opened)]
+        return [self._shown(t).copy()
+                for t in sorted(self._open.tracks(), key=lambda t: t.ep.opened)]
 
     def enrich(self, t: Transition) -> None:
         """A duplicate carrying the kernel's own times (a BPF record after the uevent of the same
@@ -109,13 +104,20 @@ class EpisodeTracker:
         ledger's business; this only replaces the record, so spans get the kernel's times."""
         if t.start is None:
             return
-        for track, i in self._open.startless(t):
-            if abs(track.ep.transitions[i].end - t.end) < self._config.coalesce_window:
-                self._open.replace(track, i, t)
-                track.ep.opened = min(track.ep.opened, t.start)
-                if track.ep.phase is not KERNEL:  # (a kernel-phase deadline runs from last_end)
-                    self._deadlines.schedule(track)  # an earlier opening may bring one forward
-                return
+        # In a flap storm one episode holds many records of the same transition (cpu1 offline,
+        # ...): the duplicate is the one whose end is nearest its own.
+        best: tuple[float, Track, Transition] | None = None
+        for track, old in self._open.startless(t):
+            gap = abs(old.end - t.end)
+            if gap < self._config.coalesce_window and (best is None or gap < best[0]):
+                best = (gap, track, old)
+        if best is not None:
+            _, track, old = best
+            self._open.replace(track, old, t)
+            track.ep.opened = min(track.ep.opened, t.start)
+            # (A kernel-phase deadline runs from last_end.)
+            if track.ep.phase is not Phase.KERNEL:
+                self._deadlines.schedule(track)  # an earlier opening may bring one forward
 
     def _remember_id(self, ep_id: str) -> None:
         if len(self._recent_order) == self._recent_order.maxlen:
@@ -129,38 +131,55 @@ class EpisodeTracker:
         resource = t.resource
         if resource not in EPISODE_RESOURCES:
             return []
-        change = _CHANGE[t.direction]
+        change = t.direction.change
         began = t.end if t.start is None else min(t.start, t.end)
         kind = (resource, change)
         updates: list[EpisodeUpdate] = []
+        window = self._config.coalesce_window
+        # A flap: an opposite change while an episode is still in its kernel phase joins it
+        # (README, "flap storms"), so a storm of offline/online cycles is one episode with its
+        # counts, not one superseded episode per transition. A refused transition starts no
+        # flap (the capacity did not move), but joins one already going.
+        flapped = self._open.joinable((resource, _OPPOSITE[change]), t.end, window)
+        if flapped is not None and t.result is not Result.SUCCESS and not flapped.ep.flapping:
+            flapped = None
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
-        if t.result is _SUCCESS:
+        if t.result is Result.SUCCESS:
             for track in self._open.of_kind((resource, _OPPOSITE[change])):
+                if track is flapped:
+                    continue
                 if track.ep.kernel_done is None:
                     success_end = track.success_end
                     track.ep.kernel_done = track.last_end if success_end is None else success_end
                 updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
                                          _SUPERSEDED[kind]))
-        joined = self._open.joinable(kind, t.end, self._config.coalesce_window)
+        joined = flapped or self._open.joinable(kind, t.end, window)
         if joined is not None:
             self._open.append(joined, t)
             # Sources deliver out of order: a transition that began earlier widens the episode
             # (its id stays, so that a replay keeps it).
             joined.ep.opened = min(joined.ep.opened, began)
             self._note_kernel_after(joined)
-            updates.append(make_update(UpdateKind.TRANSITION, copy_episode(joined.ep), t.end))
+            # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not
+            # on each: the journal rewrites its row that much less often (the counters count
+            # every transition; its end has them all).
+            seen = joined.ep.offline_transitions + joined.ep.online_transitions
+            if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
+                updates.append(EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end))
             return updates
         ep_id = base_id = self._ids.make(resource, change, began)
         n = 1
-        while ep_id in self._open.by_id or ep_id in self._recent_ids:
+        while ep_id in self._open or ep_id in self._recent_ids:
             n += 1
             ep_id = f"{base_id}-{n}"
         self._remember_id(ep_id)
         snap = self._view.snapshot
         kernel = None if snap is None else snap.capacity(resource)
-        ep = new_episode(
+        ep = Episode(
             id=ep_id, resource=resource, change=change, opened=began, transitions=[t],
+            offline_transitions=int(t.direction is Direction.OFFLINE),
+            online_transitions=int(t.direction is Direction.ONLINE),
             # A snapshot taken after the transition already shows its effect.
             kernel_before=kernel if snap is not None and snap.time <= began else None,
             # In the kernel phase, the latest snapshot's (what _note_kernel_after sets).
@@ -168,23 +187,22 @@ class EpisodeTracker:
         track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
         self._open.add(track)
         self._deadlines.schedule(track)  # (_add, less the resync a new episode is not in)
-        updates.append(make_update(UpdateKind.OPENED, copy_episode(ep), began))
+        updates.append(EpisodeUpdate(UpdateKind.OPENED, ep.copy(), began))
         return updates
 
     def on_snapshot(self, regressed: bool) -> list[EpisodeUpdate]:
         """`regressed`: the new snapshot is stamped before the one it replaced."""
-        if self._open.stale:
-            for track in list(self._open.stale.values()):
-                self._note_kernel_after(track)
+        for track in self._open.stale():
+            self._note_kernel_after(track)
         # While nothing waits, nothing can resync (and the deadlines have nothing to move).
         return self._resync_agreeing(regressed) if self._open.waiting else []
 
     def on_node(self) -> list[EpisodeUpdate]:
-        for track in list(self._open.no_baseline.values()) if self._open.no_baseline else ():
+        for track in self._open.without_baseline():
             # No Node seen when it opened: the first one is the baseline a mismatch moves from.
             track.ep.kubelet_before = self._view.kubelet(track.ep.resource)
             if track.ep.kubelet_before is not None:
-                del self._open.no_baseline[track.seq]
+                self._open.baseline_known(track)
                 self._deadlines.schedule(track)
         return self._resync_agreeing() if self._open.waiting else []
 
@@ -212,7 +230,7 @@ class EpisodeTracker:
 
     def _add(self, track: Track) -> None:
         self._open.add(track)
-        if track.ep.phase is RESYNC:
+        if track.ep.phase is Phase.RESYNC:
             self._deadlines.entered_resync(track)
         self._deadlines.schedule(track)
 
@@ -221,17 +239,17 @@ class EpisodeTracker:
     def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
         ep, cfg = track.ep, self._config
         updates: list[EpisodeUpdate] = []
-        if ep.phase is KERNEL and upto >= track.last_end + cfg.coalesce_window:
+        if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
             updates += self._close_kernel(track)
             # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
             # snapshot can change that, and their handlers check: not every event re-checks.)
             updates += self._check_resync(track) if cfg.kubernetes else []
-        if ep.phase in (RESYNC, READMISSION) and not cfg.kubernetes:
+        if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
             # A resumed episode from a run that had a Node source.
             updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
                                      "no Kubernetes source configured"))
             return updates
-        if ep.phase is RESYNC:
+        if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self._deadlines.mismatch_since(track)
@@ -249,7 +267,7 @@ class EpisodeTracker:
                         f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
                         f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
                         f"{cfg.resync_deadline:g} s"))
-        if ep.phase is READMISSION:
+        if ep.phase is Phase.READMISSION:
             assert ep.resynced is not None
             since = max(ep.resynced, track.last_change or ep.resynced)
             if upto >= since + cfg.readmission_settle:
@@ -269,13 +287,13 @@ class EpisodeTracker:
         if not self._config.kubernetes:
             return [self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done,
                               "no Kubernetes source configured")]
-        self._open.set_phase(track, RESYNC)
+        self._open.set_phase(track, Phase.RESYNC)
         self._deadlines.entered_resync(track)
-        return [make_update(UpdateKind.KERNEL_DONE, copy_episode(ep), ep.kernel_done)]
+        return [EpisodeUpdate(UpdateKind.KERNEL_DONE, ep.copy(), ep.kernel_done)]
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
-        if ep.phase is not RESYNC:
+        if ep.phase is not Phase.RESYNC:
             return []
         assert ep.kernel_done is not None
         kubelet, kernel = self._view.kubelet(ep.resource), self._deadlines.kernel_now(ep)
@@ -285,12 +303,12 @@ class EpisodeTracker:
         # An update delivered before the kernel phase closed still counts (a fast kubelet).
         ep.resynced = max(ep.kernel_done, self._view.kubelet_since(ep.resource))
         ep.kubelet_after = kubelet
-        updates = [make_update(UpdateKind.RESYNCED, copy_episode(ep), ep.resynced)]
+        updates = [EpisodeUpdate(UpdateKind.RESYNCED, ep.copy(), ep.resynced)]
         if ep.change is Change.INCREASE:
             updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
                                      f"Node capacity {ep.resource.value} {_num(kubelet)}"))
             return updates
-        self._open.set_phase(track, READMISSION)
+        self._open.set_phase(track, Phase.READMISSION)
         return updates
 
     def _end_mismatch(self, track: Track, at: float) -> EpisodeUpdate:
@@ -305,7 +323,7 @@ class EpisodeTracker:
         ep = track.ep
         if ep.change is not Change.DECREASE or not reason_concerns(reason, ep.resource):
             return []
-        since = ep.kernel_done if ep.phase is not KERNEL else track.success_end
+        since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.success_end
         if since is None or pod.time < since:
             return []
         outcome = PodOutcome(pod.time, pod.namespace, pod.name, pod.uid, PodVerdict.REJECTED,
@@ -323,7 +341,7 @@ class EpisodeTracker:
         track.last_change = pod.time if track.last_change is None else max(track.last_change,
                                                                             pod.time)
         ep.pods.append(outcome)
-        return [make_update(UpdateKind.POD, copy_episode(self._shown(track)), pod.time)]
+        return [EpisodeUpdate(UpdateKind.POD, self._shown(track).copy(), pod.time)]
 
     def _settle(self, track: Track, settled: float) -> EpisodeUpdate:
         ep = track.ep
@@ -339,14 +357,16 @@ class EpisodeTracker:
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
         ep = self._shown(track) if track.following else track.ep
         self._open.remove(track)
-        ep.outcome, ep.ended, ep.phase = outcome, at, ENDED
+        ep.outcome, ep.ended, ep.phase = outcome, at, Phase.ENDED
         if track.failed and outcome is not Outcome.KERNEL_FAILED:
-            detail += f" ({track.failed} of {len(ep.transitions)} transitions failed: " \
+            detail += f" ({track.failed} of {ep.transitions_seen} transitions failed: " \
                       f"{describe_failures(ep.transitions)})"
+        if ep.flapping:
+            detail += f" ({flap_words(ep)})"
         ep.detail = detail
         # Final, and no index holds it any more: nothing changes it after this, so the update
         # carries the episode itself, not a copy.
-        return make_update(UpdateKind.ENDED, ep, at)
+        return EpisodeUpdate(UpdateKind.ENDED, ep, at)
 
     # ------------------------------------------------------------ helpers
 
@@ -354,16 +374,14 @@ class EpisodeTracker:
         snap, ep = self._view.snapshot, track.ep
         if snap is None or track.after_fresh:
             return
-        if ep.phase is KERNEL or snap.time >= (ep.kernel_done or math.inf):
+        if ep.phase is Phase.KERNEL or snap.time >= (ep.kernel_done or math.inf):
             ep.kernel_after = snap.capacity(ep.resource)
-            track.after_fresh = ep.kernel_done is not None and snap.time >= ep.kernel_done
-            if track.after_fresh:
-                self._open.stale.pop(track.seq, None)
-                track.following = False
+            if ep.kernel_done is not None and snap.time >= ep.kernel_done:
+                self._open.fresh(track)
             else:
                 # Until its kernel phase closes, every later snapshot's value would be written
                 # here: _shown() reads it from the view instead, when it counts.
-                self._open.follow(track, ep.phase is KERNEL and ep.kernel_done is None)
+                self._open.follow(track, ep.phase is Phase.KERNEL and ep.kernel_done is None)
 
     def _shown(self, track: Track) -> Episode:
         """The track's episode, its kernel_after brought up to the latest snapshot if it follows

@@ -18,11 +18,6 @@ class Phase(str, enum.Enum):
     ENDED = "ended"
 
 
-# The phases as module globals, for the per-event paths (episodes, index, deadlines) to import:
-# on Python 3.11 `Phase.KERNEL` is an attribute lookup on the enum class, four times a global's.
-KERNEL, RESYNC, READMISSION, ENDED = Phase.KERNEL, Phase.RESYNC, Phase.READMISSION, Phase.ENDED
-
-
 class Outcome(str, enum.Enum):
     CONVERGED = "converged"
     KERNEL_FAILED = "kernel_failed"
@@ -73,6 +68,32 @@ class Episode:
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+    # Every transition that joined, by direction (0 and 0 in journals from before they were
+    # counted). `transitions` keeps a sample when there are more than index.TRANSITIONS_KEPT.
+    offline_transitions: int = 0
+    online_transitions: int = 0
+
+    def copy(self) -> Episode:
+        """A copy sinks may keep: the two lists are its only mutable parts. Every field in
+        order, through the constructor (dataclasses.replace builds the same from a dict of
+        every field, at twice the cost, on the path every update takes); the unit test
+        test_episode_copy_keeps_every_field fails when a field is added and not copied here."""
+        return Episode(self.id, self.resource, self.change, self.opened, list(self.transitions),
+                       self.kernel_done, self.kernel_before, self.kernel_after,
+                       self.kubelet_before, self.phase, self.resynced, self.kubelet_after,
+                       self.resynced_by, self.readmission_settled, list(self.pods), self.outcome,
+                       self.ended, self.detail, self.offline_transitions,
+                       self.online_transitions)
+
+    @property
+    def flapping(self) -> bool:
+        """Transitions both ways joined it: a flap storm, told as one episode (README)."""
+        return self.offline_transitions > 0 and self.online_transitions > 0
+
+    @property
+    def transitions_seen(self) -> int:
+        """Every transition that joined, including those the sample let go."""
+        return max(self.offline_transitions + self.online_transitions, len(self.transitions))
 
     @property
     def kernel_seconds(self) -> float | None:

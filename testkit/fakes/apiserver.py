@@ -69,6 +69,20 @@ def status_object(code: int, reason: str, message: str, details: dict | None = N
             "message": message, "reason": reason, "details": details or {}, "code": code}
 
 
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 merge patch (for an Event's scalar fields a strategic-merge patch is the same)."""
+    if not isinstance(patch, dict):
+        return patch
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = _merge_patch(target.get(key), value)
+    return target
+
+
 def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -135,6 +149,18 @@ class FakeApiServer:
         # Writes (POST): Events created, and which (verb, resource) SelfSubjectAccessReviews deny.
         self.events: list[dict] = []
         self.denied: set[tuple[str, str]] = set()
+        self.event_writes: list[tuple[str, str]] = []  # (method, name or "") of each Event write
+        self._event_write_error: int | None = None
+
+    def set_event_write_error(self, code: int | None) -> None:
+        """Answer every POST and PATCH of an Event with this HTTP status and a Status body
+        (500: an apiserver whose etcd is unhappy), or normally again (None)."""
+        self._event_write_error = code
+
+    def stored_events(self) -> list[dict]:
+        """The Event objects the server holds now (created, then patched)."""
+        with self._lock:
+            return [copy.deepcopy(o) for (c, _), o in self._objects.items() if c == "events"]
 
     # ------------------------------------------------------------ lifecycle
 
@@ -693,20 +719,89 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if (len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"]
                 and parts[4] == "events"):
+            with api._lock:
+                api.event_writes.append(("POST", ""))
             if ("create", "events") in api.denied:
                 self._send_json(403, status_object(403, "Forbidden", "events is forbidden"))
+                return
+            if api._event_write_error is not None:
+                self._event_write_failed()
                 return
             with api._lock:
                 meta = body.setdefault("metadata", {})
                 meta["name"] = meta.get("name") or meta.get("generateName", "") + uuid.uuid4(
                 ).hex[:5]
-                meta.update(namespace=parts[3], uid=str(uuid.uuid4()))
+                if ("events", f"{parts[3]}/{meta['name']}") in api._objects:
+                    self._send_json(409, status_object(
+                        409, "AlreadyExists", f'events "{meta["name"]}" already exists',
+                        {"name": meta["name"], "kind": "events"}))
+                    return
+                meta.update(namespace=parts[3], uid=str(uuid.uuid4()),
+                            creationTimestamp=_now_iso())
                 body = api._store("events", f"{parts[3]}/{meta['name']}", body)  # watchable
                 api.events.append(body)
             self._send_json(201, body)
             return
         self._send_json(404, status_object(404, "NotFound", "the server could not find the "
                                            "requested resource"))
+
+    def _event_write_failed(self) -> None:
+        code = self.api._event_write_error or 500
+        self._send_json(code, status_object(code, "InternalError",
+                                            "Internal error occurred: etcdserver: request "
+                                            "timed out"))
+
+    def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+        """PATCH of a core/v1 Event, as kube-apiserver answers it: a strategic-merge or merge
+        patch (what client-go's EventSink sends: count, lastTimestamp, message) applied to the
+        stored object, 200 with the result; 404 NotFound for an Event it does not hold; 415
+        for a content type it does not take here."""
+        api = self.api
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        parts = url.path.strip("/").split("/")
+        with api._lock:
+            api.requests.append((url.path, {"method": "PATCH"}))
+        if not (len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"]
+                and parts[4] == "events"):
+            self._send_json(404, status_object(404, "NotFound", "the server could not find "
+                                               "the requested resource"))
+            return
+        namespace, name = parts[3], parts[5]
+        with api._lock:
+            api.event_writes.append(("PATCH", name))
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype not in ("application/strategic-merge-patch+json",
+                         "application/merge-patch+json"):
+            self._send_json(415, status_object(415, "UnsupportedMediaType",
+                                               "the body of the request was in an unknown "
+                                               "format - accepted media types include: "
+                                               "application/json-patch+json, "
+                                               "application/merge-patch+json, "
+                                               "application/apply-patch+yaml"))
+            return
+        if ("patch", "events") in api.denied:
+            self._send_json(403, status_object(403, "Forbidden", "events is forbidden"))
+            return
+        if api._event_write_error is not None:
+            self._event_write_failed()
+            return
+        try:
+            patch = json.loads(raw or b"{}")
+        except ValueError:
+            self._send_json(400, status_object(400, "BadRequest", "invalid JSON"))
+            return
+        with api._lock:
+            current = api._objects.get(("events", f"{namespace}/{name}"))
+            if current is None:
+                self._send_json(404, status_object(
+                    404, "NotFound", f'events "{name}" not found',
+                    {"name": name, "kind": "events"}))
+                return
+            merged = _merge_patch(copy.deepcopy(current), patch)
+            body = api._store("events", f"{namespace}/{name}", merged)
+        self._send_json(200, body)
 
     def _watch(self, collection: str, matches, query: dict[str, str]) -> None:
         api = self.api

@@ -402,6 +402,7 @@ def test_sigterm_mid_episode_flushes_journal_and_spans(cpu1, api, tmp_path):
             # the Node already says 2), then one left open waiting for a resync.
             cpu1.set_online(False)
             exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 1)
+            time.sleep(0.5)  # past the coalescing window: else the plug joins it as a flap
             cpu1.set_online(True)
             exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 0)
             cpu1.set_online(False)

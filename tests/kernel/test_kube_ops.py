@@ -107,10 +107,16 @@ def test_messages_read_like_the_story():
 def test_a_slow_api_never_holds_the_agent():
     release = threading.Event()
 
-    def post(obj: dict) -> None:
-        release.wait()  # an API server that does not answer until the test says so
+    class Api:  # an API server that does not answer until the test says so
+        def create(self, obj: dict) -> dict:
+            release.wait()
+            return obj
 
-    sink = KubeEventsSink(NODE, post)
+        def patch(self, name: str, patch: dict) -> dict:
+            release.wait()
+            return patch
+
+    sink = KubeEventsSink(NODE, Api())
 
     def agent() -> None:
         for _ in range(200):  # far more than the queue holds
@@ -146,7 +152,7 @@ def test_episode_start_and_end_become_events_on_the_node(cpu1, api):
     assert "kubelet still reports 2 cores, kernel has 1 core" in end["message"]
 
 
-def test_the_kube_events_component_grants_create_on_events_and_adds_the_flag():
+def test_the_kube_events_component_grants_create_and_patch_on_events_and_adds_the_flag():
     import kubernetes_validate
     import yaml
 
@@ -156,7 +162,8 @@ def test_the_kube_events_component_grants_create_on_events_and_adds_the_flag():
     component = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
     role = yaml.safe_load((base / "clusterrole.yaml").read_text())
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"],
+                             "verbs": ["create", "patch"]}]
     binding = yaml.safe_load((base / "clusterrolebinding.yaml").read_text())
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     for doc in (role, binding):

@@ -41,7 +41,9 @@ def test_ids_from_a_stream_are_short_and_replay_identically():
 
 
 def test_a_flap_within_one_microsecond_keeps_ids_apart():
-    s = Stream(kubernetes=False)
+    # No coalescing window: each transition opens an episode and supersedes the one before
+    # (with a window, a flap joins the open episode instead: test_correlator_storm.py).
+    s = Stream(kubernetes=False, coalesce_window=0.0)
     for direction in (Direction.ONLINE, Direction.OFFLINE, Direction.ONLINE, Direction.OFFLINE,
                       Direction.ONLINE):
         s.transition(1.0, CPU, 2, direction, duration=0.0)

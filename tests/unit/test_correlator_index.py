@@ -71,7 +71,7 @@ def test_a_memory_episode_beside_a_thousand_cpu_ones_is_decided_alone(monkeypatc
     s.snapshot(1_000_000.0, cpus=2)
     count = Counting(s, monkeypatch)
     s.transition(1_000_001.0, MEM, 7, Direction.OFFLINE)
-    s.transition(1_000_001.5, MEM, 7, Direction.ONLINE)  # supersedes the unplug
+    s.transition(1_000_003.5, MEM, 7, Direction.ONLINE)  # supersedes the unplug (resyncing)
     s.tick(1_000_010.0)  # the plug's kernel phase closes: it waits for its resync too
     assert count.calls["advance_one"] <= 2 and count.calls["check_resync"] <= 2
     assert [ep.outcome for ep in s.ended()] == [Outcome.SUPERSEDED]
@@ -123,7 +123,7 @@ def test_no_deadline_entry_is_late_under_random_streams():
                       else [build(step, s.clock.now() - lag)])
             for event in events:
                 s.push_tick() if event is None else s.push(event)
-                for track in tracker._open.by_id.values():
+                for track in tracker._open.tracks():
                     assert track.scheduled <= tracker._deadlines.due(track), track.ep.id
 
     run()

@@ -244,14 +244,15 @@ def test_plug_then_unplug_before_resync_supersedes():
     assert s.stats.resync_duration[DOWN].total == 0.0
 
 
-def test_unplug_during_kernel_window_of_a_plug_supersedes_it_too():
+def test_unplug_during_kernel_window_of_a_plug_joins_it_as_a_flap():
     s = Stream(kubernetes=True)
     s.snapshot(0, cpus=2)
     s.transition(1.0, CPU, 2, ON)
     s.transition(1.5, CPU, 2, OFF)
-    [ep] = s.ended()
-    assert ep.outcome is Outcome.SUPERSEDED and ep.kernel_done == T0 + 1.0
-    assert s.correlator.episodes_open() == 1
+    assert s.ended() == [] and s.correlator.episodes_open() == 1
+    [ep] = s.open_episodes()
+    assert ep.flapping and (ep.online_transitions, ep.offline_transitions) == (1, 1)
+    assert ep.change is Change.INCREASE  # what it opened with
 
 
 def test_memory_within_tolerance_converges():
@@ -397,7 +398,7 @@ def test_other_events_are_ignored_and_bad_timestamps_counted():
 
 
 def test_a_flap_within_one_microsecond_gets_distinct_ids():
-    s = Stream(kubernetes=False)
+    s = Stream(kubernetes=False, coalesce_window=0.0)  # no window: no flap joins, supersedes
     for direction in (ON, OFF, ON):
         s.transition(1.0, CPU, 2, direction, duration=0.0)
     ids = [u.episode.id for u in s.updates if u.kind is UpdateKind.OPENED]

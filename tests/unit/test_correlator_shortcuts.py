@@ -33,10 +33,11 @@ def test_a_kernel_phase_episode_shows_the_latest_snapshot_whenever_it_goes_out()
     s.snapshot(1.75, cpus=1)  # (a third CPU went, say, by another path)
     assert s.open_episodes()[0].kernel_after == 1
     s.snapshot(1.875, cpus=2)  # and came back; nothing looks at the episode in between
-    # Superseded in its kernel phase: the ended episode has the snapshot of that moment.
-    ended, _ = s.transition(2.0, CPU, 2, ON)
-    assert ended.kind is UpdateKind.ENDED and ended.episode.outcome is Outcome.SUPERSEDED
-    assert ended.episode.kernel_after == 2
+    # An opposite change in its kernel phase joins it (a flap): the update has the snapshot
+    # of that moment.
+    [flapped] = s.transition(2.0, CPU, 2, ON)
+    assert flapped.kind is UpdateKind.TRANSITION and flapped.episode.flapping
+    assert flapped.episode.kernel_after == 2
     # The updates handed out before keep the values of their own moments.
     assert [opened.episode.kernel_after, joined.episode.kernel_after,
             pod.episode.kernel_after] == [4, 3, 2]

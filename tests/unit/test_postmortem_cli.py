@@ -129,20 +129,20 @@ def test_list_show_and_json(live_journal):
     lines = out.splitlines()
     assert lines[0].split() == ["ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC",
                                 "READMISSION", "OUTCOME"]
-    assert len(lines) == 4
-    assert "converged" in lines[1] and "resync_timeout" in lines[2]
-    assert "kernel_failed" in lines[3]
-    assert "30.0 ms" in lines[1] and "4.00 s" in lines[1]  # kernel, resync (14 - 10)
+    assert len(lines) == 4  # newest first
+    assert "converged" in lines[3] and "resync_timeout" in lines[2]
+    assert "kernel_failed" in lines[1]
+    assert "30.0 ms" in lines[3] and "4.00 s" in lines[3]  # kernel, resync (14 - 10)
     data = json.loads(run("episodes", "list", "--json", "--journal", str(live_journal)).output)
-    assert [d["outcome"] for d in data] == ["converged", "resync_timeout", "kernel_failed"]
-    first = codec.decode(data[0])
+    assert [d["outcome"] for d in data] == ["kernel_failed", "resync_timeout", "converged"]
+    first = codec.decode(data[-1])
     assert first.resource is Resource.CPU and first.kubelet_after == 1.0
-    assert data[0]["resync_seconds"] == pytest.approx(4.0)
+    assert data[-1]["resync_seconds"] == pytest.approx(4.0)
     # --since: only what was active after the second episode began.
     since = str(T0 + 100)
     data = json.loads(run("episodes", "list", "--json", "--since", since,
                           "--journal", str(live_journal)).output)
-    assert [d["outcome"] for d in data] == ["resync_timeout", "kernel_failed"]
+    assert [d["outcome"] for d in data] == ["kernel_failed", "resync_timeout"]
 
     shown = run("episodes", "show", first.id, "--journal", str(live_journal)).output
     assert f"episode {first.id}: cpu decrease, converged" in shown
@@ -163,7 +163,7 @@ def test_export_then_replay_reproduces_the_live_episodes(live_journal, tmp_path)
     exported.write_text(result.stdout)
     live = json.loads(run("episodes", "list", "--json", "--journal", str(live_journal)).output)
     replayed = run("replay", str(exported), "--json", "--resync-deadline", "60")
-    assert json.loads(replayed.stdout) == live
+    assert json.loads(replayed.stdout) == live[::-1]  # (list: newest first)
     assert "replayed 12 events: 3 episodes" in replayed.stderr
     # A window of the journal: only the second half of the events.
     part = run("episodes", "export", "--since", str(T0 + 40), "--journal", str(live_journal))
@@ -184,8 +184,9 @@ def test_replay_skips_malformed_lines(tmp_path):
 
 
 def _ids(journal_path) -> list[str]:
+    """Oldest first (`episodes list` shows the newest first)."""
     return [d["id"] for d in json.loads(run("episodes", "list", "--json", "--journal",
-                                            str(journal_path)).output)]
+                                            str(journal_path)).output)][::-1]
 
 
 def _svg_texts(path) -> dict[str, dict]:
@@ -371,3 +372,43 @@ def test_register_adds_every_command():
     assert set(standalone.commands) == {"episodes", "replay", "report"}
     assert set(main.commands) >= {"episodes", "replay", "report"}
     assert set(standalone.commands["episodes"].commands) == {"list", "show", "export"}
+
+
+def test_list_filters_by_outcome_and_time_and_limits_newest_first(live_journal):
+    def ids(*args: str) -> list[str]:
+        out = run("episodes", "list", "--json", "--journal", str(live_journal), *args).output
+        return [d["outcome"] for d in json.loads(out)]
+
+    assert ids() == ["kernel_failed", "resync_timeout", "converged"]
+    assert ids("--outcome", "converged") == ["converged"]
+    assert ids("--outcome", "converged", "--outcome", "kernel_failed") == [
+        "kernel_failed", "converged"]
+    assert ids("--outcome", "open") == []
+    # --until: opened by then; --since: active since then (RFC 3339 and Unix seconds alike).
+    rfc3339 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + 30))
+    assert ids("--until", rfc3339) == ["converged"]
+    assert ids("--since", str(T0 + 100), "--until", str(T0 + 150)) == ["resync_timeout"]
+    # --limit: the newest N, and stderr says how many there were.
+    result = run("episodes", "list", "--limit", "2", "--journal", str(live_journal))
+    assert len(result.stdout.splitlines()) == 3  # header and two
+    assert "kernel_failed" in result.stdout and "converged" not in result.stdout
+    assert "the newest 2 of 3 episodes" in result.stderr
+    assert ids("--limit", "0") == ids()
+    bad = run("episodes", "list", "--outcome", "nope", "--journal", str(live_journal), ok=False)
+    assert bad.exit_code == 2
+    bad = run("episodes", "list", "--since", "1h", "--until", "2h", "--journal",
+              str(live_journal), ok=False)
+    assert bad.exit_code == 2 and "--until is before --since" in bad.output
+
+
+def test_list_defaults_to_the_newest_fifty(tmp_path):
+    journal = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
+    for k in range(60):
+        ep = cpu_offline_episode()
+        ep.id, ep.opened = f"cpu-dec-{k:03d}", T0 + k
+        journal.save_episode(ep)
+    journal.close()
+    out = run("episodes", "list", "--json", "--journal", str(tmp_path / "j.db"))
+    assert [d["id"] for d in json.loads(out.stdout)] == [f"cpu-dec-{k:03d}"
+                                                        for k in range(59, 9, -1)]
+    assert "the newest 50 of 60 episodes" in out.stderr

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from exporter import codec
 from exporter.clock import Clock
-from exporter.correlate.model import KERNEL, Episode, EpisodeUpdate
+from exporter.correlate.model import Episode, EpisodeUpdate, Phase
 from exporter.events import Event, Transition
 from exporter.sinks.journal import reader
 from exporter.sinks.journal.path import cannot_create
@@ -415,7 +415,7 @@ class JournalSink:
         if before is None:  # first sight in this process (new, or resumed): all of it
             changed = list(range(len(now)))
         else:
-            full = ep.phase is not KERNEL and ep.id not in self._full_checked
+            full = ep.phase is not Phase.KERNEL and ep.id not in self._full_checked
             if full:
                 self._full_checked.add(ep.id)
             first = 0 if full else max(0, len(before) - RECHECK_TAIL)

@@ -65,7 +65,12 @@ def build_trace(tracer: trace.Tracer, ep: Episode) -> None:
         "node_resize.episode.id": ep.id, "node_resize.resource": ep.resource.value,
         "node_resize.change": ep.change.value,
         "node_resize.outcome": ep.outcome.value if ep.outcome else "open",
-        "node_resize.transitions": len(ep.transitions),
+        # Every transition, though only a sample has spans (index.TRANSITIONS_KEPT); a flap
+        # storm is one trace with its counts (README, "Flap storms").
+        "node_resize.transitions": ep.transitions_seen,
+        "node_resize.transitions.offline": ep.offline_transitions,
+        "node_resize.transitions.online": ep.online_transitions,
+        "node_resize.flapping": ep.flapping,
         **_capacity_attrs("node_resize.kernel.capacity", ep.kernel_before, ep.kernel_after),
         **_capacity_attrs("node_resize.kubelet.capacity", ep.kubelet_before, ep.kubelet_after),
     }

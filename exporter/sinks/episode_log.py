@@ -1,0 +1,80 @@
+"""The episode lines in the log, what an operator reads at 3 a.m.: one info line when an episode
+opens, one when it starts flapping, one when it ends (id, resource, direction, outcome,
+duration, and the detail that says why). Bounded: past LINES_PER_MINUTE lines in a minute, the
+rest are counted and told in one summary line (at the next episode update after the minute, or
+at shutdown); a flap storm is one episode anyway (README, "Flap storms").
+
+Not a sink in the agent's list (that list is what node_resize_exporter_sink_errors_total shows):
+the agent hands it every update itself.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Callable
+
+from exporter.correlate.model import Episode, EpisodeUpdate, UpdateKind
+
+log = logging.getLogger("exporter.episodes")
+
+LINES_PER_MINUTE = 10
+WINDOW_SECONDS = 60.0
+
+
+def _what(ep: Episode) -> str:
+    units = sorted({t.unit for t in ep.transitions})
+    name = "cpu" if ep.resource.value == "cpu" else "memory block "
+    shown = ", ".join(f"{name}{u}" for u in units[:4]) + (" ..." if len(units) > 4 else "")
+    return f"{ep.resource.value} {ep.change.value} ({shown})"
+
+
+class EpisodeLog:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 per_minute: int = LINES_PER_MINUTE) -> None:
+        self._clock = clock
+        self._per_minute = per_minute
+        self._window_start = -float("inf")
+        self._lines = 0  # lines written in this window
+        self._held: Counter[str] = Counter()  # what was not written one by one, by kind
+
+    def on_update(self, update: EpisodeUpdate) -> None:
+        ep = update.episode
+        if update.kind is UpdateKind.OPENED:
+            self._line("opened", "episode %s opened: %s", ep.id, _what(ep))
+        elif update.kind is UpdateKind.RESUMED:
+            self._line("resumed", "episode %s resumed from the journal: %s (%s phase)", ep.id,
+                       _what(ep), ep.phase.value)
+        elif (update.kind is UpdateKind.TRANSITION and ep.flapping
+              and ep.offline_transitions + ep.online_transitions == 2):
+            self._line("flapping", "episode %s flapping: %s went offline and online within the "
+                       "coalescing window; one episode until the window passes quietly",
+                       ep.id, ep.resource.value)
+        elif update.kind is UpdateKind.ENDED and ep.outcome is not None:
+            took = (ep.ended if ep.ended is not None else update.time) - ep.opened
+            self._line(f"ended {ep.outcome.value}", "episode %s ended %s after %.1f s: %s%s",
+                       ep.id, ep.outcome.value, took, _what(ep),
+                       f"; {ep.detail}" if ep.detail else "")
+
+    def _line(self, kind: str, msg: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._window_start >= WINDOW_SECONDS:
+            self.flush()
+            self._window_start, self._lines = now, 0
+        if self._lines < self._per_minute:
+            self._lines += 1
+            log.info(msg, *args)
+        else:
+            self._held[kind] += 1
+
+    def flush(self) -> None:
+        """The summary of what this window did not write one by one, if anything."""
+        if not self._held:
+            return
+        held, self._held = self._held, Counter()
+        log.info("episodes: %d more updates in the last minute, not logged one by one (%s); "
+                 "`node-resize-exporter episodes list` has them all", sum(held.values()),
+                 ", ".join(f"{n} {kind}" for kind, n in sorted(held.items())))
+
+    def close(self) -> None:
+        self.flush()
