@@ -65,6 +65,11 @@ class KubeNodeEventsSource(ListWatchSource):
         return {"involvedObject.kind": "Node", "involvedObject.name": self.node_name,
                 "reason": REASON}
 
+    def not_asked_for(self, obj: dict) -> bool:
+        involved = obj.get("involvedObject")
+        return (not isinstance(involved, dict) or obj.get("reason") != REASON
+                or involved.get("name") != self.node_name or involved.get("kind") != "Node")
+
     def on_list(self, items: list[dict], emit: Emit) -> None:
         self._events = {}
         for obj in items:
