@@ -129,7 +129,7 @@ class ListWatchSource(Source):
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
         self.backoff = Backoff(backoff_initial, backoff_max)
-        self._client = None
+        self._client: Any = None  # lightkube Client, made by open()
         self._transport: KubeTransport | None = None
         self._emit: Emit | None = None
         self._up: bool | None = None
@@ -216,7 +216,7 @@ class ListWatchSource(Source):
     def _list(self, emit: Emit) -> str:
         listing = self._client.list(self.resource, namespace=self.namespace,
                                     fields=self.field_selector(), chunk_size=LIST_CHUNK)
-        items = []
+        items: list[dict] = []
         for item in listing:
             if len(items) >= LIST_MAX_OBJECTS:
                 raise AnswerTooLarge(f"list of {self.plural} has more than {LIST_MAX_OBJECTS} "
@@ -265,7 +265,8 @@ class ListWatchSource(Source):
                 kept.append(obj)
                 continue
             self.foreign += 1
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            meta = obj.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
             key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")[:300]
             if key in self._foreign_seen:
                 continue
