@@ -98,7 +98,12 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
             continue
         source = spec.factory(ctx)
         try:
-            source.open()
+            try:
+                source.open()
+            except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
+                raise SourceUnavailable(f"cannot open: {e}",
+                                        "run `node-resize-exporter check` for what is "
+                                        "missing") from e
         except SourceUnavailable as e:
             if not auto and spec.selectable:
                 opened.close()
