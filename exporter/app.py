@@ -133,10 +133,19 @@ def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
             raise StartupError(f"--journal {options.journal}: {problem}. Fix: a writable path "
                                "on a local filesystem, or --no-journal")
     from exporter.sinks.journal.store import JournalRefused
+    path = options.journal or default_journal_path()
     try:
-        return Journal(options.journal or default_journal_path(), clock=clock)
+        return Journal(path, clock=clock)
     except JournalRefused as e:  # a link, a FIFO, a loose directory, a newer schema (#16)
         raise StartupError(str(e)) from None
+    except OSError as e:
+        if options.journal:
+            raise StartupError(f"--journal {options.journal}: {e.strerror or e}. Fix: a "
+                               "writable path on a local filesystem, or --no-journal") from None
+        # The default path (not root: under $HOME, which may be unwritable): degrade.
+        log.warning("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
+                    "keep episodes across restarts, or --no-journal", path, e.strerror or e)
+        return None
 
 
 def unwritable(path: Path) -> str:

@@ -53,6 +53,9 @@ def check_btf() -> Check:
 
 
 def check_kprobes() -> Check:
+    if not os.access("/sys/kernel/tracing", os.R_OK | os.X_OK):
+        return Check("kprobes", "fail", "cannot look into /sys/kernel/tracing (not root, or "
+                     "tracefs not mounted)", "run as root, or grant CAP_BPF, CAP_PERFMON")
     if Path("/sys/kernel/tracing/kprobe_events").exists():
         return Check("kprobes", "ok", "memory online/offline probes can attach")
     return Check("kprobes", "warn", "kernel built without CONFIG_KPROBES: the memory BPF "
