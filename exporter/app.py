@@ -303,9 +303,13 @@ def serve(options: Options) -> int:
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        agent.wake()  # the agent sleeps untimed while no episode is open (issue 14)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        # wake(): the agent sleeps untimed while no episode is open (issue 14)
-        signal.signal(sig, lambda *_: (stop.set(), agent.wake()))
+        signal.signal(sig, on_signal)
     server.start()
     try:
         agent.run(stop)

@@ -126,7 +126,10 @@ class TraceSink:
         self.errors = 0  # traces not built, or batches not delivered
         self._seen: set[str] = set()  # exported in this process (no journal, or it failed)
         quiet_sdk_loggers()
-        self.provider = TracerProvider(resource=trace_resource(node_name, host_name))
+        # No atexit shutdown of its own: close() is bounded, and the SDK's atexit hook would
+        # wait out a hung export again (30 s per processor) after close() gave up.
+        self.provider = TracerProvider(resource=trace_resource(node_name, host_name),
+                                       shutdown_on_exit=False)
         self._processors: list[BatchSpanProcessor] = []
         for span_exporter in span_exporters(config):
             # OTEL_BSP_* read by the processor itself (checked in trace_config_from_env).

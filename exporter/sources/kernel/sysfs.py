@@ -140,7 +140,8 @@ class SysfsReader:
         size = int(text.strip(), 16)
         if size <= 0:
             raise ValueError(f"block_size_bytes {text.strip()[:20]!r} is not a size")
-        online, offline = set(), set()
+        online: set[int] = set()
+        offline: set[int] = set()
         for entry in os.scandir(self.mem_dir):
             if not entry.name.startswith("memory") or not entry.name[6:].isdigit():
                 continue
