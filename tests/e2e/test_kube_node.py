@@ -484,3 +484,25 @@ def test_objects_the_field_selector_should_have_excluded_are_counted_and_skipped
     api.set_node("n1", cpu="1")
     assert log.wait_for(NodeStatus, count=2).capacity[Resource.CPU] == 1.0
     assert [e.node for e in log.of(NodeStatus)] == ["n1", "n1"]
+
+
+def test_a_running_exporter_shows_no_kubelet_capacity_while_the_node_is_missing(api):
+    """Node deleted, another registered, this one back: /metrics has no kubelet-capacity or
+    drift series while this node is missing (it said 2 before), then the new value."""
+    from testkit.exporter_proc import RunningExporter
+    api.set_node("n1", cpu="2")
+    with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", "n1",
+                         "--source", "sysfs", "--podresources-socket", "") as exp:
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 2
+                     and s.series("node_resize_capacity_drift"))
+        api.delete_node("n1")
+        api.set_node("n1-renamed", cpu="2")
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                           source="kube_node") == 0)
+        assert s.series("node_resize_kubelet_capacity") == {}
+        assert s.series("node_resize_kubelet_allocatable") == {}
+        assert s.series("node_resize_capacity_drift") == {}
+        api.set_node("n1", cpu="3")
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 3)

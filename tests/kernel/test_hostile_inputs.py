@@ -320,7 +320,8 @@ def test_sigterm_with_a_collector_that_never_answers_exits_within_the_grace_peri
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    exp = RunningExporter("--podresources-socket", "", "--kubernetes", "off", "--coalesce-window", "0.3", env={
+    exp = RunningExporter("--podresources-socket", "", "--kubernetes", "off",
+                          "--coalesce-window", "0.3", env={
                               "OTEL_EXPORTER_OTLP_ENDPOINT":
                                   f"http://127.0.0.1:{listener.getsockname()[1]}",
                               "OTEL_EXPORTER_OTLP_TIMEOUT": "30",
