@@ -14,10 +14,10 @@ What we add here:
   same through its backoff manager): a server that answers every watch 410 would otherwise
   draw a relist storm (44 lists/s per resource measured), and the log says it once per
   interval with a count, not once per relist;
-- objects the request did not ask for (issue 16, second round): the field selector is the
-  server's to apply, and a proxy or an old server may drop it. Every listed or watched object
-  is checked against what was asked (`foreign()`); the others are counted (once each, as
-  MalformedInput) and skipped, never taken for this node's;
+- objects the request did not ask for: the field selector is the server's to apply, and a
+  proxy or an old server may drop it. Every listed or watched object is checked against what
+  was asked (`not_asked_for()`); the others are skipped, never taken for this node's, and
+  counted once each (one MalformedInput per answer that brought new ones);
 - a dropped or dead connection: re-watch from the last RV after a jittered exponential backoff;
 - 401/403 and an unreachable server: SourceStatus down with a reason an operator can act on,
   retry with backoff, SourceStatus up when a list or watch succeeds again (no restart needed);
