@@ -98,7 +98,12 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
             continue
         source = spec.factory(ctx)
         try:
-            source.open()
+            try:
+                source.open()
+            except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
+                raise SourceUnavailable(f"cannot open: {e}",
+                                        "run `node-resize-exporter check` for what is "
+                                        "missing") from e
         except SourceUnavailable as e:
             if not auto and spec.selectable:
                 opened.close()
@@ -126,11 +131,20 @@ def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
         return None
     from exporter.sinks.journal.schema import JournalRefused, default_journal_path
     from exporter.sinks.journal.sink import JournalSink
+    path = options.journal or default_journal_path()
     try:
-        return JournalSink(options.journal or default_journal_path(), clock=clock,
+        return JournalSink(path, clock=clock,
                            must_open=bool(options.journal), start=False)
     except JournalRefused as e:  # a link, a FIFO, a loose directory, a path never creatable
         raise StartupError(str(e)) from None
+    except OSError as e:
+        if options.journal:
+            raise StartupError(f"--journal {options.journal}: {e.strerror or e}. Fix: a "
+                               "writable path on a local filesystem, or --no-journal") from None
+        # The default path (not root: under $HOME, which may be unwritable): degrade.
+        log.warning("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
+                    "keep episodes across restarts, or --no-journal", path, e.strerror or e)
+        return None
 
 
 def preflight_kubernetes(options: Options, node: str) -> None:
@@ -279,6 +293,7 @@ def serve(options: Options) -> int:
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))
     stop = threading.Event()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from exporter.config.options import Options
 from exporter.privileges import CAPS, capabilities
@@ -51,6 +53,9 @@ def check_btf() -> Check:
 
 
 def check_kprobes() -> Check:
+    if not os.access("/sys/kernel/tracing", os.R_OK | os.X_OK):
+        return Check("kprobes", "fail", "cannot look into /sys/kernel/tracing (not root, or "
+                     "tracefs not mounted)", "run as root, or grant CAP_BPF, CAP_PERFMON")
     if Path("/sys/kernel/tracing/kprobe_events").exists():
         return Check("kprobes", "ok", "memory online/offline probes can attach")
     return Check("kprobes", "warn", "kernel built without CONFIG_KPROBES: the memory BPF "
@@ -89,6 +94,9 @@ def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Chec
         source.open()
     except SourceUnavailable as e:
         return Check(f"{spec.name} source", "fail", e.reason, e.fix)
+    except Exception as e:  # noqa: BLE001 - `check` reports, it never prints a traceback
+        return Check(f"{spec.name} source", "fail", f"cannot open: {e}"[:300],
+                     "see the checks above (run as root?)")
     try:
         detail = f"opens ({spec.help})"
         programs = getattr(source, "attached", None)
@@ -148,12 +156,35 @@ def run_checks(options: Options | None = None) -> list[Check]:
     opened for real."""
     from exporter.clock import MonotonicWallClock
     options = options or Options()
-    checks = [check_capabilities(), *bpf_requirement_checks(), check_btf(), check_kprobes(),
-              check_uevent(), check_sysfs(options.sysfs_root)]
+    checks = [_guarded("capabilities", check_capabilities),
+              *_guarded_list("bpf requirements", bpf_requirement_checks),
+              _guarded("BTF", check_btf), _guarded("kprobes", check_kprobes),
+              _guarded("uevent socket", check_uevent),
+              _guarded("sysfs", check_sysfs, options.sysfs_root)]
     ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
-    checks += [check_source(spec, ctx) for spec in registry.specs(registry.KERNEL)]
-    return checks + [check_journal(options), check_kubelet_restart(options)] + \
-        kubernetes_checks(options)
+    checks += [_guarded(f"{spec.name} source", check_source, spec, ctx)
+               for spec in registry.specs(registry.KERNEL)]
+    return checks + [_guarded("journal", check_journal, options),
+                     _guarded("kubelet restart", check_kubelet_restart, options),
+                     *_guarded_list("kubernetes", kubernetes_checks, options)]
+
+
+def _guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
+    """One check, whatever it meets (not root, a FIFO, a garbage tree): a failed line with
+    the reason, never a traceback that hides the other lines."""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 - reported as the check's result
+        return Check(name, "fail", f"could not be checked: {e!r}"[:300],
+                     "run check as root on the node")
+
+
+def _guarded_list(name: str, checks: Callable[..., list[Check]], *args: Any) -> list[Check]:
+    try:
+        return checks(*args)
+    except Exception as e:  # noqa: BLE001 - reported as the check's result
+        return [Check(name, "fail", f"could not be checked: {e!r}"[:300],
+                      "run check as root on the node")]
 
 
 def check_kubelet_restart(options: Options) -> Check:
@@ -180,6 +211,9 @@ def check_kubelet_restart(options: Options) -> Check:
     except OSError as e:
         return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
                      "run check as root on the node (or where the kubelet's root dir is mounted)")
+    except ValueError as e:  # a FIFO or a device where a checkpoint should be: never read
+        return Check(name, "warn", f"not checked: {e}",
+                     "the kubelet writes regular files there; remove what is in their place")
     view = KubeletView()
     for event in (snap, cpu, memory):
         view.handle(event)

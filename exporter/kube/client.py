@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -116,7 +117,21 @@ def load_config(kubeconfig: str | None = None, *,
         "run as the DaemonSet in deploy/ or pass --kubeconfig PATH (or disable the API sources)")
 
 
+# A kubeconfig is a few KB (certificates inline make it tens); past this it is not one.
+KUBECONFIG_MAX = 1 << 20
+
+
 def _from_file(path: str, what: str) -> SingleConfig:
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise KubeUnavailable(f"cannot use kubeconfig {path} ({what}): {e.strerror or e}",
+                              "pass a readable kubeconfig with a current-context") from e
+    if not stat.S_ISREG(info.st_mode) or info.st_size > KUBECONFIG_MAX:
+        # A FIFO hung start-up in the YAML reader; /dev/zero would be read for ever.
+        raise KubeUnavailable(f"cannot use kubeconfig {path} ({what}): not a regular file "
+                              f"of at most {KUBECONFIG_MAX} bytes",
+                              "pass a readable kubeconfig with a current-context")
     try:
         config = KubeConfig.from_file(path).get()
     except KeyError as e:  # lightkube indexes the YAML: a missing section is a bare KeyError

@@ -138,6 +138,12 @@ class FakeApiServer:
         self._silent = threading.Event()  # set: requests are read and never answered
         self.endless_continue = False
         self.watch_error: int | None = None
+        # A proxy (or an old aggregated API server) that drops fieldSelector: every object of
+        # the collection is answered, whatever was asked.
+        self.ignore_field_selector = False
+        # Every watch is answered 410 Expired (200 + one ERROR event, as kube-apiserver does
+        # when etcd compacts faster than a client can list and watch): a relist loop.
+        self.always_gone = False
         self.request_times: list[float] = []  # time.monotonic() of each entry in `requests`
         self._throttle = (0, 429, "1")  # (requests left, status, Retry-After)
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
@@ -469,6 +475,16 @@ class FakeApiServer:
         with self._lock:
             return self._store(collection, key, copy.deepcopy(obj))
 
+    def delete_node(self, name: str) -> dict:
+        """Delete a Node (kubectl delete node): DELETED with the last state, as the real
+        server sends it; the name is free to be registered again (a new uid)."""
+        with self._lock:
+            node = copy.deepcopy(self._objects.pop(("nodes", name)))
+            self._rv += 1
+            node["metadata"]["resourceVersion"] = str(self._rv)
+            self._publish("nodes", "DELETED", node)
+            return node
+
     def delete_pod(self, name: str, namespace: str = "default") -> dict:
         with self._lock:
             pod = self._objects.pop(("pods", f"{namespace}/{name}"))
@@ -689,6 +705,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             self._send_json(400, status_object(400, "BadRequest", str(e)))
             return
+        if api.ignore_field_selector:
+            matches = parse_field_selector("")
         if query.get("watch") not in ("true", "1"):
             self._send_json(200, api._list(collection, matches))
             return
@@ -816,6 +834,11 @@ class _Handler(BaseHTTPRequestHandler):
         bookmarks = query.get("allowWatchBookmarks") == "true"
         watch, initial, error = api._open_watch(collection, matches,
                                                 query.get("resourceVersion", ""), bookmarks)
+        if api.always_gone and error is None:
+            assert watch is not None
+            api._close_watch(watch)
+            watch, initial = None, []
+            error = api._expired(int(query.get("resourceVersion") or 0))
         if error is not None and (api.gone_as_http or error["code"] != 410):
             self._send_json(error["code"], error)
             return

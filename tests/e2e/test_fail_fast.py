@@ -2,6 +2,7 @@
 Defaults keep degrading gracefully (a journal at the default path, --kubernetes auto)."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -68,3 +69,12 @@ def test_an_unwritable_named_journal(tmp_path):
     r = run("--journal", str(blocker / "journal.db"))  # a directory that is a file
     assert r.returncode == 2, r.stderr
     assert "--journal" in r.stderr and "--no-journal" in r.stderr
+
+
+def test_a_kubeconfig_that_is_a_fifo_or_a_device_exits_2(tmp_path):
+    fifo = tmp_path / "kubeconfig"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        r = run("--kubeconfig", path, "--no-journal")  # a FIFO hung in the YAML reader
+        assert r.returncode == 2, r.stderr
+        assert "not a regular file" in r.stderr and "Traceback" not in r.stderr

@@ -417,3 +417,92 @@ def test_retry_after_is_bounded(monkeypatch):
     monkeypatch.setattr(source.stopping, "wait", waited.append)
     source._sleep(listwatch._retry_after(error))
     assert waited == [listwatch.MAX_RETRY_AFTER]
+
+
+def test_a_deleted_node_keeps_no_capacity(api, running):
+    """Node deleted, re-created under another name, then back: while this node is missing its
+    capacity is unknown (a NodeStatus with none), not the last one it had."""
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0
+    api.wait_for_watches(1, "nodes")
+    api.delete_node("n1")
+    gone = log.wait_for(NodeStatus, count=2)
+    assert dict(gone.capacity) == {} and dict(gone.allocatable) == {}
+    assert log.wait_for(SourceStatus, lambda s: not s.up).reason.endswith("was deleted")
+    api.set_node("n1-renamed", cpu="4")  # another name: not this node
+    api.set_node("n1", cpu="3")
+    back = log.wait_for(NodeStatus, count=3)
+    assert back.capacity[Resource.CPU] == 3.0
+    assert cpus(log) == [2.0, None, 3.0]
+
+
+def test_a_node_missing_at_relist_keeps_no_capacity(api, running):
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    log.wait_for(NodeStatus)
+    api.wait_for_watches(1, "nodes")
+    api.hold_watches()
+    api.drop_watches()
+    api.delete_node("n1")
+    api.compact(expire_watches=False)  # the DELETED is lost: only a relist can tell
+    api.release_watches()
+    assert dict(log.wait_for(NodeStatus, count=2).capacity) == {}
+
+
+def test_every_watch_410_backs_off_to_the_cap_and_logs_once(api, running, caplog):
+    """An API server that answers every watch 410 Gone: relists back off exponentially up to
+    the cap (as client-go's reflector does), and the log says it once, not per relist."""
+    api.set_node("n1", cpu="2")
+    api.always_gone = True
+    caplog.set_level("INFO", logger="exporter.sources.kube_node")
+    source, log = running()
+    wait_until(lambda: len(api.requests_for("nodes", watch=False)) >= 8, "8 lists")
+    times = [t for (path, query), t in zip(api.requests, api.request_times)
+             if path.endswith("/nodes") and query.get("watch") != "true"]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # backoff 0.05 s doubling to 0.5 s, +-20 % jitter: the 6th gap is at least 0.4 s.
+    assert gaps[5] >= 0.4, gaps
+    assert gaps[6] >= 0.4, gaps
+    expired = [r for r in caplog.records if "expired" in r.getMessage()]
+    assert len(expired) == 1, [r.getMessage() for r in expired]
+    assert source.relists_gone >= 7
+
+
+def test_objects_the_field_selector_should_have_excluded_are_counted_and_skipped(api, running):
+    """Behind a proxy that ignores fieldSelector every Node is answered: only ours is used."""
+    api.ignore_field_selector = True
+    api.set_node("a-other", cpu="64")
+    api.set_node("n1", cpu="2")
+    source, log = running()
+    first = log.wait_for(NodeStatus)
+    assert (first.node, first.capacity[Resource.CPU]) == ("n1", 2.0)
+    malformed = log.wait_for(MalformedInput, lambda m: "not asked for" in m.detail)
+    assert "metadata.name=n1" in malformed.detail
+    api.wait_for_watches(1, "nodes")
+    api.update_node("a-other", cpu="32")
+    api.set_node("n1", cpu="1")
+    assert log.wait_for(NodeStatus, count=2).capacity[Resource.CPU] == 1.0
+    assert [e.node for e in log.of(NodeStatus)] == ["n1", "n1"]
+
+
+def test_a_running_exporter_shows_no_kubelet_capacity_while_the_node_is_missing(api):
+    """Node deleted, another registered, this one back: /metrics has no kubelet-capacity or
+    drift series while this node is missing (it said 2 before), then the new value."""
+    from testkit.exporter_proc import RunningExporter
+    api.set_node("n1", cpu="2")
+    with RunningExporter("--kubeconfig", api.kubeconfig_path, "--node-name", "n1",
+                         "--source", "sysfs", "--podresources-socket", "") as exp:
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 2
+                     and s.series("node_resize_capacity_drift"))
+        api.delete_node("n1")
+        api.set_node("n1-renamed", cpu="2")
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                           source="kube_node") == 0)
+        assert s.series("node_resize_kubelet_capacity") == {}
+        assert s.series("node_resize_kubelet_allocatable") == {}
+        assert s.series("node_resize_capacity_drift") == {}
+        api.set_node("n1", cpu="3")
+        exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
+                                       unit="core") == 3)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from exporter.clock import MonotonicWallClock
-from exporter.events import NodeWarningEvents
+from exporter.events import MalformedInput, NodeWarningEvents
 from exporter.sources.apiserver.kube_node_events import REASON, KubeNodeEventsSource
 from testkit.event_log import EventLog
 from testkit.exporter_proc import RunningExporter
@@ -58,3 +58,19 @@ def test_a_running_exporter_shows_them(api):
         last = s.value("node_resize_kubelet_warning_event_last_timestamp_seconds", reason=REASON)
         assert abs(last - time.time()) < 60
         assert s.value("node_resize_exporter_source_up", source="kube_node_events") == 1
+
+
+def test_events_of_other_nodes_are_counted_and_skipped_whatever_the_server_applied(api):
+    api.ignore_field_selector = True
+    api.put_event(NODE, REASON, count=2)
+    api.put_event("other-node", REASON, count=5)
+    log = EventLog()
+    source = KubeNodeEventsSource(MonotonicWallClock(), node_name=NODE,
+                                  kubeconfig=api.kubeconfig)
+    source.open()
+    source.start(log.emit)
+    try:
+        assert log.wait_for(NodeWarningEvents).occurrences == 2
+        log.wait_for(MalformedInput, lambda m: "not asked for" in m.detail)
+    finally:
+        source.stop()

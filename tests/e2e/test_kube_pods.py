@@ -254,3 +254,28 @@ def test_poison_pod_is_counted_and_the_others_flow(api, running):
     assert details and all(len(d) < 400 for d in details)
     assert any("huge" in d for d in details) and any("negative" in d for d in details)
     assert source.lists == 1
+
+
+def test_pods_of_other_nodes_are_counted_and_skipped_whatever_the_server_applied(api, running):
+    """An API server (or a proxy) that ignores fieldSelector answers every pod of the cluster:
+    only pods whose spec.nodeName is this node are used; the others are counted, once each."""
+    api.ignore_field_selector = True
+    api.put_pod("mine", node="n1", labels=BALLOON, requests={"cpu": "500m"})
+    for i in range(5):
+        api.put_pod(f"other-{i}", node="n2", labels=BALLOON, requests={"cpu": "8"})
+    api.put_pod("unscheduled", node="", labels=BALLOON)
+    source, log = running()
+    relisted = log.wait_for(PodsRelisted)
+    assert len(relisted.uids) == 1
+    assert [e.name for e in log.of(PodStatus)] == ["mine"]
+    first = log.wait_for(MalformedInput, lambda m: "not asked for" in m.detail)
+    assert "6 pods" in first.detail and "spec.nodeName=n1" in first.detail
+    api.wait_for_watches(1, "pods")
+    api.put_pod("other-0", node="n2", phase="Failed", reason="OutOfcpu")  # not our rejection
+    api.put_pod("mine", node="n1", labels=BALLOON, requests={"cpu": "500m"}, ready=False)
+    log.wait_for(PodStatus, lambda e: e.name == "mine", count=2)
+    assert {e.name for e in log.of(PodStatus)} == {"mine"}
+    # other-0 was reported in the list already: not counted again
+    assert len([m for m in log.of(MalformedInput) if "not asked for" in m.detail]) == 1
+    api.put_pod("other-new", node="n3")
+    log.wait_for(MalformedInput, lambda m: "not asked for" in m.detail, count=2)

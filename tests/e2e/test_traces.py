@@ -316,3 +316,100 @@ def test_otel_service_name_reaches_the_collector(otel_env):
     assert res["service.name"] == "resize-agent"
     assert res["deployment.environment.name"] == "lab"
     assert res["k8s.node.name"] == "node-a" and res["service.version"]
+
+
+# ---------------------------------------------------------------- hostile OTEL_* (second round)
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/dev/zero", "not a regular file"),  # 2.5 GiB RSS
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "FIFO", "not a regular file"),  # start-up hung
+    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/nonexistent.pem", "No such file"),
+    ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "BIG", "more than 1048576"),
+    ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-1", "whole numbers from 0"),  # a traceback
+    ("OTEL_SPAN_EVENT_COUNT_LIMIT", "", "whole numbers from 0"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%0d%0aInjected: 1", "control or non-ASCII"),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "no equals sign", "is not a header"),
+])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_hostile_otel_files_limits_and_headers_exit_2_naming_the_variable(
+        tmp_path, name, value, words, protocol):
+    if value == "FIFO":
+        value = str(tmp_path / "fifo")
+        os.mkfifo(value)
+    elif value == "BIG":
+        value = str(tmp_path / "big.pem")
+        with open(value, "wb") as f:
+            f.truncate((1 << 20) + 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, name: value})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--no-journal",
+                        "--source", "sysfs", "--web.listen-address", f"127.0.0.1:{port}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert name in r.stderr and words in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_close_is_bounded_when_the_collector_never_answers(otel_env):
+    """A collector that accepts and never answers, with a 30 s OTLP timeout: close() gives up
+    after its bound, with the request still unanswered, and counts the trace not sent."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)  # read nothing, answer nothing
+
+    import threading
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        otel_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "30", "OTEL_BSP_SCHEDULE_DELAY": "600000",
+                  "OTEL_EXPORTER_OTLP_ENDPOINT":
+                      f"http://127.0.0.1:{listener.getsockname()[1]}"})
+        sink = TraceSink.from_env()
+        sink.on_update(ended(cpu_offline_episode()))
+        sink.close(timeout=2)
+        assert accepted, "the export never reached the collector"
+        conn = accepted[-1]  # the export is still waiting on it: close() did not wait it out
+        conn.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while conn.recv(65536):  # the request; b"" would mean the client gave up first
+                pass
+            raise AssertionError("the exporter closed the connection before close() returned")
+        assert sink.errors >= 1
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_sdk_warnings_are_logged_once_per_interval(otel_env, caplog):
+    """A collector that resets every connection: one warning for the flap, not one a try."""
+    from exporter.sinks.traces import sink as sink_module
+    with HttpReceiver() as rx:
+        endpoint = rx.endpoint  # closed now: every export is refused
+    otel_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    caplog.set_level("DEBUG")
+    sink_module._SDK_FILTER._last.clear()
+    caplog.clear()  # an earlier test's export thread may still be retrying: from here on
+    sink = TraceSink.from_env()
+    for _ in range(5):
+        sink.on_update(ended(cpu_offline_episode()))
+        sink._seen.clear()
+        sink.flush()
+    sink.close()
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry")
+           and r.levelno >= 30]
+    messages = [str(r.msg) for r in sdk]
+    assert len(messages) == len(set(messages)), messages  # each message once
+    assert not any(r.exc_info for r in sdk)
+    assert sink.errors >= 5

@@ -334,3 +334,50 @@ def test_a_corrupt_journal_is_reported_by_check_and_counted_by_run(api, tmp_path
             ),
             timeout=30,
         )
+
+
+def test_sigterm_with_a_collector_that_never_answers_exits_within_the_grace_period(cpu1):
+    """Second round: with OTEL_EXPORTER_OTLP_TIMEOUT=30 and a collector that accepts and never
+    answers, SIGTERM took 57 s (past Kubernetes' 30 s grace period). The trace sink's close is
+    bounded now: exit 0 by itself well within 30 s, the trace not sent counted."""
+    import socket
+    import threading
+
+    from testkit.exporter_proc import terminate
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    exp = RunningExporter("--podresources-socket", "", "--kubernetes", "off",
+                          "--coalesce-window", "0.3", env={
+                              "OTEL_EXPORTER_OTLP_ENDPOINT":
+                                  f"http://127.0.0.1:{listener.getsockname()[1]}",
+                              "OTEL_EXPORTER_OTLP_TIMEOUT": "30",
+                              "OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    try:
+        exp.start()
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        exp.wait_for(lambda s: s.total("node_hot_unplug_request_total") >= 1
+                     and s.value("node_resize_exporter_episodes_open") == 0)
+        started = time.monotonic()
+        code = terminate(exp.proc, timeout=25)  # SIGKILL past 25 s: the grace period's margin
+        took = time.monotonic() - started
+        exp.log.close()
+        assert code == 0, f"not stopped by itself (code {code}) in {took:.1f} s:\n{exp.logs()}"
+        assert "did not take the last traces" in exp.logs()
+        print(f"SIGTERM to exit with a silent collector: {took:.1f} s")
+    finally:
+        exp.stop()
+        exp.tmp.cleanup()
+        listener.close()
+        for conn in held:
+            conn.close()

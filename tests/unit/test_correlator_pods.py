@@ -3,7 +3,7 @@ podresources. Synthetic streams on a fake clock."""
 from __future__ import annotations
 
 from exporter.correlate.model import Outcome, Phase, PodVerdict, UpdateKind
-from exporter.events import Direction, Resource
+from exporter.events import Direction, NodeStatus, Resource
 from testkit.correlator_stream import T0, GiB, Stream
 
 CPU, MEM = Resource.CPU, Resource.MEMORY
@@ -213,6 +213,20 @@ def test_kubelet_gauges_follow_the_node():
     assert s.view.kubelet_allocatable() == {CPU: 1.9, MEM: 23.0 * GiB}
     assert s.view.drift() == {}  # the kernel side is not known yet
     s.snapshot(1.0, cpus=2, mem=24 * GiB)
+    assert s.view.drift() == {CPU: 0.0, MEM: 0.0}
+
+
+def test_a_deleted_node_leaves_no_kubelet_capacity_and_no_drift():
+    """kube_node reports a deleted (or missing) Node as a NodeStatus with no capacity: the
+    gauges then show no kubelet capacity and judge no drift, not the vanished Node's last."""
+    s = Stream(kubernetes=True)
+    s.snapshot(0.0, cpus=1, mem=24 * GiB)
+    s.node(1.0, cpu=2, mem=24 * GiB)
+    assert s.view.drift() == {CPU: -1.0, MEM: 0.0}
+    s.feed(2.0, NodeStatus(time=T0 + 2.0, node="n1", capacity={}, allocatable={}))
+    assert s.view.kubelet_capacity() == {} and s.view.kubelet_allocatable() == {}
+    assert s.view.drift() == {} and s.view.drift_seconds() == {}
+    s.node(3.0, cpu=1, mem=24 * GiB)
     assert s.view.drift() == {CPU: 0.0, MEM: 0.0}
 
 

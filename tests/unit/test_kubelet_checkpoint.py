@@ -94,9 +94,9 @@ def test_checksum_zero_is_accepted_like_the_old_file_backend():
     (b'{"policyName": 3, "defaultCpuSet": "0"}', "policyName is not a string"),
     (b"\xff\xfe", "not a CPU manager checkpoint"),
     (b" " * (MAX_BYTES + 1), "larger than"),
-    (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+    (b"[" * 60_000 + b"]" * 60_000, "nested too deeply"),
     (json.dumps({"policyName": "static", "defaultCpuSet": "0", "entries": {
-        f"pod{i}": {"c": "0-65535"} for i in range(100_000)}}).encode(), "more than 65536 CPUs"),
+        f"pod{i}": {"c": "0-65535"} for i in range(3)}}).encode(), "more than 65536 CPUs"),
 ])
 def test_hostile_checkpoints_are_errors_not_crashes(data, wanted):
     cp = parse_cpu_manager_state(data, "p", 1.0)
@@ -290,7 +290,7 @@ def test_an_unreadable_checkpoint_is_no_verdict_and_the_source_says_why(tmp_path
     source.read(emitted.append)  # still down: said once
     [down] = emitted
     assert isinstance(down, SourceStatus) and not down.up
-    assert "Is a directory" in down.reason and "fix:" in down.reason
+    assert "a directory" in down.reason and "fix:" in down.reason
     (tmp_path / "cpu_manager_state").rmdir()
     write_checkpoint(tmp_path, "cpu_manager_state", fixture("static-0-1"))
     source.read(emitted.append)

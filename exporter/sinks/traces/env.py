@@ -6,16 +6,24 @@ OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME. This module only decides whether
 (OTEL_TRACES_EXPORTER, or an OTLP endpoint set) and which exporter class
 OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL names, and checks the values the SDK would reject with a
 traceback or quietly replace by its default, so a bad one exits 2 naming the variable and the fix.
+
+Files and limits too (issue 16, second round): every OTEL_* certificate or key file must be a
+readable regular file of at most FILE_MAX bytes (a gRPC exporter given /dev/zero read it whole,
+2.5 GiB in 1.8 s; a FIFO hung start-up), the span limits whole numbers in range (-1 was a
+traceback), and the headers what the spec's grammar allows with values an HTTP request or gRPC
+metadata can carry (a junk one was a urllib3 traceback on every export).
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 import socket
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Mapping
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from opentelemetry.sdk.resources import HOST_NAME, OTELResourceDetector
 from opentelemetry.sdk.resources import Resource as OtelResource
@@ -32,6 +40,23 @@ PROTOCOLS = ("http/protobuf", "grpc")
 # What each OTLP exporter class accepts (the gRPC one raises on anything but gzip; the HTTP one
 # logs and sends uncompressed).
 COMPRESSIONS = {"http/protobuf": ("none", "gzip", "deflate"), "grpc": ("gzip",)}
+# TLS files the OTLP exporters read (both protocols; the TRACES_ ones win over the others).
+FILE_VARIABLES = tuple(f"OTEL_EXPORTER_OTLP_{signal}{what}" for signal in ("", "TRACES_")
+                       for what in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE"))
+# A CA bundle (Debian's whole ca-certificates.crt is ~220 KB), a key or a certificate chain.
+FILE_MAX = 1 << 20
+# The SDK's span limits (SpanLimits): a whole number >= 0, or "unset" for no limit.
+LIMIT_VARIABLES = ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT",
+                   "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+                   "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+                   "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT")
+LIMIT_MAX = (1 << 31) - 1
+HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+# The spec's header grammar (opentelemetry.util.re, liberal: a space allowed in values).
+_HEADER_KEY = re.compile(r"[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+")
+_HEADER_VALUE = re.compile(r"[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+# What a decoded value may hold to be sent as an HTTP header and as gRPC ASCII metadata.
+_SENDABLE = re.compile(r"[\x20-\x7e]*")
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,7 @@ def trace_config_from_env() -> TraceConfig | None:
     if not exporters:
         return None
     _check_batch_processor(env)
+    _check_limits(env)
     if "otlp" not in exporters:
         return TraceConfig(exporters=exporters)
 
@@ -89,7 +115,70 @@ def trace_config_from_env() -> TraceConfig | None:
             raise ValueError(f"{name}={url!r}: accepted values are http:// or https:// URLs "
                              "with a host, e.g. http://otel-collector:4318")
     _check_exporter(env, protocol)
+    for variable in FILE_VARIABLES:
+        _check_file(env, variable)
+    for variable in HEADER_VARIABLES:
+        _check_headers(env, variable)
     return TraceConfig(exporters=exporters, protocol=protocol)
+
+
+def _check_file(env: Mapping[str, str], name: str) -> None:
+    """A TLS file the exporter will read whole: a readable regular file, not too large."""
+    path = env.get(name, "").strip()
+    if not path:
+        return
+    fix = f"set {name} to a PEM file (at most {FILE_MAX // 1024} KiB), or unset it"
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"{name}={path!r}: {e.strerror or e}; {fix}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{name}={path!r}: not a regular file (a FIFO, a device or a "
+                         f"directory); {fix}")
+    if info.st_size > FILE_MAX:
+        raise ValueError(f"{name}={path!r}: {info.st_size} bytes, more than {FILE_MAX}; {fix}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"{name}={path!r}: cannot be read ({e.strerror or e}); {fix}") from None
+    os.close(fd)
+
+
+def _check_limits(env: Mapping[str, str]) -> None:
+    """The SDK raises a bare ValueError (a traceback) for a limit below 0 or not a number."""
+    for name in LIMIT_VARIABLES:
+        if name not in env:
+            continue
+        raw = env[name].strip()
+        if raw.lower() == "unset":
+            continue
+        try:
+            value: int | None = int(raw, 10)
+        except ValueError:
+            value = None
+        if value is None or not 0 <= value <= LIMIT_MAX:
+            raise ValueError(f"{name}={raw!r}: accepted values are whole numbers from 0 to "
+                             f"{LIMIT_MAX}, or unset for no limit; e.g. {name}=128, or remove "
+                             "the variable for the SDK's default")
+
+
+def _check_headers(env: Mapping[str, str], name: str) -> None:
+    """key=value pairs, comma-separated, values URL-encoded (the OTLP exporter spec); a
+    decoded value must be sendable, else every export fails with a traceback."""
+    raw = env.get(name, "")
+    fix = (f"e.g. {name}='api-key=secret,x-tenant=a%20b' (comma-separated key=value, values "
+           "URL-encoded, printable ASCII once decoded)")
+    for item in re.split(r"[ \t]*,[ \t]*", raw.strip()):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not _HEADER_KEY.fullmatch(key) or not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"{name}: {item[:60]!r} is not a header; {fix}")
+        decoded = unquote(value)
+        if not _SENDABLE.fullmatch(decoded):
+            raise ValueError(f"{name}: the value of {key!r} holds a control or non-ASCII "
+                             f"character once decoded; {fix}")
 
 
 def _check_batch_processor(env: Mapping[str, str]) -> None:

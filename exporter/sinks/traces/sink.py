@@ -2,11 +2,20 @@
 
 Each episode is exported once: the journal's exported flag survives a restart, so a resumed
 episode is not traced twice. What to export to is env.py's; the span tree is spans.py's.
+
+Shutdown is bounded (issue 16, second round): the SDK's force_flush ignores its timeout and an
+OTLP export retries for up to OTEL_EXPORTER_OTLP_TIMEOUT, so a collector that never answers made
+SIGTERM take 57 s, past Kubernetes' 30 s grace period. close() flushes and shuts down in a
+helper thread for at most CLOSE_TIMEOUT seconds; traces still queued then are counted in
+`errors` and dropped. The SDK's own warnings (a collector resetting connections, an export
+failing) are logged at most once per LOG_INTERVAL per message, with how many were held back.
 """
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+import threading
+import time
+from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -23,6 +32,58 @@ from exporter.sinks.traces.env import (
 from exporter.sinks.traces.spans import build_trace
 
 log = logging.getLogger("exporter.sinks.traces")
+
+# Seconds close() waits for the last traces to go: well within a 30 s grace period, with the
+# journal's own flush before it (the agent closes the journal first).
+CLOSE_TIMEOUT = 8.0
+LOG_INTERVAL = 60.0
+# The loggers the OTLP exporters and the batch processor warn on, once per failed attempt.
+SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+               "opentelemetry.exporter.otlp.proto.http._common",
+               "opentelemetry.exporter.otlp.proto.grpc.exporter",
+               "opentelemetry.sdk._shared_internal",
+               "opentelemetry.sdk.trace.export")
+
+
+class _OncePerInterval(logging.Filter):
+    """Lets a message (by its format string) through once per interval, then says how many
+    of it were held back; a collector flapping for a minute is one line, not twelve."""
+
+    def __init__(self, interval: float = LOG_INTERVAL) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg)[:200])
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._last.get(key, (-self.interval, 0))
+            if now - last < self.interval:
+                self._last[key] = (last, held + 1)
+                return False
+            if len(self._last) > 256:  # bounded: messages are few, but never grow for ever
+                self._last.clear()
+            self._last[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} ({held} more like this in the last " \
+                         f"{self.interval:.0f} s not logged)"
+        # The traceback of a failed export says nothing the message does not: one line.
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+_SDK_FILTER = _OncePerInterval()
+
+
+def quiet_sdk_loggers() -> None:
+    """Rate-limit the OTel SDK's warnings (idempotent)."""
+    for name in SDK_LOGGERS:
+        logger = logging.getLogger(name)
+        if _SDK_FILTER not in logger.filters:
+            logger.addFilter(_SDK_FILTER)
 
 
 class ExportedFlag(Protocol):
@@ -64,11 +125,17 @@ class TraceSink:
         self.exported = 0  # traces handed to the exporters
         self.errors = 0  # traces not built, or batches not delivered
         self._seen: set[str] = set()  # exported in this process (no journal, or it failed)
-        self.provider = TracerProvider(resource=trace_resource(node_name, host_name))
+        quiet_sdk_loggers()
+        # No atexit shutdown of its own: close() is bounded, and the SDK's atexit hook would
+        # wait out a hung export again (30 s per processor) after close() gave up.
+        self.provider = TracerProvider(resource=trace_resource(node_name, host_name),
+                                       shutdown_on_exit=False)
+        self._processors: list[BatchSpanProcessor] = []
         for span_exporter in span_exporters(config):
             # OTEL_BSP_* read by the processor itself (checked in trace_config_from_env).
-            self.provider.add_span_processor(
-                BatchSpanProcessor(_CountingExporter(span_exporter, self)))
+            processor = BatchSpanProcessor(_CountingExporter(span_exporter, self))
+            self._processors.append(processor)
+            self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("exporter.sinks.traces", exporter.__version__)
 
     @classmethod
@@ -103,6 +170,34 @@ class TraceSink:
     def flush(self, timeout_ms: int = 10_000) -> bool:
         return self.provider.force_flush(timeout_ms)
 
-    def close(self) -> None:
-        self.provider.force_flush(10_000)
-        self.provider.shutdown()
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Send what is queued and stop, within `timeout` seconds whatever the collector does;
+        traces not sent by then are counted in `errors`."""
+        def flush_and_shut_down() -> None:
+            try:
+                self.provider.force_flush(int(timeout * 1000))
+                self.provider.shutdown()
+            except Exception:  # noqa: BLE001 - counted below as not sent
+                log.debug("trace shutdown failed", exc_info=True)
+
+        worker = threading.Thread(target=flush_and_shut_down, name="trace-shutdown",
+                                  daemon=True)  # a hung export must not keep the process
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            left = self._queued_traces()
+            self.errors += max(1, left)
+            log.warning("traces: the collector did not take the last traces within %.0f s; "
+                        "%d not sent (counted in node_resize_exporter_sink_errors_total)",
+                        timeout, max(1, left))
+
+    def _queued_traces(self) -> int:
+        """Distinct traces among the spans still queued in the batch processors."""
+        traces: set[int] = set()
+        for processor in self._processors:
+            queue: Any = getattr(getattr(processor, "_batch_processor", None), "_queue", ())
+            for span in list(queue):
+                context = getattr(span, "context", None)
+                if context is not None:
+                    traces.add(context.trace_id)
+        return len(traces)

@@ -5,6 +5,10 @@ node object would cost the API server O(nodes^2). A NodeStatus is emitted when c
 allocatable actually change (the first delivery always), not on every heartbeat update, and
 not again after a relist that finds the same values; a heartbeat that moved without them is a
 NodeHeartbeat (issue 17: a dead kubelet is told by its heartbeat's age).
+
+A Node deleted (a DELETED event, or missing from a relist) is a NodeStatus with no capacity and
+no allocatable: downstream there is then no kubelet capacity to show or to judge drift against,
+rather than the last one the vanished Node had. The Node coming back is a first delivery again.
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ class KubeNodeSource(OneObjectSource):
         return (f"Node {self.node_name!r} not found in the API: check --node-name / NODE_NAME "
                 "(spec.nodeName via the downward API)")
 
-    def forget(self) -> None:
+    def forget(self, emit: Emit) -> None:
+        if self._last is not None:
+            emit(NodeStatus(self.clock.now(), self.node_name, {}, {}))
         self._last = None
 
     def deliver(self, obj: dict, emit: Emit) -> None:

@@ -30,7 +30,8 @@ class RawEvent(GenericNamespacedResource):
 
 def _time(obj: dict) -> float | None:
     """The Event's newest timestamp (lastTimestamp, else eventTime, else firstTimestamp)."""
-    series = obj["series"] if isinstance(obj.get("series"), dict) else {}
+    series = obj.get("series")
+    series = series if isinstance(series, dict) else {}
     for value in (obj.get("lastTimestamp"), series.get("lastObservedTime"),
                   obj.get("eventTime"), obj.get("firstTimestamp")):
         if isinstance(value, str) and value:
@@ -43,7 +44,8 @@ def _time(obj: dict) -> float | None:
 
 def _count(obj: dict) -> int:
     count = obj.get("count")
-    series = obj["series"] if isinstance(obj.get("series"), dict) else {}
+    series = obj.get("series")
+    series = series if isinstance(series, dict) else {}
     if not isinstance(count, int) or isinstance(count, bool):
         count = series.get("count", 1)
     return count if isinstance(count, int) and 0 < count < 1 << 31 else 1
@@ -64,6 +66,11 @@ class KubeNodeEventsSource(ListWatchSource):
     def field_selector(self) -> dict[str, str]:
         return {"involvedObject.kind": "Node", "involvedObject.name": self.node_name,
                 "reason": REASON}
+
+    def not_asked_for(self, obj: dict) -> bool:
+        involved = obj.get("involvedObject")
+        return (not isinstance(involved, dict) or obj.get("reason") != REASON
+                or involved.get("name") != self.node_name or involved.get("kind") != "Node")
 
     def on_list(self, items: list[dict], emit: Emit) -> None:
         self._events = {}

@@ -41,6 +41,10 @@ class KubePodsSource(ListWatchSource):
     def field_selector(self) -> dict[str, str]:
         return {"spec.nodeName": self.node_name}
 
+    def not_asked_for(self, obj: dict) -> bool:
+        spec = obj.get("spec")
+        return not isinstance(spec, dict) or spec.get("nodeName") != self.node_name
+
     def on_list(self, items: list[dict], emit: Emit) -> None:
         now = self.clock.now()
         known: dict[str, PodStatus] = {}

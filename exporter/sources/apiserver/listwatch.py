@@ -8,9 +8,16 @@ other failure we ask it to raise (on_error_raise): a watch ERROR event becomes A
 the Status inside, HTTP errors become ApiError/HTTPStatusError, network failures httpx errors.
 
 What we add here:
-- 410 Gone/Expired (history compacted): relist at once and resume from the list's RV; the
-  subclass diffs the relist against what it already emitted, so unchanged objects produce no
-  second event;
+- 410 Gone/Expired (history compacted): relist and resume from the list's RV; the subclass
+  diffs the relist against what it already emitted, so unchanged objects produce no second
+  event. The relist waits the backoff like any other failure (client-go's reflector does the
+  same through its backoff manager): a server that answers every watch 410 would otherwise
+  draw a relist storm (44 lists/s per resource measured), and the log says it once per
+  interval with a count, not once per relist;
+- objects the request did not ask for: the field selector is the server's to apply, and a
+  proxy or an old server may drop it. Every listed or watched object is checked against what
+  was asked (`not_asked_for()`); the others are skipped, never taken for this node's, and
+  counted once each (one MalformedInput per answer that brought new ones);
 - a dropped or dead connection: re-watch from the last RV after a jittered exponential backoff;
 - 401/403 and an unreachable server: SourceStatus down with a reason an operator can act on,
   retry with backoff, SourceStatus up when a list or watch succeeds again (no restart needed);
@@ -33,7 +40,6 @@ import time
 from typing import Any
 
 import httpx2 as httpx
-import lightkube
 import msgspec
 from lightkube.core.exceptions import ApiError
 
@@ -60,6 +66,28 @@ MAX_RETRY_AFTER = 60.0
 # The converters are total; if one is not, the object is counted and skipped, never fatal.
 _OBJECT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError,
                   RecursionError)
+# A repeated failure (410 loops, dropped watches) is logged at most once per this many seconds.
+LOG_INTERVAL = 60.0
+# Foreign objects remembered so each is counted once (a bound: the set is cleared when full).
+FOREIGN_REMEMBERED = 10_000
+
+
+class RepeatLog:
+    """Says a repeated condition once per `interval`, then how many times it happened since."""
+
+    def __init__(self, interval: float = LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._last: float | None = None
+        self._count = 0
+
+    def note(self) -> int | None:
+        """Count one occurrence; returns the count to log now (1 the first time), else None."""
+        self._count += 1
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.interval:
+            return None
+        count, self._count, self._last = self._count, 0, now
+        return count
 
 
 class Backoff:
@@ -101,7 +129,7 @@ class ListWatchSource(Source):
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
         self.backoff = Backoff(backoff_initial, backoff_max)
-        self._client: lightkube.Client | None = None
+        self._client: Any = None  # lightkube Client, made by open()
         self._transport: KubeTransport | None = None
         self._emit: Emit | None = None
         self._up: bool | None = None
@@ -110,7 +138,11 @@ class ListWatchSource(Source):
         self.relists_gone = 0
         self.reconnects = 0
         self.bookmarks = 0
+        self.foreign = 0  # objects answered that the request did not ask for
         self.resource_version: str | None = None
+        self._gone_log = RepeatLog()
+        self._lost_log = RepeatLog()
+        self._foreign_seen: set[str] = set()
 
     # ------------------------------------------------------------ subclass API
 
@@ -120,6 +152,11 @@ class ListWatchSource(Source):
     def _fields(self) -> Any:
         # lightkube types fields as a dict of str or selector operators (dict is invariant)
         return self.field_selector()
+
+    def not_asked_for(self, obj: dict) -> bool:
+        """True when `obj` is not what field_selector() asked for (the server did not apply
+        it). Checked on every listed and watched object, whatever the server claims."""
+        return False
 
     def on_list(self, items: list[dict], emit: Emit) -> None:
         raise NotImplementedError
@@ -184,7 +221,7 @@ class ListWatchSource(Source):
         assert self._client is not None, "open() first"
         listing = self._client.list(self.resource, namespace=self.namespace,
                                     fields=self._fields(), chunk_size=LIST_CHUNK)
-        items: list[Any] = []
+        items: list[dict] = []
         for item in listing:
             if len(items) >= LIST_MAX_OBJECTS:
                 raise AnswerTooLarge(f"list of {self.plural} has more than {LIST_MAX_OBJECTS} "
@@ -192,6 +229,7 @@ class ListWatchSource(Source):
             items.append(dict(item))
         rv = listing.resourceVersion
         self.lists += 1
+        items = self._only_asked_for(items, emit)
         # No backoff reset here: a list followed by the same failure must back off.
         self._set_up(emit, True, f"listed {self.plural} ({len(items)})")
         self.on_list(items, emit)
@@ -211,13 +249,43 @@ class ListWatchSource(Source):
                 new_rv = (raw.get("metadata") or {}).get("resourceVersion")
                 if event_type == "BOOKMARK":
                     self.bookmarks += 1
-                else:
+                elif self._only_asked_for([raw], emit):  # else counted and skipped
                     self._deliver_event(event_type, raw, emit)
                     self.backoff.reset()
                 if isinstance(new_rv, str) and new_rv:
                     self.resource_version = new_rv
         finally:
             stream.close()  # type: ignore[attr-defined]  # a generator: ends the request
+
+    def _only_asked_for(self, items: list[dict], emit: Emit) -> list[dict]:
+        """`items` without the objects the field selector should have excluded; those are
+        counted, each once (by uid, else namespace/name), in one MalformedInput per answer."""
+        kept: list[dict] = []
+        new = 0
+        for obj in items:
+            try:
+                foreign = self.not_asked_for(obj)
+            except _OBJECT_ERRORS:
+                foreign = True  # cannot tell whose it is: not ours to use
+            if not foreign:
+                kept.append(obj)
+                continue
+            self.foreign += 1
+            meta = obj.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
+            key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")[:300]
+            if key in self._foreign_seen:
+                continue
+            if len(self._foreign_seen) >= FOREIGN_REMEMBERED:
+                self._foreign_seen.clear()
+            self._foreign_seen.add(key)
+            new += 1
+        if new:
+            selector = ",".join(f"{k}={v}" for k, v in self.field_selector().items())
+            emit(MalformedInput(self.name, f"{new} {self.plural} not asked for (fieldSelector "
+                                           f"{selector} not applied by the server): skipped"
+                                           [:300], self.clock.now()))
+        return kept
 
     def _deliver_event(self, event_type: str, raw: dict, emit: Emit) -> None:
         try:
@@ -236,9 +304,17 @@ class ListWatchSource(Source):
         rv = self.resource_version if rv is not None else None
         code, message = _http_error(e)
         if code == 410:
-            # History compacted past our RV: only a fresh list can say what we missed.
+            # History compacted past our RV: only a fresh list can say what we missed. After
+            # the backoff: a server that expires every watch must not draw a relist storm.
             self.relists_gone += 1
-            self.log.info("%s: resourceVersion %s expired, relisting", self.plural, rv)
+            count = self._gone_log.note()
+            if count == 1:
+                self.log.info("%s: resourceVersion %s expired, relisting", self.plural, rv)
+            elif count is not None:
+                self.log.warning("%s: resourceVersion expired %d times in the last %.0f s; "
+                                 "relisting with backoff (up to %.0f s)", self.plural, count,
+                                 self._gone_log.interval, self.backoff.maximum)
+            self._sleep()
             return None
         if code in (401, 403):
             what = "RBAC: forbidden" if code == 403 else "unauthorized (401): token rejected"
@@ -268,7 +344,11 @@ class ListWatchSource(Source):
         if isinstance(e, httpx.TransportError):
             # Dropped or dead watch connection: not "down" unless re-connecting fails.
             self.reconnects += 1
-            self.log.info("%s watch connection lost (%s); reconnecting", self.plural, e)
+            count = self._lost_log.note()
+            if count is not None:
+                self.log.info("%s watch connection lost (%s)%s; reconnecting", self.plural, e,
+                              f", {count} times in the last {self._lost_log.interval:.0f} s"
+                              if count > 1 else "")
             self._sleep()
             return rv
         if isinstance(e, (msgspec.MsgspecError, ValueError, TypeError, KeyError,

@@ -31,29 +31,33 @@ class OneObjectSource(ListWatchSource):
     def deliver(self, obj: dict, emit: Emit) -> None:
         raise NotImplementedError
 
-    def forget(self) -> None:
-        """The object is gone: drop what was remembered of it."""
+    def forget(self, emit: Emit) -> None:
+        """The object is gone (deleted, or missing from a list): drop what was remembered of
+        it, and say so downstream if what was delivered must not outlive it."""
 
     # ------------------------------------------------------------ ListWatchSource
 
     def field_selector(self) -> dict[str, str]:
         return {"metadata.name": self.node_name}
 
+    def not_asked_for(self, obj: dict) -> bool:
+        meta = obj.get("metadata") or {}
+        return meta.get("name") != self.node_name or (
+            self.namespace is not None and meta.get("namespace") != self.namespace)
+
     def on_list(self, items: list[dict], emit: Emit) -> None:
-        mine = [i for i in items if (i.get("metadata") or {}).get("name") == self.node_name]
-        self.found = bool(mine)
-        if not mine:
-            self.forget()
+        # The base class dropped (and counted) any object that is not this one.
+        self.found = bool(items)
+        if not items:
+            self.forget(emit)
             self._set_up(emit, False, self.missing_reason())
             return
-        self.deliver(mine[0], emit)
+        self.deliver(items[0], emit)
 
     def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
-        if (obj.get("metadata") or {}).get("name") != self.node_name:
-            return  # the field selector should make this impossible; do not trust it blindly
         if event_type == "DELETED":
             self.found = False
-            self.forget()
+            self.forget(emit)
             self._set_up(emit, False, f"{self.describe()} was deleted")
             return
         if event_type in ("ADDED", "MODIFIED"):

@@ -12,6 +12,7 @@ from pathlib import Path
 from exporter.clock import Clock
 from exporter.events import MalformedInput, MemoryAutoOnline
 from exporter.sources.base import Emit
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
@@ -42,8 +43,7 @@ class MemoryAutoOnlineSource(PokedSource):
     def read(self, emit: Emit) -> None:
         now = self.clock.now()
         try:
-            with open(self.path) as f:
-                event = parse_auto_online(f.read(64), now)
+            event = parse_auto_online(read_text(self.path, 64), now)
         except FileNotFoundError:
             return
         except (OSError, ValueError) as e:

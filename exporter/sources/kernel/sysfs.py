@@ -5,6 +5,12 @@ block_size_bytes, and /proc/meminfo at start, after every kernel event (the agen
 on a slow timer, so a missed or lost event can never leave a wrong gauge. A CPU or memory block
 whose state changed between two reads, with no event seen for it, becomes a Transition from
 source "sysfs" (the ledger counts it once whoever else saw it).
+
+Every file is read bounded and non-blocking (exporter/sources/readfile.py): `--path.sysfs` and
+`--path.procfs` may name odd trees, and a FIFO there hung start-up. A tree that cannot be read
+or parsed at start is an exit 2 with the fix (the reconciler is what every gauge is set from);
+later, the source is down with the reason, the failure counted as malformed, and it is up again
+at the next good read.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 # ------------------------------------------------------------------ parsers (pure)
@@ -92,8 +99,7 @@ def parse_hotplug_states(text: str) -> dict[int, str]:
 def read_hotplug_states(sysfs: str | Path = "/sys") -> dict[int, str]:
     """The cpuhp state table of this kernel: the one reader, for the BPF program's constants,
     `--print-bpf` and the sysfs reconciler alike."""
-    return parse_hotplug_states(
-        (Path(sysfs) / "devices/system/cpu/hotplug/states").read_text())
+    return parse_hotplug_states(read_text(Path(sysfs) / "devices/system/cpu/hotplug/states"))
 
 
 HUGEPAGE_RESOURCES = {2 * 1024 * 1024: Resource.HUGEPAGES_2MI,
@@ -121,22 +127,27 @@ class SysfsReader:
 
     def _cpus(self, name: str) -> frozenset[int]:
         path = self.cpu_dir / name
-        return parse_cpu_list(path.read_text()) if path.exists() else frozenset()
+        try:
+            return parse_cpu_list(read_text(path))
+        except FileNotFoundError:
+            return frozenset()
 
     def memory_blocks(self) -> tuple[int, frozenset[int], frozenset[int]]:
-        size_file = self.mem_dir / "block_size_bytes"
-        if not size_file.exists():
+        try:
+            text = read_text(self.mem_dir / "block_size_bytes", 64)
+        except FileNotFoundError:
             return 0, frozenset(), frozenset()
-        size = int(size_file.read_text().strip(), 16)
+        size = int(text.strip(), 16)
+        if size <= 0:
+            raise ValueError(f"block_size_bytes {text.strip()[:20]!r} is not a size")
         online: set[int] = set()
         offline: set[int] = set()
         for entry in os.scandir(self.mem_dir):
             if not entry.name.startswith("memory") or not entry.name[6:].isdigit():
                 continue
             try:
-                with open(os.path.join(entry.path, "state")) as f:
-                    state = f.read().strip()
-            except OSError:
+                state = read_text(os.path.join(entry.path, "state"), 64).strip()
+            except FileNotFoundError:
                 continue  # block removed between scandir and open
             (online if state == "online" else offline).add(int(entry.name[6:]))
         return size, frozenset(online), frozenset(offline)
@@ -147,7 +158,7 @@ class SysfsReader:
             for d in self.hugepages_dir.iterdir():  # hugepages-2048kB, hugepages-1048576kB
                 try:
                     size = int(d.name.split("-")[1].removesuffix("kB")) * 1024
-                    count = int((d / "nr_hugepages").read_text())
+                    count = int(read_text(d / "nr_hugepages", 64))
                 except (ValueError, IndexError, OSError):
                     continue
                 if size in HUGEPAGE_RESOURCES:
@@ -159,7 +170,7 @@ class SysfsReader:
         return out
 
     def read(self, now: float) -> KernelSnapshot:
-        meminfo = parse_meminfo(self.meminfo.read_text())
+        meminfo = parse_meminfo(read_text(self.meminfo))
         online = self._cpus("online")
         offline = self._cpus("offline")
         block_size, blocks_on, blocks_off = self.memory_blocks()
@@ -235,10 +246,16 @@ class SysfsSource(Source):
         self._everything = False  # a poke asked for more than the CPU lists
         self._poked_read = -STORM_WINDOW  # time.monotonic() of the last read a poke asked for
         self._last: KernelSnapshot | None = None
+        self._down = False  # the last read failed: reported down until one succeeds
 
     def open(self) -> None:
         self.reader.check()
-        self._last = self.reader.read(self.clock.now())
+        try:
+            self._last = self.reader.read(self.clock.now())
+        except (OSError, ValueError) as e:
+            raise SourceUnavailable(f"cannot read the CPU and memory state: {e}",
+                                    "point --path.sysfs and --path.procfs at the host's sysfs "
+                                    "and procfs (mounted read-only in a container)") from e
 
     @property
     def initial(self) -> KernelSnapshot | None:
@@ -283,8 +300,16 @@ class SysfsSource(Source):
             else:
                 snap = self.reader.read(now)
         except (OSError, ValueError) as e:
-            emit(MalformedInput(self.name, f"reading sysfs/procfs: {e}", self.clock.now()))
+            reason = f"reading sysfs/procfs: {e}"[:300]
+            emit(MalformedInput(self.name, reason, self.clock.now()))
+            if not self._down:  # once per outage, not every read
+                self._down = True
+                self.log.warning("sysfs down: %s", reason)
+                emit(SourceStatus(self.name, False, self.clock.now(), reason))
             return
+        if self._down:
+            self._down = False
+            emit(SourceStatus(self.name, True, self.clock.now(), "sysfs/procfs readable again"))
         if self._last is not None and self.emit_transitions:
             for t in diff_transitions(self._last, snap):
                 emit(t)

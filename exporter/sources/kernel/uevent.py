@@ -36,6 +36,7 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.kernel import uevent_filter as _uevent_filter
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import Waker
 
@@ -212,9 +213,8 @@ class UeventSource(Source):
         else:
             path, want = f"devices/system/memory/memory{t.unit}/state", t.direction.value
         try:
-            with open(os.path.join(self.sysfs_root, path)) as f:
-                state = f.read().strip()
-        except OSError:
+            state = read_text(os.path.join(self.sysfs_root, path), 64).strip()
+        except (OSError, ValueError):
             return True  # cpu0 has no online file; a removed block has no state
         return state == want
 

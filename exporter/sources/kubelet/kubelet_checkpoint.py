@@ -15,7 +15,9 @@ Formats, from the kubelet's source (pkg/kubelet/cm/cpumanager/state/checkpoint.g
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,14 +35,19 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
+from exporter.sources.readfile import NotRegularFile, TooLarge, read_bytes
 from exporter.sources.registry import KUBERNETES, SourceContext, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
 CPU_STATE = "cpu_manager_state"
 MEMORY_STATE = "memory_manager_state"
-# A real checkpoint is a few hundred bytes per pinned container; anything past this is not one,
-# and reading it whole would let a hostile file fill our memory.
-MAX_BYTES = 4 * 1024 * 1024
+# A real checkpoint is tens of bytes per pinned container (tests/fixtures/kubelet-v1.36: 67 and
+# 130 bytes); 128 KiB holds well over a thousand. A bigger file is not one, and parsing it with
+# its checksum cost ~2 s of CPU per MiB: it is refused unread (issue 16, second round).
+MAX_BYTES = 128 * 1024
+# At most one read per this many seconds however often the files are rewritten (inotify) or the
+# agent pokes: a writer renaming 720 times a second costs one read a second, not 720.
+READ_GAP = 1.0
 # Exclusive CPUs are each in one container: the sum over assignments is at most the CPUs of the
 # largest machine (8192), with room to spare; "0-65535" repeated would otherwise cost minutes.
 MAX_ASSIGNED = 1 << 16
@@ -156,11 +163,13 @@ def parse_memory_manager_state(data: bytes, path: str, now: float) -> MemoryMana
 
 
 def read_file(path: Path) -> bytes | None:
-    """At most MAX_BYTES + 1 bytes of `path`; None when there is no such file (nor root).
-    OSError when it cannot be read: that says nothing about what the kubelet would find."""
+    """`path`'s bytes (MAX_BYTES + 1 of them when it is larger: refused by the parser); None
+    when there is no such file (nor root). OSError (or NotRegularFile: a FIFO never blocks the
+    read) when it cannot be read: that says nothing about what the kubelet would find."""
     try:
-        with open(path, "rb") as f:
-            return f.read(MAX_BYTES + 1)
+        return read_bytes(path, MAX_BYTES)
+    except TooLarge:
+        return b" " * (MAX_BYTES + 1)  # what _json_object refuses, without reading it
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -194,14 +203,18 @@ def _same(a: Any, b: Any) -> bool:
 class KubeletCheckpointSource(PokedSource):
     name = "kubelet_checkpoint"
 
-    def __init__(self, clock: Clock, root: str, interval: float = STATE_INTERVAL):
+    def __init__(self, clock: Clock, root: str, interval: float = STATE_INTERVAL,
+                 read_gap: float = READ_GAP):
         super().__init__(clock)
         self.root = Path(root)
         self.interval = interval
+        self.read_gap = read_gap
         self._inotify: Any = None
         self._last_cpu: CpuManagerCheckpoint | None = None
         self._last_memory: MemoryManagerCheckpoint | None = None
         self._up: bool | None = None
+        self._last_read = -read_gap  # time.monotonic() of the last read
+        self._digests: dict[str, bytes] = {}  # file -> sha256 of the bytes last parsed
 
     def open(self) -> None:
         # Before the privilege drop: the watch is kept. A missing root (no kubelet yet) is not
@@ -266,11 +279,20 @@ class KubeletCheckpointSource(PokedSource):
         return any(e.name in (CPU_STATE, MEMORY_STATE, "") for e in events)
 
     def read(self, emit: Emit) -> None:
+        # Rate bound: rewrites in between are coalesced into the read after the gap.
+        wait = self._last_read + self.read_gap - time.monotonic()
+        if wait > 0 and self.stopping.wait(wait):
+            return
+        self._last_read = time.monotonic()
         self._watch()  # the root may have appeared since
         now = self.clock.now()
         try:
-            cpu = read_cpu_manager_state(self.root, now)
-            memory = read_memory_manager_state(self.root, now)
+            cpu = self._read(CPU_STATE, self._last_cpu, now)
+            memory = self._read(MEMORY_STATE, self._last_memory, now)
+        except NotRegularFile as e:
+            self._set_up(emit, False, f"{e} (fix: the kubelet writes a regular file there; "
+                         "remove what is in its place)")
+            return
         except OSError as e:
             # Unreadable is not corrupted: no verdict (no series), the source is down, say why.
             self._set_up(emit, False, f"cannot read {e.filename}: {e.strerror} (fix: mount the "
@@ -284,6 +306,23 @@ class KubeletCheckpointSource(PokedSource):
                 emit(MalformedInput(self.name, f"{event.path}: {event.error}", now))
             emit(event)
         self._last_cpu, self._last_memory = cpu, memory
+
+    def _read(self, name: str, last: Any, now: float) -> Any:
+        """One checkpoint, parsed only when its bytes changed since the last parse (a rewrite
+        of the same content costs a hash, not a parse and its checksum)."""
+        path = self.root / name
+        data = read_file(path)
+        cpu = name == CPU_STATE
+        if data is None:
+            self._digests.pop(name, None)
+            return (CpuManagerCheckpoint if cpu else MemoryManagerCheckpoint)(now, str(path),
+                                                                              False)
+        digest = hashlib.sha256(data).digest()
+        if last is not None and last.present and self._digests.get(name) == digest:
+            return last
+        self._digests[name] = digest
+        return (parse_cpu_manager_state if cpu else parse_memory_manager_state)(
+            data, str(path), now)
 
 
 def _factory(ctx: SourceContext) -> KubeletCheckpointSource:

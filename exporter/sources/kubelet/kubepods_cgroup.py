@@ -20,6 +20,7 @@ from exporter.config.types import RootDir
 from exporter.events import KubepodsCpuset, MalformedInput
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 
@@ -43,10 +44,7 @@ def read_kubepods_cpuset(root: str | Path, now: float) -> KubepodsCpuset:
     path = find_kubepods_cpuset(root)
     if path is None:
         return KubepodsCpuset(now, "")
-    with open(path) as f:
-        text = f.read(MAX_BYTES + 1)
-    if len(text) > MAX_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_BYTES} bytes")
+    text = read_text(path, MAX_BYTES)  # ValueError past the bound, or not a regular file
     return KubepodsCpuset(now, str(path), parse_cpu_list(text))
 
 

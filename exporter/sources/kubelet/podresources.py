@@ -28,6 +28,7 @@ from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatu
 from exporter.sources.base import Emit, Source
 from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list
 from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -117,7 +118,7 @@ class PodResourcesSource(Source):
         if self._possible is None:
             path = Path(self.sysfs_root, "devices/system/cpu/possible")
             try:
-                self._possible = parse_cpu_list(path.read_text())
+                self._possible = parse_cpu_list(read_text(path))
             except (OSError, ValueError) as e:
                 self.log.warning("cannot read %s (%s): CPU ids checked against 0-%d only",
                                  path, e, MAX_CPUS - 1)

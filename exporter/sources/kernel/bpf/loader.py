@@ -38,7 +38,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 MAX_MESSAGE = 1 << 20  # the program text is ~10 KiB
@@ -73,8 +72,10 @@ def load(text: str, cflags: list[str], kprobes: dict[str, tuple[str, bool]],
     """Run the loader child; return the fds it attached, or raise LoadError with why not."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # clang's diagnostics go to the child's stderr: a file, so a verbose compile can never
-    # block on a full pipe while we wait for the answer.
-    with tempfile.TemporaryFile() as stderr:
+    # block on a full pipe while we wait for the answer. An anonymous memory file, not one in
+    # a temporary directory: a read-only root without a writable /tmp has none (start-up
+    # failed with "No usable temporary directory found").
+    with os.fdopen(os.memfd_create("bpf-loader-stderr", os.MFD_CLOEXEC), "w+b") as stderr:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "exporter.sources.kernel.bpf.loader", str(child.fileno())],

@@ -29,14 +29,28 @@ def tracefs() -> Requirement:
     if os.geteuid() != 0 and not os.access(TRACEFS / "events", os.R_OK):
         return Requirement("tracefs", False, "not root and tracefs not readable",
                            "run as root, or grant CAP_BPF, CAP_PERFMON (kernel >= 5.8)")
-    if not (TRACEFS / "events").exists():
+    if not _exists(TRACEFS / "events"):
         return Requirement("tracefs", False, "tracefs is not mounted at /sys/kernel/tracing",
                            "mount -t tracefs nodev /sys/kernel/tracing")
     return Requirement("tracefs", True, f"mounted at {TRACEFS}")
 
 
+def _exists(path: Path) -> bool:
+    """Path.exists() that says False where it may not look (tracefs is 0700 root: an
+    unprivileged `check` or `run` got a PermissionError traceback there)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def tracepoints() -> Requirement:
-    missing = [t for t in CPUHP_TRACEPOINTS if not (TRACEFS / "events/cpuhp" / t).exists()]
+    if not os.access(TRACEFS / "events", os.R_OK | os.X_OK):
+        return Requirement("cpuhp tracepoints", False,
+                           f"cannot look into {TRACEFS}/events (not root, or not mounted)",
+                           "run as root, or grant CAP_BPF, CAP_PERFMON (kernel >= 5.8); "
+                           "mount -t tracefs nodev /sys/kernel/tracing")
+    missing = [t for t in CPUHP_TRACEPOINTS if not _exists(TRACEFS / "events/cpuhp" / t)]
     if missing:
         return Requirement("cpuhp tracepoints", False,
                            f"the kernel has no cpuhp tracepoints ({', '.join(missing)})",
@@ -47,9 +61,9 @@ def tracepoints() -> Requirement:
 
 def headers() -> Requirement:
     build = kernel_build_dir()
-    if (build / "Makefile").exists():
+    if _exists(build / "Makefile"):
         return Requirement("kernel headers", True, f"{build} -> {build.resolve()}")
-    if Path("/sys/kernel/kheaders.tar.xz").exists():
+    if _exists(Path("/sys/kernel/kheaders.tar.xz")):
         return Requirement("kernel headers", True, "kheaders module")
     return Requirement("kernel headers", False,
                        f"bcc needs kernel headers and {build} is missing",

@@ -38,6 +38,7 @@ from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
 from exporter.sources.kernel.sysfs import read_hotplug_states
+from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
@@ -199,9 +200,13 @@ class BpfSource(Source):
 
     def open(self) -> None:
         preflight()
-        states = read_hotplug_states(self.sysfs)
-        block_file = self.sysfs / "devices/system/memory/block_size_bytes"
-        block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
+        try:
+            states = read_hotplug_states(self.sysfs)
+            block_file = self.sysfs / "devices/system/memory/block_size_bytes"
+            block_size = int(read_text(block_file, 64), 16) if block_file.exists() else 0
+        except (OSError, ValueError) as e:
+            raise SourceUnavailable(f"cannot read the cpuhp states or memory block size: {e}",
+                                    "point --path.sysfs at the host's sysfs") from e
         self.decoder = RecordDecoder(self.wall_clock, states, block_size)
         try:
             self.loaded = load(
