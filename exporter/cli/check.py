@@ -175,7 +175,7 @@ def _guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
     try:
         return check(*args)
     except Exception as e:  # noqa: BLE001 - reported as the check's result
-        return Check(name, "fail", f"could not be checked: {e!r}"[:300],
+        return Check(name, "fail", f"could not be checked: {_why(e)}"[:300],
                      "run check as root on the node")
 
 
@@ -183,8 +183,14 @@ def _guarded_list(name: str, checks: Callable[..., list[Check]], *args: Any) -> 
     try:
         return checks(*args)
     except Exception as e:  # noqa: BLE001 - reported as the check's result
-        return [Check(name, "fail", f"could not be checked: {e!r}"[:300],
+        return [Check(name, "fail", f"could not be checked: {_why(e)}"[:300],
                       "run check as root on the node")]
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or e}: {e.filename}"
+    return repr(e)
 
 
 def check_kubelet_restart(options: Options) -> Check:

@@ -106,7 +106,7 @@ def test_an_unreadable_checkpoint_is_not_checked(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
     (Path(options.kubelet_root_dir) / "cpu_manager_state").mkdir(parents=True)
     check = check_kubelet_restart(options)
-    assert check.status == "warn" and "Is a directory" in check.detail
+    assert check.status == "warn" and "not a regular file (a directory)" in check.detail
 
 
 @pytest.mark.parametrize("flag", ["--kubelet-root-dir", "--cgroup-root"])
