@@ -13,7 +13,9 @@ any API call:
   (unauthenticated or denied) for DENIED_TTL: the kubelet's and kube-rbac-proxy's defaults;
 - concurrent requests with the same token wait for one review (no review per request);
 - reviews of tokens not in the cache are rate-bounded (REVIEW_RATE per second, REVIEW_BURST at
-  once) and at most MAX_IN_FLIGHT run at a time; beyond that the answer is 429 at once;
+  once) and at most MAX_IN_FLIGHT run at a time; beyond that the answer is 429 at once. A token
+  that was allowed in the last hour (KNOWN_GOOD_SIZE of them) is re-reviewed outside that
+  bound, so a flood of made-up tokens cannot lock out a scraper whose decision just expired;
 - a review that takes more than REVIEW_TIMEOUT fails the scrape (503), never the exporter: it
   runs on the web server's event loop (asyncio, no thread per request), and API failures are
   not cached, so the next scrape tries again. A token allowed in the last ALLOWED_TTL keeps
@@ -48,6 +50,8 @@ REVIEW_TIMEOUT = 3.0  # seconds for TokenReview + SubjectAccessReview; a scrape 
 MAX_IN_FLIGHT = 4  # reviews at once; also the API client's connection pool
 REVIEW_RATE = 5.0  # reviews of uncached tokens per second, in the steady state
 REVIEW_BURST = 10  # ... and at once (a Prometheus pair restarting, a new scraper)
+KNOWN_GOOD_SIZE = 64  # tokens allowed before, re-reviewed outside the rate bound ...
+KNOWN_GOOD_FOR = 3600.0  # ... for an hour after they were last allowed
 MAX_TOKEN_BYTES = 8192  # a service account JWT is ~1 KiB; kube-apiserver refuses far less
 MAX_ANSWER_BYTES = 64 * 1024  # a review's answer is a few hundred bytes
 # RFC 6750 b64token: what a bearer token can hold. Anything else is refused without a review.
@@ -173,6 +177,7 @@ class KubeAuth:
         self._key = secrets.token_bytes(32)  # the cache key is an HMAC: no token in clear
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._in_flight: dict[bytes, asyncio.Future[Verdict]] = {}
+        self._known_good: OrderedDict[bytes, float] = OrderedDict()  # key -> last allowed at
         self.failures = RateLimitedLog(log)
 
     @property
@@ -205,7 +210,12 @@ class KubeAuth:
         waiting = self._in_flight.get(key)
         if waiting is not None:  # the same token is being reviewed: share the answer
             return await asyncio.shield(waiting)
-        if len(self._in_flight) >= self.max_in_flight or not self._bucket.take():
+        # A token allowed before (whose decision expired) is reviewed again outside the rate
+        # bound: a flood of new tokens must not lock out the scraper it already knows.
+        known = self._known_good.get(key)
+        renewal = known is not None and self.clock() - known < KNOWN_GOOD_FOR
+        if not renewal and (len(self._in_flight) >= self.max_in_flight
+                            or not self._bucket.take()):
             self.failures.note("throttled", "more new bearer tokens than %.0f/s (burst %d) or "
                                "%d reviews at once: answering 429", self._bucket.rate,
                                int(self._bucket.burst), self.max_in_flight,
@@ -221,6 +231,13 @@ class KubeAuth:
             raise
         finally:
             del self._in_flight[key]
+        if verdict is Verdict.ALLOWED:
+            self._known_good[key] = self.clock()
+            self._known_good.move_to_end(key)
+            while len(self._known_good) > KNOWN_GOOD_SIZE:
+                self._known_good.popitem(last=False)
+        else:
+            self._known_good.pop(key, None)
         if verdict is not Verdict.UNAVAILABLE:  # failures are not remembered: retried next time
             ttl = self.allowed_ttl if verdict is Verdict.ALLOWED else self.denied_ttl
             self._cache[key] = _Entry(verdict, self.clock() + ttl)

@@ -151,6 +151,7 @@ class FakeApiServer:
         self.access_reviews = 0
         self.review_delay = 0.0
         self.review_error: int | None = None
+        self._conns: set[socket.socket] = set()  # open client connections, cut by stop()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -182,6 +183,13 @@ class FakeApiServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        with self._lock:  # a dead server's kept-alive connections die with it
+            for conn in list(self._conns):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._conns.clear()
         if self._thread is not None:
             self._thread.join(5)
         if self._tmpdir:
@@ -692,6 +700,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - keep test output clean
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.api._lock:
+            self.api._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.api._lock:
+            self.api._conns.discard(self.connection)
+        super().finish()
+
     def _send_json(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
@@ -777,8 +795,10 @@ class _Handler(BaseHTTPRequestHandler):
             while api._silent.is_set():
                 if api._stopping.wait(0.05):
                     return
-            if api.review_delay and api._stopping.wait(api.review_delay):
-                return
+            began = time.monotonic()  # set_review_delay(0) releases the held ones
+            while time.monotonic() - began < api.review_delay:
+                if api._stopping.wait(0.05):
+                    return
             if api.review_error is not None:
                 self._send_json(api.review_error, status_object(
                     api.review_error, "InternalError", "an error on the server (\"etcdserver: "
