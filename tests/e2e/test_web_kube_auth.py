@@ -18,7 +18,7 @@ from cryptography import x509
 
 from exporter.web.kubeauth import MAX_IN_FLIGHT, REVIEW_BURST, REVIEW_RATE, REVIEW_TIMEOUT
 from exporter.web.server import MAX_HEADER_BYTES
-from testkit.exporter_proc import Scrape, free_port, poll_until
+from testkit.exporter_proc import RunningExporter, Scrape, free_port, poll_until
 from testkit.fakes.apiserver import FakeApiServer
 from testkit.kubeauth import PROMETHEUS, BearerFlood, KubeAuthExporter, bearer_get, peer_certificate
 from testkit.web_attacks import proc_status
@@ -214,3 +214,36 @@ def test_the_same_garbage_token_10000_times_costs_one_review(api, exporter):
                    lambda n: AssertionError(f"only {n} flood requests"))
     assert flood.statuses == {401: flood.statuses[401]}, flood.statuses
     assert api.token_reviews - reviews == 1
+
+
+def test_the_deployment_as_written_lets_its_prometheus_scrape(api, tmp_path):
+    """deploy/ as a whole: the DaemonSet's arguments, the scrape ClusterRole bound to its
+    subjects (granted in the fake as RBAC would), the ServiceMonitor's scheme and path and
+    Prometheus's service account token: 200; any other service account: 403."""
+    from testkit.deploy import container_of, load_manifest
+
+    args = [a for a in container_of(load_manifest("daemonset.yaml"))["args"][1:]
+            if not a.startswith(("--web.listen-address", "--journal"))]
+    role = load_manifest("scrape-clusterrole.yaml")
+    binding = load_manifest("scrape-clusterrolebinding.yaml")
+    for subject in binding["subjects"]:
+        user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+        for rule in role["rules"]:
+            for url in rule["nonResourceURLs"]:
+                for verb in rule["verbs"]:
+                    api.allow_path(f"user:{user}", url, verb)
+        api.add_token(f"token-of-{subject['name']}", user)
+    api.add_token("token-of-default", "system:serviceaccount:default:default")
+    (endpoint,) = load_manifest("servicemonitor.yaml")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+
+    class AsDeployed(KubeAuthExporter):
+        def __init__(self) -> None:
+            RunningExporter.__init__(self, "--source", "uevent", "--kubernetes", "off",
+                                     "--kubeconfig", api.kubeconfig, *args)
+
+    with AsDeployed() as exp:
+        for subject in binding["subjects"]:
+            assert _status(bearer_get(exp.port, endpoint["path"],
+                                      token=f"token-of-{subject['name']}")) == 200
+        assert _status(bearer_get(exp.port, endpoint["path"], token="token-of-default")) == 403
