@@ -240,3 +240,51 @@ class Scraper:
     def quantile(self, q: float) -> float:
         times = sorted(t for _, t in self.results)
         return times[min(len(times) - 1, int(q * len(times)))] if times else float("nan")
+
+
+class AcceptVariants:
+    """`n` clients scraping back to back on kept-alive connections, client i asking for
+    OpenMetrics with its own `version=1.0.i` (valid, all meaning 1.0): before the rendering
+    cache was keyed by the negotiated format, each was a rendering of its own. `answered`
+    counts 200s."""
+
+    def __init__(self, port: int, n: int, accept: str = "application/openmetrics-text; "
+                 "version=1.0.{i}", connection: type = http.client.HTTPConnection,
+                 kwargs: dict | None = None):
+        self.port, self.n, self.accept = port, n, accept
+        self.connection, self.kwargs = connection, kwargs or {}
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._one, args=(i,), daemon=True)
+                         for i in range(n)]
+
+    def _one(self, i: int) -> None:
+        headers = {"Accept": self.accept.format(i=i)}
+        conn = None
+        while not self._stop.is_set():
+            if conn is None:
+                conn = self.connection("127.0.0.1", self.port, timeout=30, **self.kwargs)
+            try:
+                conn.request("GET", "/metrics", headers=headers)
+                r = conn.getresponse()
+                r.read()
+                if r.status == 200:
+                    with self._lock:
+                        self.answered += 1
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = None
+                self._stop.wait(0.1)
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> "AcceptVariants":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(35)
