@@ -116,8 +116,9 @@ case "$mode" in
   run)  base; venv run ;;
   # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
   test|bench) base
+        # curl: tests/e2e/test_runbook_commands.py runs the runbooks' scrape command as written.
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod
+          qemu-system-x86 busybox-static kmod curl
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod; lab_kernel; venv "test" ;;

@@ -42,6 +42,7 @@ from exporter.web.kubeauth import (
     check_config,
     review_client_factory,
 )
+from exporter.web.memory import Trimmer
 from exporter.web.ratelog import RateLimitedLog
 from exporter.web.routes import Routes
 from exporter.web.stream import Plain, Tls
@@ -139,6 +140,7 @@ class MetricsServer:
         self.failures = RateLimitedLog(log)
         self.max_connections = _connection_cap()
         self.evicted = 0
+        self.trimmer = Trimmer()
         self.sock = _listen(host, port)
         self.server_address = self.sock.getsockname()[:2]
         self._conns: OrderedDict[_Conn, None] = OrderedDict()  # open ones, oldest first
@@ -265,6 +267,10 @@ class MetricsServer:
             conn.abort()
         finally:
             self._conns.pop(conn, None)
+            conn.stream.release()
+            delay = self.trimmer.closed()
+            if delay is not None:  # a burst of connections: give the freed heap back after it
+                asyncio.get_running_loop().call_later(delay, self.trimmer.trim)
 
     async def _handshake(self, conn: _Conn, stream: Tls) -> bool:
         try:
