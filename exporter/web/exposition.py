@@ -122,7 +122,7 @@ class Exposition:
             major = parse_version(keywords.get("version", "1.0.0"))[0]
         except (TypeError, ValueError, IndexError):
             major = 1
-        version = "1.0.0" if major < 2 else "2.0.0"
+        version = "2.0.0" if isinstance(major, int) and major >= 2 else "1.0.0"
         return (partial(openmetrics.generate_latest, escaping=escaping, version=version),
                 f"application/openmetrics-text; version={version}; charset=utf-8; "
                 f"escaping={escaping}")

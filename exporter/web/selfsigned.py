@@ -26,7 +26,7 @@ VALID_DAYS = 365  # restarted long before: a new certificate every start
 
 def host_addresses() -> list[str]:
     """The IP addresses of the host's interfaces, loopback first, link-local left out."""
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     found: list[str] = []
     for addrs in psutil.net_if_addrs().values():

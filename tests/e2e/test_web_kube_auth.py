@@ -247,3 +247,32 @@ def test_the_deployment_as_written_lets_its_prometheus_scrape(api, tmp_path):
             assert _status(bearer_get(exp.port, endpoint["path"],
                                       token=f"token-of-{subject['name']}")) == 200
         assert _status(bearer_get(exp.port, endpoint["path"], token="token-of-default")) == 403
+
+
+@pytest.mark.parametrize("case", ["no-api-configuration", "basic-auth-users-too",
+                                  "none-with-basic-auth-users"])
+def test_a_web_auth_that_cannot_work_exits_2_with_the_fix(tmp_path, case):
+    import os
+    import subprocess
+    import sys
+
+    from testkit.exporter_proc import REPO
+
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: "
+                   "$2b$04$8t7GLVBoMAyB35WTQ8.SrOqa3M9JSxCAqdZQ3i5bltGd4UtBNFzXS\n")
+    args = {"no-api-configuration": ["--web.auth", "kubernetes"],
+            "basic-auth-users-too": ["--web.auth", "kubernetes", "--web.config.file", str(web)],
+            "none-with-basic-auth-users": ["--web.auth", "none", "--web.config.file", str(web)],
+            }[case]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}
+    r = subprocess.run([sys.executable, "-m", "exporter", "run", "--source", "uevent",
+                        "--kubernetes", "off", "--no-journal", "--web.listen-address",
+                        f"127.0.0.1:{free_port()}", *args], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert {"no-api-configuration": "--kubeconfig",
+            "basic-auth-users-too": "remove them, or use --web.auth=config",
+            "none-with-basic-auth-users": "basic_auth_users"}[case] in r.stderr, r.stderr
