@@ -35,7 +35,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from exporter.web.auth import hash_problem
 
