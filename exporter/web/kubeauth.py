@@ -236,7 +236,7 @@ class KubeAuth:
             self._known_good.move_to_end(key)
             while len(self._known_good) > KNOWN_GOOD_SIZE:
                 self._known_good.popitem(last=False)
-        else:
+        elif verdict is not Verdict.UNAVAILABLE:  # refused now: no longer known good
             self._known_good.pop(key, None)
         if verdict is not Verdict.UNAVAILABLE:  # failures are not remembered: retried next time
             ttl = self.allowed_ttl if verdict is Verdict.ALLOWED else self.denied_ttl

@@ -109,3 +109,22 @@ def test_a_token_for_other_audiences_is_refused():
     reviews = ScriptedReviews({"p": "prom"}, {"prom"})  # answers without status.audiences
     auth = KubeAuth(lambda: reviews, "/metrics", audiences=("nre",))
     assert _run(auth.authorize("Bearer p")) is Verdict.UNAUTHENTICATED
+
+
+def test_a_known_scraper_stays_known_through_an_api_outage():
+    clock = Clock()
+    reviews = ScriptedReviews({"p": "prom"}, {"prom"})
+    auth = _auth(reviews, clock, rate=5, burst=1, allowed_ttl=120)
+
+    async def go():
+        assert await auth.authorize("Bearer p") is Verdict.ALLOWED  # the whole burst
+        clock.now += 121
+        assert await auth.authorize("Bearer stranger0") is Verdict.UNAUTHENTICATED  # the burst
+        reviews.hang = True
+        auth.timeout = 0.01
+        assert await auth.authorize("Bearer p") is Verdict.UNAVAILABLE  # renewal, API hung
+        reviews.hang = False
+        # The bucket is empty (the clock did not move), but p is still known.
+        assert await auth.authorize("Bearer p") is Verdict.ALLOWED
+        assert await auth.authorize("Bearer stranger") is Verdict.THROTTLED
+    _run(go())
