@@ -276,3 +276,25 @@ def test_a_web_auth_that_cannot_work_exits_2_with_the_fix(tmp_path, case):
     assert {"no-api-configuration": "--kubeconfig",
             "basic-auth-users-too": "remove them, or use --web.auth=config",
             "none-with-basic-auth-users": "basic_auth_users"}[case] in r.stderr, r.stderr
+
+
+def test_a_certificate_from_a_mounted_secret_is_served_instead(api, tmp_path, fresh):
+    """The documented cert-manager / Secret path: --web.config.file with only a
+    tls_server_config; the exporter serves that certificate and still checks tokens."""
+    from cryptography.hazmat.primitives import serialization
+
+    from exporter.web.selfsigned import certificate
+
+    cert_pem, key_pem = certificate(["node-resize-exporter.node-resize-exporter.svc"], [])
+    (tmp_path / "tls.crt").write_bytes(cert_pem)
+    (tmp_path / "tls.key").write_bytes(key_pem)
+    web = tmp_path / "web-config.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path}/tls.crt\n"
+                   f"  key_file: {tmp_path}/tls.key\n")
+    with KubeAuthExporter(api.kubeconfig, "--web.config.file", str(web)) as exp:
+        served = x509.load_der_x509_certificate(peer_certificate(exp.port))
+        assert served == x509.load_pem_x509_certificate(cert_pem)
+        assert served.public_bytes(serialization.Encoding.PEM) == cert_pem
+        assert _status(bearer_get(exp.port, token=fresh)) == 200
+        assert _status(bearer_get(exp.port, token="nope")) == 401
+        assert "self-signed certificate made at start" not in exp.logs()
