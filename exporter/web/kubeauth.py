@@ -380,8 +380,11 @@ class HttpReviewClient:
 
 
 def review_client_factory(kubeconfig: str | None) -> Callable[[], ReviewClient]:
-    """Makes the client on first use, in the event loop that will use it."""
-    return lambda: HttpReviewClient(kubeconfig)
+    """The client, made now: reading the configuration and loading the CA bundle take a while
+    and must not stall the event loop at the first scrape (an httpx AsyncClient binds to the
+    loop that first uses it, not to the thread that makes it)."""
+    client = HttpReviewClient(kubeconfig)
+    return lambda: client
 
 
 def check_config(kubeconfig: str | None) -> None:
