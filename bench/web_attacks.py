@@ -22,6 +22,7 @@ import bcrypt  # noqa: E402
 
 from testkit.exporter_proc import RunningExporter  # noqa: E402
 from testkit.web_attacks import (  # noqa: E402
+    AcceptVariants,
     BigHeaders,
     Peak,
     Scraper,
@@ -166,6 +167,24 @@ def _guess(port: int, seconds: float, codes) -> None:
             codes[code] = codes.get(code, 0) + 1
 
 
+def accept_versions(seconds: float, clients: int = 40) -> None:
+    """`clients` scrapers each asking for its own OpenMetrics `version=`: the exporter's CPU
+    per answer, and a legitimate scraper's latency meanwhile."""
+    with RunningExporter(*QUICK) as exp:
+        exp.scrape()
+        base = proc_status(exp.proc.pid)
+        with Peak(exp.proc.pid) as peak:
+            with AcceptVariants(exp.port, clients) as flood:
+                time.sleep(2)
+                cpu0, answered0 = _cpu(exp.proc.pid), flood.answered
+                with Scraper(exp.port, interval=0.05, timeout=10) as scraper:
+                    time.sleep(seconds)
+                cpu, answered = _cpu(exp.proc.pid) - cpu0, flood.answered - answered0
+        report(f"{clients} scrapers, each its own OpenMetrics version", scraper, base, peak,
+               f"; exporter CPU {cpu:.1f} s for {answered} answers: "
+               f"{cpu / max(answered, 1) * 1000:.2f} ms per answer")
+
+
 def _cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -174,12 +193,15 @@ def _cpu(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--only", help="one scenario: a prefix of its name, or 'passwords'")
+    parser.add_argument("--only", help="one scenario: a prefix of its name, 'passwords' or "
+                        "'accept'")
     args = parser.parse_args()
     raise_fd_limit(8192)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only != "passwords":
+        if args.only in (None, "accept"):
+            accept_versions(args.seconds)
+        if args.only not in ("passwords", "accept"):
             attacked(args.seconds, args.only)
         if args.only in (None, "passwords"):
             password_guessing(args.seconds, Path(tmp))

@@ -263,8 +263,11 @@ def serve(options: Options) -> int:
         server = MetricsServer(options.listen_host, options.listen_port, registry_,
                                healthy=agent.alive.is_set, web_config=options.web_config_file,
                                version=agent.state_version,
-                               telemetry_path=options.web_telemetry_path)
-    except ValueError as e:  # --web.config.file: the message names the key and the fix
+                               telemetry_path=options.web_telemetry_path,
+                               auth=options.web_auth, node_name=node,
+                               kubeconfig=options.kubeconfig,
+                               token_audiences=tuple(options.web_auth_token_audience))
+    except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         agent.close_sources()
         return _fail(str(e))
     except OSError as e:

@@ -119,8 +119,9 @@ case "$mode" in
   # The benchmarks' smoke test runs in the suite, so test installs node_exporter (their peer) too.
   # python3-fusepy: the slow-disk journal test's FUSE file system (testkit/slowfs.py).
   test|bench) base
+        # curl: tests/e2e/test_runbook_commands.py runs the runbooks' scrape command as written.
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy
+          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;

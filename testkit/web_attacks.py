@@ -240,3 +240,114 @@ class Scraper:
     def quantile(self, q: float) -> float:
         times = sorted(t for _, t in self.results)
         return times[min(len(times) - 1, int(q * len(times)))] if times else float("nan")
+
+
+class AcceptVariants:
+    """`n` clients scraping back to back on kept-alive connections, client i asking for
+    OpenMetrics with its own `version=1.0.i` (valid, all meaning 1.0): before the rendering
+    cache was keyed by the negotiated format, each was a rendering of its own. `answered`
+    counts 200s."""
+
+    def __init__(self, port: int, n: int, accept: str = "application/openmetrics-text; "
+                 "version=1.0.{i}", connection: type = http.client.HTTPConnection,
+                 kwargs: dict | None = None):
+        self.port, self.n, self.accept = port, n, accept
+        self.connection, self.kwargs = connection, kwargs or {}
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._one, args=(i,), daemon=True)
+                         for i in range(n)]
+
+    def _one(self, i: int) -> None:
+        headers = {"Accept": self.accept.format(i=i)}
+        conn = None
+        while not self._stop.is_set():
+            if conn is None:
+                conn = self.connection("127.0.0.1", self.port, timeout=30, **self.kwargs)
+            try:
+                conn.request("GET", "/metrics", headers=headers)
+                r = conn.getresponse()
+                r.read()
+                if r.status == 200:
+                    with self._lock:
+                        self.answered += 1
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = None
+                self._stop.wait(0.1)
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> "AcceptVariants":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(35)
+
+
+def half_client_hello(claimed: int = 131_000, sent: int = 1000) -> bytes:
+    """The start of a TLS ClientHello that claims `claimed` bytes of handshake message and
+    carries only `sent` of them: a TLS record header (handshake, TLS 1.0, a full record), the
+    handshake header (ClientHello, its length), then filler."""
+    record = min(claimed + 4, 16384)
+    return (bytes([22, 3, 1]) + record.to_bytes(2, "big") + bytes([1])
+            + claimed.to_bytes(3, "big") + bytes([3, 3]) + b"\x00" * (sent - 2))
+
+
+class HalfHellos:
+    """`n` connections that each send half a ClientHello and wait; a connection the server
+    closes (its handshake timeout) is opened again at once, for as long as the attack lasts.
+    `opened` counts connections made."""
+
+    def __init__(self, port: int, n: int, hello: bytes | None = None):
+        self.port, self.n = port, n
+        self.hello = hello if hello is not None else half_client_hello()
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._socks: list[socket.socket | None] = [None] * n
+
+    def _open(self) -> socket.socket | None:
+        s = _connect(self.port)
+        if s is None:
+            return None
+        try:
+            s.setblocking(True)
+            s.sendall(self.hello)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            return None
+        self.opened += 1
+        return s
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i, s in enumerate(self._socks):
+                if s is not None:
+                    try:
+                        if s.recv(4096) == b"":
+                            raise ConnectionResetError
+                        continue  # an alert: the server refused; read until it closes
+                    except BlockingIOError:
+                        continue  # still held open by the server
+                    except OSError:
+                        s.close()
+                self._socks[i] = self._open()
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> "HalfHellos":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for s in self._socks:
+            if s is not None:
+                s.close()

@@ -147,6 +147,15 @@ declare(
     Opt("web_config_file", ("--web.config.file",), None,
         "TLS / basic auth config in the Prometheus exporter-toolkit format "
         "(docs/security.md).", Path_()),
+    Opt("web_auth", ("--web.auth",), "config",
+        "Who may read the telemetry path: config = as --web.config.file says (basic auth, or "
+        "nobody checked without it); kubernetes = a bearer token the API server authenticates "
+        "(TokenReview) and authorizes for get on the path (SubjectAccessReview), over TLS "
+        "(the file's certificate, else a self-signed one made at start); none = no check.",
+        click.Choice(["config", "kubernetes", "none"])),
+    Opt("web_auth_token_audience", ("--web.auth.token-audience",), (),
+        "Repeatable: with --web.auth=kubernetes, accept only tokens for one of these "
+        "audiences [default: the API server's own].", multiple=True, show_default=False),
     Opt("log_level", ("--log.level", "--log-level"), "info",
         "Only log messages with the given severity or above.",
         click.Choice(["debug", "info", "warn", "warning", "error"])),

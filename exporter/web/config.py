@@ -35,7 +35,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from exporter.web.auth import hash_problem
 
@@ -75,6 +75,7 @@ _TLS12_SUITES = {
     "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
     "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
 }
+TLS12_SUITES = _TLS12_SUITES  # for the generated certificate's context (web/selfsigned.py)
 # Valid names that only concern TLS 1.3, whose suites neither Go nor OpenSSL lets one choose.
 _TLS13_SUITES = {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
                  "TLS_CHACHA20_POLY1305_SHA256"}

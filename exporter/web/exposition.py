@@ -8,6 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from prometheus_client import (
@@ -22,8 +23,14 @@ from prometheus_client.exposition import (
     generate_latest,
     gzip_accepted,
 )
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.utils import parse_version
 
-CACHED_FORMATS = 8  # (content type, gzip) pairs kept; the Accept header is the client's to vary
+# (content type, gzip) pairs kept. Content types are the negotiated formats, not the client's
+# words (_negotiate): text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 and 2.0.0, each in one of four
+# name escapings, and OpenMetrics without a version: 14, times gzip or not, all fit, so no client
+# can evict another's rendering by rotating its Accept header.
+CACHED_FORMATS = 32
 GZIP_LEVEL = 6  # zlib's default: ~4x smaller here, a fraction of the cost of level 9
 
 class _Forward:
@@ -97,11 +104,28 @@ class Exposition:
 
     @staticmethod
     def _negotiate(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+        """prometheus_client's choice of encoder, with the content type (the cache key) made
+        one of a fixed few: it echoes the client's OpenMetrics `version=` back, so each
+        version a client invents (1.0.1, 1.0.2, ...) would be a rendering of its own, while
+        the encoder only distinguishes below 2.0.0 from the rest."""
         try:
-            return choose_encoder(accept)
+            encoder, content_type = choose_encoder(accept)
         except (TypeError, ValueError):
             # prometheus_client compares the client's `version=` as a tuple: "1.a" raises.
             return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        if not content_type.startswith("application/openmetrics-text; version=") \
+                or "escaping=" not in content_type:
+            return encoder, content_type  # a constant: text formats, OpenMetrics unversioned
+        keywords = getattr(encoder, "keywords", {})
+        escaping = keywords.get("escaping", openmetrics.UNDERSCORES)
+        try:
+            major = parse_version(keywords.get("version", "1.0.0"))[0]
+        except (TypeError, ValueError, IndexError):
+            major = 1
+        version = "2.0.0" if isinstance(major, int) and major >= 2 else "1.0.0"
+        return (partial(openmetrics.generate_latest, escaping=escaping, version=version),
+                f"application/openmetrics-text; version={version}; charset=utf-8; "
+                f"escaping={escaping}")
 
     def get(self, accept: str = "", accept_encoding: str = "") -> Rendering:
         encoder, content_type = self._negotiate(accept)

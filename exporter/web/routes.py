@@ -1,6 +1,7 @@
 """What each path of the HTTP endpoint answers: the telemetry path (the shared rendering, on a
 small thread pool), /healthz, the index page; basic auth with its cache checked on the event
-loop and bcrypt on a bounded pool (AUTH_THREADS at once, AUTH_WAIT for a slot, then 429).
+loop and bcrypt on a bounded pool (AUTH_THREADS at once, AUTH_WAIT for a slot, then 429), or
+Kubernetes bearer tokens (exporter/web/kubeauth.py) on the telemetry path.
 exporter/web/server.py owns the connections; this module sees one parsed request at a time.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import h11
 
 from exporter.web.auth import AUTH_CONCURRENCY, AUTH_WAIT, AuthBusy, BasicAuth
 from exporter.web.exposition import Exposition
+from exporter.web.kubeauth import REFUSALS, KubeAuth, Verdict, WebAuthStats
 
 RENDER_THREADS = 2
 AUTH_THREADS = AUTH_CONCURRENCY  # more threads would only wait for a slot
@@ -30,13 +32,16 @@ Response = tuple[int, str, bytes, dict[str, str]]  # status, content type, body,
 
 class Routes:
     def __init__(self, exposition: Exposition, auth: BasicAuth, healthy: Callable[[], bool],
-                 telemetry_path: str):
+                 telemetry_path: str, kube_auth: KubeAuth | None = None,
+                 stats: WebAuthStats | None = None):
         if not telemetry_path.startswith("/") or telemetry_path in ("/", "/healthz") \
                 or any(c in telemetry_path for c in "?# \r\n\"<>"):
             raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
                              "/metrics (starting with /, not / or /healthz)")
         self.exposition = exposition
         self.auth = auth
+        self.kube_auth = kube_auth
+        self.stats = stats or WebAuthStats()
         self.healthy = healthy
         self.telemetry_path = telemetry_path
         self.index = INDEX.format(path=html.escape(telemetry_path, quote=True)).encode()
@@ -54,8 +59,18 @@ class Routes:
         path = request.target.split(b"?", 1)[0].decode("latin-1")
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
-        if path != "/healthz" and self.auth.enabled:
+        if path == self.telemetry_path and self.kube_auth is not None:
+            # Only the telemetry path is protected: /healthz is for probes, and the index
+            # page and 404s are constant text.
+            decision = await self.kube_auth.authorize(_header(request, b"authorization"))
+            if decision is not Verdict.ALLOWED:
+                code, text, headers = REFUSALS[decision]
+                return code, "text/plain", text, headers
+        elif path != "/healthz" and self.auth.enabled:
             verdict = await self._authorized(request)
+            if path == self.telemetry_path:
+                self.stats.decided(Verdict.THROTTLED if verdict is None else
+                                   Verdict.ALLOWED if verdict else Verdict.UNAUTHENTICATED)
             if verdict is None:
                 return 429, "text/plain", b"too many password checks at once\n", \
                     {"Retry-After": "1"}

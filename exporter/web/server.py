@@ -1,9 +1,11 @@
 """The HTTP endpoint: the telemetry path (/metrics by default), /healthz and an index page.
 
 Plain HTTP by default; `--web.config.file` (exporter/web/config.py) adds TLS, client
-certificates and basic auth. /healthz answers without basic auth (a kubelet probe carries no
-password and learns only "ok"); it is still behind TLS and client certificates when those are
-configured.
+certificates and basic auth. `--web.auth=kubernetes` (the DaemonSet's) checks bearer tokens with
+the API server instead (exporter/web/kubeauth.py), over TLS with the file's certificate or one
+made at start (exporter/web/selfsigned.py). /healthz answers without authentication (a kubelet
+probe carries no credentials and learns only "ok"); it is still behind TLS and client
+certificates when those are configured.
 
 Built to stay up when anyone who can reach the port misbehaves (issue 16): one asyncio event
 loop holds every connection (tens of KiB each at most, not a thread), HTTP is parsed by h11
@@ -30,8 +32,17 @@ import h11
 from prometheus_client import CollectorRegistry
 
 from exporter.web.auth import BasicAuth
+from exporter.web.authmetrics import WebAuthCollector
 from exporter.web.config import WebConfig, load_web_config, peer_san_allowed
 from exporter.web.exposition import Exposition
+from exporter.web.kubeauth import (
+    KubeAuth,
+    ReviewClient,
+    WebAuthStats,
+    check_config,
+    review_client_factory,
+)
+from exporter.web.memory import Trimmer
 from exporter.web.ratelog import RateLimitedLog
 from exporter.web.routes import Routes
 from exporter.web.stream import Plain, Tls
@@ -83,23 +94,53 @@ class MetricsServer:
     the web config (ValueError naming the key); start() serves from a thread, stop() ends it.
 
         MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
-                      telemetry_path="/metrics")
+                      telemetry_path="/metrics", auth="config", node_name="",
+                      kubeconfig=None, token_audiences=())
+
+    `auth`: "config" (the web config file decides: basic auth or none), "none" (no
+    authentication; basic_auth_users in the file are an error), "kubernetes" (bearer tokens,
+    TokenReview + SubjectAccessReview, always TLS: the file's certificate or a self-signed one
+    for `node_name`; `review_client` replaces the HTTP client to the API server in tests).
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  healthy: Callable[[], bool] = lambda: True, web_config: str | None = None,
                  version: Callable[[], object] = lambda: None,
-                 telemetry_path: str = "/metrics"):
+                 telemetry_path: str = "/metrics", auth: str = "config", node_name: str = "",
+                 kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
+                 review_client: Callable[[], ReviewClient] | None = None):
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
+        self.auth_mode = auth
+        self.generated_certificate: bytes | None = None  # PEM, when made at start
+        self.kube_auth: KubeAuth | None = None
+        self.auth_stats = WebAuthStats()
+        if auth in ("kubernetes", "none") and self.web.users:
+            raise ValueError(f"--web.auth={auth}: --web.config.file {self.web.path} has "
+                             "basic_auth_users; remove them, or use --web.auth=config")
+        if auth == "kubernetes":
+            if review_client is None:
+                check_config(kubeconfig)  # ValueError naming the fix
+                review_client = review_client_factory(kubeconfig)
+            if self.web.ssl_context is None:
+                from exporter.web.selfsigned import self_signed_context
+                self.web.ssl_context, self.generated_certificate = self_signed_context(
+                    node_name or socket.gethostname())
+            self.kube_auth = KubeAuth(review_client, telemetry_path, token_audiences,
+                                      stats=self.auth_stats)
+        elif auth not in ("config", "none"):
+            raise ValueError(f"--web.auth {auth!r}: one of kubernetes, config, none")
         self.auth = BasicAuth(self.web.users)
         self.exposition = Exposition(registry, version)
         # ValueError on a bad path, before the socket is bound.
-        self.routes = Routes(self.exposition, self.auth, healthy, telemetry_path)
+        self.routes = Routes(self.exposition, self.auth, healthy, telemetry_path,
+                             kube_auth=self.kube_auth, stats=self.auth_stats)
+        registry.register(WebAuthCollector(self.auth_stats))
         self.telemetry_path = telemetry_path
         self.extra_headers = dict(self.web.headers)
         self.failures = RateLimitedLog(log)
         self.max_connections = _connection_cap()
         self.evicted = 0
+        self.trimmer = Trimmer()
         self.sock = _listen(host, port)
         self.server_address = self.sock.getsockname()[:2]
         self._conns: OrderedDict[_Conn, None] = OrderedDict()  # open ones, oldest first
@@ -120,10 +161,15 @@ class MetricsServer:
         self._thread.start()
         self._started.wait(10)
         host, port = self.server_address
-        log.info("serving %s://%s:%d%s%s%s", self.scheme, host, port, self.telemetry_path,
+        log.info("serving %s://%s:%d%s%s%s%s", self.scheme, host, port, self.telemetry_path,
                  " (client certificates required)" if self.web.ssl_context is not None
                  and self.web.ssl_context.verify_mode == ssl.CERT_REQUIRED else "",
-                 " (basic auth)" if self.auth.enabled else "")
+                 " (basic auth)" if self.auth.enabled else "",
+                 " (Kubernetes bearer tokens: TokenReview, SubjectAccessReview)"
+                 if self.kube_auth is not None else "")
+        if self.generated_certificate is not None:
+            log.info("TLS with a self-signed certificate made at start (no "
+                     "tls_server_config given)")
         for note in self.web.notes:
             log.warning("--web.config.file %s: %s", self.web.path, note)
 
@@ -155,6 +201,11 @@ class MetricsServer:
             server.close()
             for conn in list(self._conns):
                 conn.abort()
+            if self.kube_auth is not None:
+                try:
+                    await asyncio.wait_for(self.kube_auth.aclose(), 2)
+                except Exception:  # noqa: BLE001 - stopping: the API client's close is best effort
+                    pass
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         # asyncio's own reports (accept() out of descriptors, a transport error): rate-limited.
@@ -216,6 +267,10 @@ class MetricsServer:
             conn.abort()
         finally:
             self._conns.pop(conn, None)
+            conn.stream.release()
+            delay = self.trimmer.closed()
+            if delay is not None:  # a burst of connections: give the freed heap back after it
+                asyncio.get_running_loop().call_later(delay, self.trimmer.trim)
 
     async def _handshake(self, conn: _Conn, stream: Tls) -> bool:
         try:

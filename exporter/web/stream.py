@@ -31,6 +31,10 @@ class Plain:
     def goodbye(self) -> None:
         """Whatever the protocol says before the TCP close (nothing, for plain HTTP)."""
 
+    def release(self) -> None:
+        """The connection is closed: drop what it held (TLS: the SSL object and its buffers),
+        now rather than when the garbage collector breaks the cycles an exception left."""
+
 
 class Tls(Plain):
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -97,3 +101,9 @@ class Tls(Plain):
         except (ssl.SSLError, ValueError, OSError):
             pass
         self._flush()
+
+    def release(self) -> None:
+        # ~48 KiB of OpenSSL state per connection; a handshake that failed leaves this object
+        # in a reference cycle (exception -> traceback -> frame -> self) that only gc breaks.
+        self.tls = None  # type: ignore[assignment]
+        self._in = self._out = None  # type: ignore[assignment]

@@ -22,6 +22,14 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   still work: a list followed by the same failure, again and again);
   throttle(429, retry_after=2, count=3) answers the next 3 requests with that status and a
   Retry-After header (request_times holds when each request came, for the tests).
+- delegated authentication and authorization, as kube-apiserver answers a node agent that
+  checks scrapers' tokens (--web.auth=kubernetes): POST tokenreviews (authentication.k8s.io/v1)
+  authenticates the tokens add_token() made (expire_token() makes one expired; a token for
+  other audiences is refused as the real server refuses it), POST subjectaccessreviews
+  (authorization.k8s.io/v1) allows what allow_path() granted to a user or group; both 201 with
+  the review and its status; token_reviews / access_reviews count them; set_review_delay(s)
+  holds every review answer for s seconds, set_review_error(code) answers them with a Status;
+  ("create", "tokenreviews") in `denied` refuses our own account (403, as RBAC would).
 - recordings (issue 17): replay(path, step) publishes a raw watch stream recorded from a real
   kube-apiserver (tests/fixtures/kubelet-v1.36/) event by event, BOOKMARKs included;
   publish_recorded(event) publishes one.
@@ -157,6 +165,15 @@ class FakeApiServer:
         self.denied: set[tuple[str, str]] = set()
         self.event_writes: list[tuple[str, str]] = []  # (method, name or "") of each Event write
         self._event_write_error: int | None = None
+        # Delegated authn/authz: token -> (user info, audiences, expired); granted
+        # (subject, path, verb) where subject is "user:NAME" or "group:NAME".
+        self.tokens: dict[str, tuple[dict, tuple[str, ...], bool]] = {}
+        self.granted: set[tuple[str, str, str]] = set()
+        self.token_reviews = 0
+        self.access_reviews = 0
+        self.review_delay = 0.0
+        self.review_error: int | None = None
+        self._conns: set[socket.socket] = set()  # open client connections, cut by stop()
 
     def set_event_write_error(self, code: int | None) -> None:
         """Answer every POST and PATCH of an Event with this HTTP status and a Status body
@@ -198,6 +215,13 @@ class FakeApiServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        with self._lock:  # a dead server's kept-alive connections die with it
+            for conn in list(self._conns):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._conns.clear()
         if self._thread is not None:
             self._thread.join(5)
         if self._tmpdir:
@@ -343,6 +367,76 @@ class FakeApiServer:
                     continue
                 out.append(query)
             return out
+
+    # ------------------------------------------------------------ delegated auth
+
+    API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # kube-apiserver's default
+
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = (),
+                  audiences: tuple[str, ...] = (API_AUDIENCE,), uid: str | None = None) -> None:
+        """A token the API server authenticates as `username` (a service account's is
+        system:serviceaccount:NS:NAME, in groups system:serviceaccounts and
+        system:serviceaccounts:NS, as kube-apiserver says)."""
+        user = {"username": username, "uid": uid or str(uuid.uuid4()),
+                "groups": [*groups, "system:authenticated"]}
+        with self._lock:
+            self.tokens[token] = (user, tuple(audiences), False)
+
+    def expire_token(self, token: str) -> None:
+        with self._lock:
+            user, audiences, _ = self.tokens[token]
+            self.tokens[token] = (user, audiences, True)
+
+    def allow_path(self, subject: str, path: str = "/metrics", verb: str = "get") -> None:
+        """Grant `verb` on the non-resource `path` to "user:NAME" or "group:NAME" (what a
+        ClusterRole with nonResourceURLs and its binding do)."""
+        with self._lock:
+            self.granted.add((subject, path, verb))
+
+    def set_review_delay(self, seconds: float) -> None:
+        self.review_delay = seconds
+
+    def set_review_error(self, code: int | None) -> None:
+        self.review_error = code
+
+    def _token_review(self, body: dict) -> dict:
+        spec = body.get("spec") or {}
+        wanted = tuple(spec.get("audiences") or (self.API_AUDIENCE,))
+        with self._lock:
+            self.token_reviews += 1
+            known = self.tokens.get(spec.get("token", ""))
+        status: dict[str, Any] = {"user": {}}
+        if known is None:
+            status["error"] = "[invalid bearer token, square/go-jose: error in cryptographic " \
+                              "primitive]"
+        elif known[2]:
+            status["error"] = "[invalid bearer token, service account token has expired]"
+        elif not set(wanted) & set(known[1]):
+            status["error"] = (f"[invalid bearer token, token audiences {list(known[1])} is "
+                               f"invalid for the target audiences {list(wanted)}]")
+        else:
+            status = {"authenticated": True, "user": copy.deepcopy(known[0]),
+                      "audiences": sorted(set(wanted) & set(known[1]))}
+        return {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+
+    def _access_review(self, body: dict) -> dict:
+        spec = body.get("spec") or {}
+        attrs = spec.get("nonResourceAttributes") or {}
+        subjects = {f"user:{spec.get('user', '')}"} | {f"group:{g}" for g in
+                                                        spec.get("groups") or []}
+        with self._lock:
+            self.access_reviews += 1
+            allowed = any((s, attrs.get("path"), attrs.get("verb")) in self.granted
+                          for s in subjects)
+        status: dict[str, Any] = {"allowed": allowed}
+        if not allowed:
+            status["reason"] = ""  # RBAC's no-opinion: allowed false, no reason, not denied
+        else:
+            status["reason"] = ('RBAC: allowed by ClusterRoleBinding "node-resize-exporter-'
+                                'scrape" of ClusterRole "node-resize-exporter-scrape"')
+        return {"kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
     # ------------------------------------------------------------ objects
 
@@ -648,6 +742,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - keep test output clean
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.api._lock:
+            self.api._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.api._lock:
+            self.api._conns.discard(self.connection)
+        super().finish()
+
     def _send_json(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
@@ -727,6 +831,32 @@ class _Handler(BaseHTTPRequestHandler):
         with api._lock:
             api.requests.append((url.path, {"method": "POST"}))
         parts = url.path.strip("/").split("/")
+        review = {("authentication.k8s.io", "tokenreviews"): api._token_review,
+                  ("authorization.k8s.io", "subjectaccessreviews"): api._access_review}.get(
+                      (parts[1], parts[3]) if len(parts) == 4 and parts[0] == "apis"
+                      and parts[2] == "v1" else ("", ""))
+        if review is not None:
+            while api._silent.is_set():
+                if api._stopping.wait(0.05):
+                    return
+            began = time.monotonic()  # set_review_delay(0) releases the held ones
+            while time.monotonic() - began < api.review_delay:
+                if api._stopping.wait(0.05):
+                    return
+            if api.review_error is not None:
+                self._send_json(api.review_error, status_object(
+                    api.review_error, "InternalError", "an error on the server (\"etcdserver: "
+                    "request timed out\") has prevented the request from succeeding"))
+                return
+            if ("create", parts[3]) in api.denied:
+                self._send_json(403, status_object(
+                    403, "Forbidden", f'{parts[3]}.{parts[1]} is forbidden: User "system:'
+                    f'serviceaccount:node-resize-exporter:node-resize-exporter" cannot create '
+                    f'resource "{parts[3]}" in API group "{parts[1]}" at the cluster scope',
+                    {"group": parts[1], "kind": parts[3]}))
+                return
+            self._send_json(201, review(body))
+            return
         if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
             attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
             allowed = (attrs.get("verb"), attrs.get("resource")) not in api.denied

@@ -2,17 +2,15 @@
 versions kubernetes-validate knows, the PrometheusRule is what alerts/ generates, the RBAC is what
 the code calls, and the DaemonSet keeps its promises: capabilities, read-only mounts, not
 privileged, starts on every node (optional host paths, its own priority class), the shipped
-seccomp profile, /metrics behind TLS and basic auth, found by kube-prometheus-stack, whose
-Grafana sidecar loads the dashboards component's ConfigMaps.
+seccomp profile, /metrics behind TLS and Kubernetes token auth with the RBAC it needs,
+found by kube-prometheus-stack, whose Grafana sidecar loads the dashboards component's
+ConfigMaps.
 tests/kernel/test_image.py runs the image with this DaemonSet's securityContext for real."""
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import dockerfile
@@ -529,55 +527,63 @@ def test_shipped_profile_is_the_runtime_default_plus_bpf_and_perf_event_open():
 # --- /metrics protected, found by kube-prometheus-stack -------------------------------------
 
 
-def _web_secret() -> dict:
-    out = subprocess.run(
-        [sys.executable, str(DEPLOY / "web-secret.py")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return yaml.safe_load(out)
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
-def test_metrics_are_served_with_tls_and_basic_auth_from_the_web_secret():
+def _telemetry_path(args: list[str]) -> str:
+    given = [a.split("=", 1)[1] for a in args if a.startswith("--web.telemetry-path=")]
+    return given[-1] if given else "/metrics"
+
+
+def test_metrics_are_served_with_kubernetes_auth_and_no_secret_to_mint():
     ds = load_manifest("daemonset.yaml")
     args = container_of(ds)["args"]
-    (config,) = [a.split("=", 1)[1] for a in args if a.startswith("--web.config.file=")]
-    mounts = {m["mountPath"]: m for m in container_of(ds)["volumeMounts"]}
-    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    mount = mounts[str(Path(config).parent)]
-    assert mount["readOnly"] is True
-    secret = _web_secret()
-    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
-    for version in KUBE_VERSIONS:
-        kubernetes_validate.validate(secret, version, strict=True)
-    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    web = yaml.safe_load(files[Path(config).name])
-    tls = web["tls_server_config"]
-    for key in ("cert_file", "key_file"):
-        assert Path(tls[key]).parent == Path(config).parent and Path(tls[key]).name in files
-    assert list(web["basic_auth_users"]) == [files["username"]]
+    assert "--web.auth=kubernetes" in args
+    assert not any(a.startswith("--web.config.file") for a in args)
+    volumes = ds["spec"]["template"]["spec"]["volumes"]
+    assert not [v for v in volumes if "secret" in v], "the default deployment mounts no Secret"
     for probe in ("readinessProbe", "livenessProbe"):
         assert container_of(ds)[probe]["httpGet"]["scheme"] == "HTTPS"
+        assert container_of(ds)[probe]["httpGet"]["path"] == "/healthz"
     (endpoint,) = load_manifest("servicemonitor.yaml")["spec"]["endpoints"]
     assert endpoint["scheme"] == "https"
-    name = secret["metadata"]["name"]
-    assert endpoint["basicAuth"] == {
-        "username": {"name": name, "key": "username"},
-        "password": {"name": name, "key": "password"},
-    }
-    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": name, "key": "tls.crt"}}
-    assert (
-        f"DNS:{endpoint['tlsConfig']['serverName']}"
-        in subprocess.run(
-            ["openssl", "x509", "-noout", "-ext", "subjectAltName"],
-            input=files["tls.crt"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    assert endpoint["path"] == _telemetry_path(args)
+    # Prometheus's own token, and no verification of the certificate made at start.
+    assert endpoint["bearerTokenFile"] == SA_TOKEN
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    assert "basicAuth" not in endpoint
+    assert not (DEPLOY / "web-secret.py").exists()
+
+
+def test_the_exporter_may_create_token_and_access_reviews():
+    """The code POSTs TokenReviews and SubjectAccessReviews; system:auth-delegator (create on
+    both, nothing else) is bound to the DaemonSet's service account."""
+    code = (REPO / "exporter" / "web" / "kubeauth.py").read_text()
+    assert '"/apis/authentication.k8s.io/v1/tokenreviews"' in code
+    assert '"/apis/authorization.k8s.io/v1/subjectaccessreviews"' in code
+    binding = load_manifest("auth-delegator.yaml")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "system:auth-delegator"}
+    sa = load_manifest("serviceaccount.yaml")
+    ds = load_manifest("daemonset.yaml")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_prometheus_may_get_exactly_the_telemetry_path():
+    args = container_of(load_manifest("daemonset.yaml"))["args"]
+    role = load_manifest("scrape-clusterrole.yaml")
+    assert role["rules"] == [{"nonResourceURLs": [_telemetry_path(args)], "verbs": ["get"]}]
+    binding = load_manifest("scrape-clusterrolebinding.yaml")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    subjects = {(s["namespace"], s["name"]) for s in binding["subjects"]}
+    # kube-prometheus's Prometheus, and kube-prometheus-stack's for the release the
+    # kustomization's `release` label names.
+    release = yaml.safe_load(next(p["patch"] for p in load_manifest("kustomization.yaml")
+                                  ["patches"]))[0]["value"]
+    assert subjects == {("monitoring", "prometheus-k8s"),
+                        ("monitoring", f"{release}-prometheus")}
 
 
 def test_kube_prometheus_stack_default_selectors_find_monitor_and_rules():

@@ -1,24 +1,22 @@
 """The container image, run for real: `make image`'s OCI archive, unpacked with umoci and run
 with runc exactly as deploy/daemonset.yaml asks (testkit/oci_pod.py reads the securityContext,
 mounts and seccomp profile from it): capabilities BPF and PERFMON only, read-only root, no
-privilege escalation, the host paths, the host network, the shipped seccomp profile, the web
-config Secret. cpu1 goes offline and online on the host and the bpf source inside the container
-counts and times both. Root and the real kernel; the image is built once per session (its
-Debian layer is cached across sessions, see deploy/image/build.sh)."""
+privilege escalation, the host paths, the host network, the shipped seccomp profile,
+--web.auth=kubernetes (against the fake API server on the host's loopback, through a mounted
+kubeconfig: the one thing added). cpu1 goes offline and online on the host and the bpf source
+inside the container counts and times both. Root and the real kernel; the image is built once
+per session (its Debian layer is cached across sessions, see deploy/image/build.sh)."""
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from testkit import oci_pod
 from testkit.exporter_proc import Scrape, free_port, poll_until
@@ -71,18 +69,19 @@ def unpacked(image_archive, tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.fixture
-def web_secret(tmp_path) -> tuple[Path, str]:
-    """The Secret deploy/web-secret.py makes, as the files a secret volume shows; and the
-    scrape password."""
-    out = subprocess.run([str(REPO / ".venv" / "bin" / "python"),
-                          str(REPO / "deploy" / "web-secret.py")],
-                         check=True, capture_output=True, text=True, timeout=60).stdout
-    data = yaml.safe_load(out)["data"]
-    files = tmp_path / "secret-web"
-    files.mkdir()
-    for key, value in data.items():
-        (files / key).write_bytes(base64.b64decode(value))
-    return files, (files / "password").read_text()
+def web_secret(tmp_path):
+    """The API server the exporter checks scrapers' tokens with (a pod gets the in-cluster
+    service account; here a kubeconfig in a directory mounted into the container), and a token
+    it grants get on /metrics. Yields (kubeconfig directory, token)."""
+    from testkit.fakes.apiserver import serving_node
+    from testkit.kubeauth import PROMETHEUS
+
+    folder = tmp_path / "kube"
+    folder.mkdir()
+    with serving_node(str(folder), os.uname().nodename) as api:
+        api.add_token("image-test-token", PROMETHEUS)
+        api.allow_path(f"user:{PROMETHEUS}")
+        yield folder, "image-test-token"
 
 
 class Container:
@@ -122,17 +121,16 @@ class Container:
         self.log.close()
 
 
-def _scraper(container: Container, port: int, ca: Path, password: str):
-    ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.check_hostname = False  # the certificate names node-resize-exporter, we dial 127.0.0.1
-    auth = base64.b64encode(f"prometheus:{password}".encode()).decode()
+def _scraper(container: Container, port: int, token: str):
+    from testkit.kubeauth import insecure_context
+    ctx = insecure_context()  # the certificate the exporter made at start, as the ServiceMonitor
 
     def scrape() -> Scrape | None:
         if container.proc.poll() is not None:
             raise AssertionError(f"container exited {container.proc.returncode}:\n"
                                  f"{container.logs()}")
         req = urllib.request.Request(f"https://127.0.0.1:{port}/metrics",
-                                     headers={"Authorization": f"Basic {auth}"})
+                                     headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
                 return Scrape(r.read().decode())
@@ -157,14 +155,17 @@ def _bpf_attached(s: Scrape) -> bool:
 
 def _pod(unpacked, tmp_path, web_secret, **kwargs) -> tuple[dict, str, int]:
     _, image_spec = unpacked
-    files, _ = web_secret
+    kube, _ = web_secret
     port = free_port()
     args = [a for a in oci_pod.exporter_container(oci_pod.daemonset())["args"]
             if not a.startswith("--web.listen-address")]
     args.append(f"--web.listen-address=127.0.0.1:{port}")  # host network: the host's loopback
+    args.append("--kubeconfig=/etc/nre-test-kube/kubeconfig")  # in a pod: the service account
     spec, what = oci_pod.bundle_config(image_spec, tmp_path / "scratch", args,
-                                       {"NODE_NAME": os.uname().nodename},
-                                       {"node-resize-exporter-web": files}, **kwargs)
+                                       {"NODE_NAME": os.uname().nodename}, {}, **kwargs)
+    spec["mounts"].append({"destination": "/etc/nre-test-kube", "type": "bind",
+                           "source": str(kube),
+                           "options": ["rbind", "rprivate", "nosuid", "nodev", "ro"]})
     return spec, what, port
 
 
@@ -177,9 +178,9 @@ def test_image_counts_cpu1_through_bpf_with_the_daemonsets_security(unpacked, tm
                                                                      web_secret, cpu1):
     spec, what, port = _pod(unpacked, tmp_path, web_secret)
     assert what == "Localhost node-resize-exporter.json"
-    files, password = web_secret
+    _, token = web_secret
     with Container(spec, tmp_path) as c:
-        scrape = _scraper(c, port, files / "tls.crt", password)
+        scrape = _scraper(c, port, token)
         # source_up exists from the first scrape ("starting", 0); each source's thread says
         # up later, and /metrics answers before: wait for BPF's own word and its programs.
         up = _wait(scrape, c, _bpf_attached, "bpf never came up")
@@ -207,9 +208,9 @@ def test_image_uses_its_own_headers_on_a_node_without_any(unpacked, tmp_path, we
     headers and the bpf source attaches."""
     spec, _, port = _pod(unpacked, tmp_path, web_secret,
                          absent=frozenset({"/lib/modules", "/usr/src"}))
-    files, password = web_secret
+    _, token = web_secret
     with Container(spec, tmp_path) as c:
-        scrape = _scraper(c, port, files / "tls.crt", password)
+        scrape = _scraper(c, port, token)
         up = _wait(scrape, c, _bpf_attached, "bpf never came up")
         assert up.value("node_resize_exporter_source_up", source="bpf") == 1, c.logs()
         assert up.value("node_resize_exporter_bpf_program_attached", program="cpuhp_exit") == 1
@@ -221,9 +222,9 @@ def test_runtime_default_seccomp_refuses_bpf_and_the_rest_runs(unpacked, tmp_pat
     with the reason, uevent and sysfs work."""
     spec, what, port = _pod(unpacked, tmp_path, web_secret, runtime_default=True)
     assert what == "RuntimeDefault"
-    files, password = web_secret
+    _, token = web_secret
     with Container(spec, tmp_path) as c:
-        scrape = _scraper(c, port, files / "tls.crt", password)
+        scrape = _scraper(c, port, token)
         # bpf is down from the first scrape (it failed to open); uevent and sysfs say up from
         # their own threads, after /metrics may already answer: wait for both.
         up = _wait(scrape, c, lambda s: s.value("node_resize_exporter_source_up",

@@ -1,0 +1,119 @@
+"""A TLS certificate made at start-up, for `--web.auth=kubernetes` without a configured one.
+
+Bearer tokens must not cross the node network in clear, and a DaemonSet should not need a
+Secret minted per cluster before its pods can start: so when no `tls_server_config` is given
+the exporter makes its own key (ECDSA P-256) and a self-signed certificate whose SANs are the
+node name, `localhost` and the addresses of the host's interfaces (hostNetwork: the addresses
+Prometheus scrapes). The key never touches a filesystem: it is handed to OpenSSL through a
+memfd (an anonymous in-memory file), and lives as long as the process. A new key every start.
+A scraper cannot verify a self-signed certificate, so the ServiceMonitor skips verification;
+docs/security.md says what that allows and how to use a certificate from a Secret or
+cert-manager instead.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import shutil
+import ssl
+import tempfile
+from pathlib import Path
+
+MAX_SANS = 64  # a host with many addresses still gets a certificate of a few KiB
+VALID_DAYS = 365  # restarted long before: a new certificate every start
+
+
+def host_addresses() -> list[str]:
+    """The IP addresses of the host's interfaces, loopback first, link-local left out."""
+    import psutil  # type: ignore[import-untyped]
+
+    found: list[str] = []
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            try:
+                ip = ipaddress.ip_address(addr.address.split("%", 1)[0])
+            except ValueError:
+                continue  # a MAC address (AF_PACKET)
+            if ip.is_link_local:
+                continue
+            found.append(str(ip))
+    return sorted(set(found), key=lambda a: (not ipaddress.ip_address(a).is_loopback, a))
+
+
+def certificate(names: list[str], addresses: list[str]) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM): self-signed, for `names` (DNS) and `addresses` (IP)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(names) if n]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(addresses)]
+    sans = sans[:MAX_SANS]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0][:64]),
+                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "node-resize-exporter")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))  # a node clock a bit behind
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False,
+                                         content_commitment=False, data_encipherment=False,
+                                         key_agreement=False, key_cert_sign=False,
+                                         crl_sign=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """ctx.load_cert_chain from memory. OpenSSL reads files only: a memfd gives it one that no
+    other process can open by name; where memfd or /proc is missing, a private temporary
+    directory, removed at once."""
+    try:
+        fd = os.memfd_create("nre-tls", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        try:
+            os.write(fd, cert_pem + key_pem)
+            path = f"/proc/self/fd/{fd}"
+            if os.path.exists(path):
+                ctx.load_cert_chain(path)
+                return
+        finally:
+            os.close(fd)
+    directory = tempfile.mkdtemp(prefix="nre-tls-")  # 0700
+    try:
+        pem = Path(directory, "tls.pem")
+        pem.write_bytes(cert_pem + key_pem)
+        ctx.load_cert_chain(pem)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def self_signed_context(node_name: str, addresses: list[str] | None = None
+                        ) -> tuple[ssl.SSLContext, bytes]:
+    """A server context (TLS 1.2+, the web config's default suites) with a fresh self-signed
+    certificate for this node; also returns the certificate (PEM) for the log and tests."""
+    from exporter.web.config import DEFAULT_TLS12_SUITES, TLS12_SUITES
+
+    addresses = host_addresses() if addresses is None else addresses
+    cert_pem, key_pem = certificate([node_name, "localhost"], addresses)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(":".join(TLS12_SUITES[n] for n in DEFAULT_TLS12_SUITES))
+    ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    load_into(ctx, cert_pem, key_pem)
+    return ctx, cert_pem

@@ -1,0 +1,151 @@
+"""A real `run` with --web.auth=kubernetes against the fake API server, and HTTPS clients that
+present bearer tokens: shared by tests/e2e/test_web_kube_auth.py and bench/web_attacks.py.
+
+Everything talks to 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+import time
+
+from testkit.exporter_proc import RunningExporter
+
+QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are HTTP
+PROMETHEUS = "system:serviceaccount:monitoring:prometheus-k8s"
+
+
+def insecure_context() -> ssl.SSLContext:
+    """What the ServiceMonitor does with the generated certificate: TLS, no verification."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def bearer_get(port: int, path: str = "/metrics", token: str | None = None,
+               timeout: float = 10.0, ctx: ssl.SSLContext | None = None,
+               header: str | None = None):
+    """(status, headers, body), or the exception the connection raised."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx or insecure_context(),
+                                       timeout=timeout)
+    headers = {}
+    if header is not None:
+        headers["Authorization"] = header
+    elif token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    except (ssl.SSLError, OSError, http.client.HTTPException) as e:
+        return e
+    finally:
+        conn.close()
+
+
+def peer_certificate(port: int) -> bytes:
+    """The DER certificate the server presents."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with insecure_context().wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+class KubeAuthExporter(RunningExporter):
+    """`run --web.auth=kubernetes` against `kubeconfig`; ready when /healthz answers over TLS."""
+
+    def __init__(self, kubeconfig: str, *args: str):
+        super().__init__(*QUICK, "--web.auth", "kubernetes", "--kubeconfig", kubeconfig,
+                         "--node-name", "auth-node", *args)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def ready(self) -> bool:
+        got = bearer_get(self.port, "/healthz", timeout=1)
+        return isinstance(got, tuple) and got[0] == 200
+
+
+class BearerFlood:
+    """`connections` kept-alive HTTPS connections sending GET /metrics back to back, each with
+    a bearer token from `tokens(i)` (i counts requests): statuses counted by code."""
+
+    def __init__(self, port: int, tokens, connections: int = 8):
+        self.port, self.tokens, self.connections = port, tokens, connections
+        self.statuses: dict[int | str, int] = {}
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True)
+                         for _ in range(connections)]
+
+    def _run(self) -> None:
+        conn = None
+        while not self._stop.is_set():
+            if conn is None:
+                conn = http.client.HTTPSConnection("127.0.0.1", self.port,
+                                                   context=insecure_context(), timeout=10)
+            with self._lock:
+                i = self.sent
+                self.sent += 1
+            try:
+                conn.request("GET", "/metrics",
+                             headers={"Authorization": f"Bearer {self.tokens(i)}"})
+                r = conn.getresponse()
+                r.read()
+                got: int | str = r.status
+                if r.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException) as e:
+                got = type(e).__name__
+                conn.close()
+                conn = None
+            with self._lock:
+                self.statuses[got] = self.statuses.get(got, 0) + 1
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> "BearerFlood":
+        self.started = time.monotonic()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(15)
+        self.elapsed = time.monotonic() - self.started
+
+
+class ScriptedReviews:
+    """A ReviewClient without a server, for exporter.web.kubeauth.KubeAuth in unit tests:
+    `users` maps a token to its username (anything else is not authenticated), `granted` the
+    usernames allowed; `posts` counts calls by path; `hang` makes every call wait forever."""
+
+    def __init__(self, users: dict[str, str], granted: set[str], hang: bool = False):
+        self.users, self.granted, self.hang = users, granted, hang
+        self.posts: dict[str, int] = {}
+
+    async def post(self, path: str, body: dict) -> dict:
+        import asyncio
+        self.posts[path] = self.posts.get(path, 0) + 1
+        if self.hang:
+            await asyncio.Event().wait()
+        spec = body["spec"]
+        if body["kind"] == "TokenReview":
+            name = self.users.get(spec["token"])
+            status = {"authenticated": True, "user": {"username": name, "groups": []}} \
+                if name else {"user": {}, "error": "invalid bearer token"}
+        else:
+            status = {"allowed": spec["user"] in self.granted}
+        return {**body, "status": status}
+
+    async def aclose(self) -> None:
+        pass
