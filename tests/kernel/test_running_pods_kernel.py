@@ -3,6 +3,8 @@ a container sized as the kubelet sizes a Burstable one, then a memory block and 
 offline on this machine, and the running-pods source and judge report what went stale."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from exporter.correlate.running_pods import KINDS, RunningPodsView, container_oo
 from exporter.events import ContainerSizing, PodStatus
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.running_pods import scan
+from testkit.exporter_proc import RunningExporter
+from testkit.fakes.apiserver import FakeApiServer
 from testkit.running_pods import (
     CID,
     UID,
@@ -107,3 +111,35 @@ def test_real_cgroup2_tree_with_systemd_names(memory_block):
         assert counts == stale()
         memory_block.set_online(False)
         assert judge(c.root, pod)[1] == stale(oom_score_adj=1)
+
+
+@pytest.mark.skipif(not cgroup_v1(), reason="needs cgroup v1 controllers (this machine's)")
+def test_exporter_and_check_report_the_pod_a_memory_block_left_stale(memory_block):
+    """The whole path: the pod from the test API server's watch, the container's real cgroups
+    and process, a real memory block offline; the gauge moves and `check` names the pod."""
+    capacity = snapshot().mem_total_bytes
+    request = capacity // 2 // 2**20  # MiB
+    adj = container_oom_score_adj("Burstable", request * 2**20, capacity)
+    online = Path("/sys/devices/system/cpu/online").read_text().strip()
+    with FakeApiServer() as api, real_v1_container(
+            cpus=online, oom_score_adj=adj, cpu_quota_us=-1, memory_limit=capacity * 2) as c:
+        api.put_pod("cart-0", node="n1", namespace="shop", containers=1,
+                    requests={"cpu": "100m", "memory": f"{request}Mi"},
+                    limits={"memory": f"{request * 2}Mi"}, container_ids=[CID], uid=UID)
+        args = ("--kubeconfig", api.kubeconfig_path, "--node-name", "n1",
+                "--podresources-socket", "", "--kubelet-root-dir", "", "--cgroup-root", c.root)
+        with RunningExporter(*args) as exp:
+            def stale_oom(n):
+                return lambda s: s.value("node_resize_running_containers_stale",
+                                         kind="oom_score_adj") == n \
+                    and s.value("node_resize_running_containers") == 1
+            exp.wait_for(stale_oom(0))
+            memory_block.set_online(False)
+            exp.wait_for(stale_oom(1))
+            out = subprocess.run([sys.executable, "-m", "exporter", "check", "--no-journal",
+                                  *args], capture_output=True, text=True, timeout=120).stdout
+            assert f"oom_score_adj: shop/cart-0 c0: oom_score_adj {adj}, the kubelet would " \
+                   "set" in out, out
+            assert "fix: restart the pod" in out
+            memory_block.set_online(True)
+            exp.wait_for(stale_oom(0))
