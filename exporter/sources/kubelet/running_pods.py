@@ -15,8 +15,9 @@ there and children inherit it), its /proc/PID/oom_score_adj under --path.procfs:
 `hostPID` in a pod (deploy/components/kubelet-state).
 
 Bounded work on a hostile or huge tree: at most --running-pods.max-containers containers and
-a fixed number of directory entries and seconds per scan (the rest waits for the next scan,
-which says it was truncated); every file read is size-capped; a process or container that
+a fixed number of directory entries and seconds per scan (the containers past the budget are
+not read: guaranteed pods come first, then burstable, then besteffort; the scan says it was
+truncated, counted as malformed input); every file read is size-capped; a process or container that
 exits mid-read is skipped silently (that race is normal); a file that is unreadable or does
 not parse is counted, and each scan that had any says so once (MalformedInput: the agent logs
 the first, then at debug level). Rescans run after CPU and memory events (the agent's kubelet
@@ -72,34 +73,35 @@ class Unreadable(Exception):
 @dataclass(frozen=True)
 class Layout:
     """Where the kubepods hierarchy is: the directory the containers are enumerated in and,
-    per value, the hierarchy it is read from (v1: one per controller; v2: all the same)."""
+    per value, the hierarchy it is read from (v1: one per controller; v2: all the same).
+    Paths are strings: a scan joins thousands of them, and pathlib costs a third of it."""
 
     version: int
-    walk: Path
-    cpuset: Path | None
-    cpu: Path | None
-    memory: Path | None
+    walk: str
+    cpuset: str | None
+    cpu: str | None
+    memory: str | None
 
 
 def find_layout(root: str | Path) -> Layout | None:
-    root = Path(root)
-    if (root / "cgroup.controllers").exists():
+    root = str(root)
+    if os.path.exists(f"{root}/cgroup.controllers"):
         for name in KUBEPODS:
-            if (root / name).is_dir():
-                top = root / name
+            if os.path.isdir(f"{root}/{name}"):
+                top = f"{root}/{name}"
                 return Layout(2, top, top, top, top)
         return None
-    found: dict[str, Path | None] = {}
+    found: dict[str, str | None] = {}
     for controller in ("memory", "cpuset", "cpu"):
-        found[controller] = next((root / controller / n for n in KUBEPODS
-                                  if (root / controller / n).is_dir()), None)
+        found[controller] = next((f"{root}/{controller}/{n}" for n in KUBEPODS
+                                  if os.path.isdir(f"{root}/{controller}/{n}")), None)
     walk = found["memory"] or found["cpuset"] or found["cpu"]
     if walk is None:
         return None
     return Layout(1, walk, found["cpuset"], found["cpu"], found["memory"])
 
 
-def _read(path: Path, cap: int = MAX_FILE) -> str | None:
+def _read(path: str, cap: int = MAX_FILE) -> str | None:
     """The file's text; None when it does not exist (gone, or not this controller's)."""
     try:
         with open(path, "rb") as f:
@@ -118,14 +120,14 @@ def _read(path: Path, cap: int = MAX_FILE) -> str | None:
         raise Unreadable(f"{path}: not text") from None
 
 
-def _int(path: Path, text: str) -> int:
+def _int(path: str, text: str) -> int:
     try:
         return int(text.strip())
     except ValueError:
         raise Unreadable(f"{path}: {text.strip()[:40]!r} is not a number") from None
 
 
-def read_oom_score_adj(procs: Path, procfs: Path) -> int | None:
+def read_oom_score_adj(procs: str, procfs: str) -> int | None:
     """The OOM score adjustment of the container's lowest PID still alive; None: no process
     (a container that exited, or a pause with none in this hierarchy)."""
     text = _read(procs, PIDS_READ)
@@ -137,7 +139,7 @@ def read_oom_score_adj(procs: Path, procfs: Path) -> int | None:
             raise Unreadable(f"{procs}: {word[:20]!r} is not a PID")
         pids.append(int(word))
     for pid in sorted(pids)[:PIDS_TRIED]:
-        path = procfs / str(pid) / "oom_score_adj"
+        path = f"{procfs}/{pid}/oom_score_adj"
         value = _read(path, 16)
         if value is None:
             continue  # exited while we read: the next one
@@ -148,14 +150,14 @@ def read_oom_score_adj(procs: Path, procfs: Path) -> int | None:
     return None
 
 
-def read_container(layout: Layout, rel: Path, procfs: Path) -> dict[str, object]:
-    """The values of one container cgroup (relative to the kubepods directory), keyed as
-    ContainerCgroup's fields; raises Unreadable."""
+def read_container(layout: Layout, rel: str, procfs: str) -> dict[str, object]:
+    """The values of one container cgroup (`rel`: its path under the kubepods directory),
+    keyed as ContainerCgroup's fields; raises Unreadable."""
     out: dict[str, object] = {}
     v2 = layout.version == 2
-    out["oom_score_adj"] = read_oom_score_adj(layout.walk / rel / "cgroup.procs", procfs)
+    out["oom_score_adj"] = read_oom_score_adj(f"{layout.walk}/{rel}/cgroup.procs", procfs)
     if layout.cpuset is not None:
-        path = layout.cpuset / rel / ("cpuset.cpus.effective" if v2 else "cpuset.cpus")
+        path = f"{layout.cpuset}/{rel}/" + ("cpuset.cpus.effective" if v2 else "cpuset.cpus")
         text = _read(path, CPUSET_MAX)
         if text is not None:
             try:
@@ -163,23 +165,23 @@ def read_container(layout: Layout, rel: Path, procfs: Path) -> dict[str, object]
             except ValueError as e:
                 raise Unreadable(f"{path}: {e}") from None
     if layout.cpu is not None:
-        out["cpu_limit"] = _cpu_limit(layout.cpu / rel, v2)
+        out["cpu_limit"] = _cpu_limit(f"{layout.cpu}/{rel}", v2)
     if layout.memory is not None:
-        memory = layout.memory / rel
-        limit = _limit(memory / ("memory.max" if v2 else "memory.limit_in_bytes"))
+        memory = f"{layout.memory}/{rel}"
+        limit = _limit(f"{memory}/memory.max" if v2 else f"{memory}/memory.limit_in_bytes")
         out["memory_limit"] = limit
         if v2:
-            out["swap_limit"] = _limit(memory / "memory.swap.max")
+            out["swap_limit"] = _limit(f"{memory}/memory.swap.max")
         else:
             # memsw is memory plus swap (absent without swapaccount); the kubelet sets it to
             # the memory limit on v1, which allows no swap.
-            memsw = _limit(memory / "memory.memsw.limit_in_bytes")
+            memsw = _limit(f"{memory}/memory.memsw.limit_in_bytes")
             if memsw is not None and limit is not None:
                 out["swap_limit"] = max(0, memsw - limit)
     return out
 
 
-def _limit(path: Path) -> int | None:
+def _limit(path: str) -> int | None:
     """A byte limit; None for none ("max", v1's page-counter maximum) or no such file."""
     text = _read(path)
     if text is None or text.strip() == "max":
@@ -190,10 +192,10 @@ def _limit(path: Path) -> int | None:
     return None if value >= UNLIMITED else value
 
 
-def _cpu_limit(directory: Path, v2: bool) -> float | None:
+def _cpu_limit(directory: str, v2: bool) -> float | None:
     """Cores: the CFS quota over its period; None for no quota."""
     if v2:
-        path = directory / "cpu.max"
+        path = f"{directory}/cpu.max"
         text = _read(path)
         if text is None:
             return None
@@ -204,7 +206,7 @@ def _cpu_limit(directory: Path, v2: bool) -> float | None:
             return None
         quota, period = _int(path, parts[0]), _int(path, parts[1])
     else:
-        qpath, ppath = directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"
+        qpath, ppath = f"{directory}/cpu.cfs_quota_us", f"{directory}/cpu.cfs_period_us"
         qtext, ptext = _read(qpath), _read(ppath)
         if qtext is None or ptext is None:
             return None
@@ -228,7 +230,7 @@ def _container_id(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _subdirs(path: Path, budget: list[int]) -> Iterator[str]:
+def _subdirs(path: str, budget: list[int]) -> Iterator[str]:
     """Names of the sub-directories of `path`, while the entry budget lasts."""
     try:
         with os.scandir(path) as entries:
@@ -245,23 +247,23 @@ def _subdirs(path: Path, budget: list[int]) -> Iterator[str]:
         return
 
 
-def container_dirs(walk: Path, budget: list[int]) -> Iterator[tuple[str, str, str, Path]]:
+def container_dirs(walk: str, budget: list[int]) -> Iterator[tuple[str, str, str, str]]:
     """(qos, pod uid, container id, path relative to `walk`) of each container cgroup:
     guaranteed pods (directly under kubepods) first, then burstable, then besteffort."""
-    qos_dirs: list[tuple[str, Path]] = [("guaranteed", Path("."))]
+    qos_dirs: list[tuple[str, str]] = [("guaranteed", "")]
     for name in _subdirs(walk, budget):
         for qos in QOS_NAMES:
             if name in (qos, f"kubepods-{qos}.slice"):
-                qos_dirs.append((qos, Path(name)))
+                qos_dirs.append((qos, f"{name}/"))
     for qos, qrel in qos_dirs:
-        for pod_name in _subdirs(walk / qrel, budget):
+        for pod_name in _subdirs(f"{walk}/{qrel}", budget):
             uid = _pod_uid(pod_name)
             if uid is None:
                 continue
-            for cname in _subdirs(walk / qrel / pod_name, budget):
+            for cname in _subdirs(f"{walk}/{qrel}{pod_name}", budget):
                 cid = _container_id(cname)
                 if cid is not None:
-                    yield qos, uid, cid, qrel / pod_name / cname
+                    yield qos, uid, cid, f"{qrel}{pod_name}/{cname}"
 
 
 def scan(root: str | Path, procfs: str | Path, now: float, *,
@@ -272,7 +274,7 @@ def scan(root: str | Path, procfs: str | Path, now: float, *,
     layout = find_layout(root)
     if layout is None:
         return RunningContainers(now, 0)
-    procfs = Path(procfs)
+    procfs = str(procfs)
     deadline = time.monotonic() + seconds
     budget = [max(64, max_containers * MAX_ENTRIES_PER_CONTAINER)]
     found: list[ContainerCgroup] = []
@@ -345,8 +347,8 @@ register(SourceSpec(
     and options.running_pods_max_containers > 0, order=62,
     options=(
         Opt("running_pods_max_containers", ("--running-pods.max-containers",), MAX_CONTAINERS,
-            "Containers read per scan of the kubepods cgroups (the rest is left to the next "
-            "scan; 0: do not read the running containers).", click.IntRange(0, 1_000_000)),
+            "Containers read per scan of the kubepods cgroups (those past it are not judged; "
+            "0: do not read the running containers).", click.IntRange(0, 1_000_000)),
         Opt("running_pods_min_interval", ("--running-pods.min-interval",), MIN_INTERVAL,
             "Seconds at least between two scans of the running containers, however many "
             "kernel events ask for one.", Seconds()))))
