@@ -292,3 +292,39 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
         assert got[2].skipped == 1
     finally:
         source.close()
+
+
+# ---------------------------------------------------------------- check
+
+
+def test_check_names_stale_containers_and_the_fix(tmp_path):
+    from exporter.cli.check import check_running_pods
+    from exporter.config.options import Options
+    from exporter.sources import registry
+
+    registry.load()  # the running-pods options are declared by their source
+    sys_ = tmp_path / "sys/devices/system/cpu"
+    sys_.mkdir(parents=True)
+    for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),
+                       ("possible", "0-1")):
+        (sys_ / name).write_text(text + "\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
+    procfs(tmp_path / "proc", {4242: 916})
+    construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": "4242\n", "cpuset.cpus": "0-1\n", "cpu.cfs_quota_us": "200000\n",
+        "cpu.cfs_period_us": "100000\n", "memory.limit_in_bytes": str(4 * GI)})])
+    options = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                      cgroup_root=str(tmp_path / "cg"))
+    check = check_running_pods(options, pods=[pod()])
+    assert check.status == "warn"
+    assert check.detail.startswith(
+        "4 finding(s) in running containers the kubelet would not create so today "
+        "(oom_score_adj 1, cpuset_offline 1, cpu_limit_above_online 1, "
+        "memory_limit_above_capacity 1; 1 container cgroups (cgroup v1)):")
+    assert "oom_score_adj: shop/cart-0 cart: oom_score_adj 916, the kubelet would set 3" \
+        in check.detail
+    assert check.fix.startswith("restart the pod")
+    empty = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                    cgroup_root=str(tmp_path / "none"))
+    assert check_running_pods(empty, pods=[]).status == "ok"
