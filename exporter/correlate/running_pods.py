@@ -11,7 +11,8 @@ only an observer sees these, each judged against the kubelet's own rules on toda
   GetContainerOOMScoreAdjust; capacity is MemTotal), so it is stale once MemTotal moves.
   Guaranteed (-997), BestEffort (1000) and node-critical pods do not depend on capacity;
 - `cpuset_offline`, `cpuset_missing`: a cpuset naming CPUs that are offline, or lacking online
-  CPUs of the shared pool (on cgroup v1 the kernel never puts an offlined CPU back);
+  CPUs of the shared pool (on cgroup v1 the kernel never puts an offlined CPU back); the pool
+  is the online CPUs less the CPU manager's exclusive ones (its checkpoint, else inferred);
 - `cpu_limit_above_online`, `memory_limit_above_capacity`: a CFS quota worth more CPUs than are
   online, a memory limit above MemTotal;
 - `swap_limit`: under LimitedSwap a Burstable container may swap
@@ -148,6 +149,7 @@ class RunningPodsView:
     snapshot: KernelSnapshot | None = None
     scan: RunningContainers | None = None
     assigned_cpus: frozenset[int] = frozenset()  # the CPU manager's exclusive CPUs
+    checkpoint: bool = False  # a CPU manager checkpoint was read (else they are inferred)
     pods: dict[str, PodStatus] = field(default_factory=dict)  # by uid
     # The findings of the state above, kept until an event changes it: a scrape every few
     # seconds re-judges nothing (4096 containers take ~0.1 s to judge on a loaded machine).
@@ -171,6 +173,7 @@ class RunningPodsView:
         elif isinstance(event, CpuManagerCheckpoint):
             ok = event.present and not event.error and event.policy == "static"
             self.assigned_cpus = event.assigned_cpus if ok else frozenset()
+            self.checkpoint = event.present and not event.error
 
     # ------------------------------------------------------------ values
 
@@ -186,12 +189,13 @@ class RunningPodsView:
         if scan is None or snap is None:
             return []
         out: list[Finding] = []
+        assigned = self.assigned_cpus if self.checkpoint else _inferred_exclusive(scan)
         for cg in scan.containers:
             pod = self.pods.get(cg.pod_uid)
             sizing = _sizing(pod, cg.container_id)
             ns, name = (pod.namespace, pod.name) if pod is not None else ("?", cg.pod_uid[:36])
             cname = sizing.name if sizing is not None else cg.container_id[:12]
-            for kind, detail in _judge(cg, pod, sizing, snap, self.assigned_cpus):
+            for kind, detail in _judge(cg, pod, sizing, snap, assigned):
                 out.append(Finding(kind, ns, name, cname, detail))
         return out
 
@@ -206,6 +210,18 @@ class RunningPodsView:
 
     def containers(self) -> int | None:
         return None if self.scan is None else len(self.scan.containers)
+
+
+def _inferred_exclusive(scan: RunningContainers) -> frozenset[int]:
+    """Without the CPU manager's checkpoint: CPUs only guaranteed containers hold. Under the
+    static policy those are its exclusive CPUs (shared-pool containers all have the default
+    set); under the none policy every container has every CPU, and this is empty."""
+    guaranteed: set[int] = set()
+    shared: set[int] = set()
+    for cg in scan.containers:
+        if cg.cpus:
+            (guaranteed if cg.qos == "guaranteed" else shared).update(cg.cpus)
+    return frozenset(guaranteed - shared)
 
 
 def _sizing(pod: PodStatus | None, container_id: str) -> ContainerSizing | None:

@@ -328,3 +328,14 @@ def test_check_names_stale_containers_and_the_fix(tmp_path):
     empty = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
                     cgroup_root=str(tmp_path / "none"))
     assert check_running_pods(empty, pods=[]).status == "ok"
+
+
+def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive():
+    exclusive = ContainerCgroup("g", "1" * 64, "guaranteed", cpus=frozenset({1}))
+    shared = ContainerCgroup(UID, CID, "burstable", cpus=frozenset({0}))
+    scan_ = RunningContainers(1.0, 1, (exclusive, shared))
+    assert view_of(snap(), scan_).counts()["cpuset_missing"] == 0
+    # under the none policy (every container on every CPU) a CPU nobody has is missing
+    lost = RunningContainers(1.0, 1, (ContainerCgroup("g", "1" * 64, "guaranteed",
+                                                      cpus=frozenset({0})), shared))
+    assert view_of(snap(), lost).counts()["cpuset_missing"] == 2
