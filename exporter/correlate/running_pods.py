@@ -48,7 +48,6 @@ TIE_BREAK_FLOOR = 64 * 1024 * 1024  # oomScoreAdjTieBreakFloor (gate KubeletOOMS
 
 PAGE = 4096  # the kernel rounds memory.swap.max down to pages
 CPU_SLACK = 0.001  # a quota is microseconds over a period: no float noise makes a finding
-LIST_MAX = 20  # containers named per kind (check, logs): the counts stay exact
 
 
 def _log2_floor(x: int) -> int:

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.correlate.model import EpisodeUpdate
-from exporter.correlate.running_pods import KINDS, LIST_MAX, RunningPodsView
+from exporter.correlate.running_pods import KINDS, RunningPodsView
 from exporter.events import DeviceChange, Event, Resource, Transition
 
 SOURCE = "running_pods"
@@ -56,16 +56,6 @@ class RunningPodsSink(Collector):
 
     def close(self) -> None:
         pass
-
-    def stale(self) -> dict[str, list[str]]:
-        """kind -> up to LIST_MAX "namespace/pod container: why" lines (for logs, debugging)."""
-        with self.lock:
-            findings = self.view.findings()
-        out: dict[str, list[str]] = {kind: [] for kind in KINDS}
-        for f in findings:
-            if len(out[f.kind]) < LIST_MAX:
-                out[f.kind].append(f.line())
-        return out
 
     # ------------------------------------------------------------ Collector
 
