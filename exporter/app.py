@@ -295,6 +295,10 @@ def serve(options: Options) -> int:
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))
+    # What a resize left in the running containers (stale OOM scores, cpusets, limits): its
+    # own sink and Collector, poking the running-pods source after CPU and memory events.
+    from exporter.sinks.running_pods import RunningPodsSink
+    registry_.register(RunningPodsSink.attach(agent))
     stop = threading.Event()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -193,6 +193,19 @@ class ContainerResize:
 
 
 @dataclass(frozen=True)
+class ContainerSizing:
+    """One container of a pod as the kubelet sized it when it created it: what the running-pods
+    judge (exporter/correlate/running_pods.py) compares the container's cgroup and processes
+    with. Memory in bytes, as allocated when the kubelet reports it, else the spec's."""
+
+    name: str
+    container_id: str = ""  # the runtime's id, without its "containerd://" scheme; "": none yet
+    memory_request: float = 0.0
+    memory_limit: float = 0.0  # 0: no limit
+    sidecar: bool = False  # a restartable init container (its OOM score follows the app's)
+
+
+@dataclass(frozen=True)
 class PodStatus:
     """One pod on this node, as the pod watch delivered it."""
 
@@ -214,6 +227,12 @@ class PodStatus:
     # an older journal): `requests` stands in.
     scheduler_requests: Mapping[Resource, float] | None = None
     kubelet_requests: Mapping[Resource, float] | None = None
+    # What the kubelet sized each container by (the running-pods judge): status.qosClass
+    # (Guaranteed, Burstable, BestEffort; "" not reported), a node-critical pod (its OOM score
+    # is fixed), and the app and sidecar containers. Empty from older journals: not judged.
+    qos_class: str = ""
+    node_critical: bool = False
+    containers: tuple[ContainerSizing, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -345,11 +364,40 @@ class NodeWarningEvents:
     occurrences: int
     last_seen: float | None  # wall seconds of the newest one; None when there are none
 
+
+@dataclass(frozen=True)
+class ContainerCgroup:
+    """One container's cgroup under kubepods as the running-pods source read it. None: not
+    read (no such file, no process, unlimited). Bytes and cores."""
+
+    pod_uid: str
+    container_id: str
+    qos: str  # from the cgroup path: guaranteed, burstable, besteffort
+    oom_score_adj: int | None = None  # of its lowest PID (the container's init; children inherit)
+    cpus: frozenset[int] | None = None  # v1 cpuset.cpus, v2 cpuset.cpus.effective
+    cpu_limit: float | None = None  # cores: CFS quota over period
+    memory_limit: int | None = None
+    swap_limit: int | None = None  # v2 memory.swap.max; v1 memory.memsw minus memory limit
+
+
+@dataclass(frozen=True)
+class RunningContainers:
+    """A scan of the kubepods cgroups: every container found (up to the scan's budget).
+    `truncated`: the budget ended the scan early; `skipped`: containers not readable (a
+    process that exited, a file that vanished or would not parse)."""
+
+    time: float
+    cgroup_version: int  # 1 or 2; 0: no kubepods cgroup found
+    containers: tuple[ContainerCgroup, ...] = ()
+    truncated: bool = False
+    skipped: int = 0
+
+
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
              | NodeHeartbeat)
 KubeletLocalEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
                      | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
-                     | NodeWarningEvents)
+                     | NodeWarningEvents | RunningContainers)
 Event = (KernelEvent | KubeEvent | KubeletLocalEvent | SourceStatus | ProgramStatus | EventsLost
          | MalformedInput)

@@ -166,6 +166,7 @@ def run_checks(options: Options | None = None) -> list[Check]:
                for spec in registry.specs(registry.KERNEL)]
     return checks + [_guarded("journal", check_journal, options),
                      _guarded("kubelet restart", check_kubelet_restart, options),
+                     _guarded("running pods", check_running_pods, options),
                      *_guarded_list("kubernetes", kubernetes_checks, options)]
 
 
@@ -239,6 +240,88 @@ def check_kubelet_restart(options: Options) -> Check:
     found = [p.path for p in (cpu, memory) if p.present]
     return Check(name, "ok", ("checkpoints match the CPUs and memory online: "
                               + ", ".join(found)) if found else f"no checkpoints in {root}")
+
+
+# What to do about each kind of stale container (docs/runbooks.md says why).
+RUNNING_PODS_FIX = {
+    "oom_score_adj": "restart the pod (kubectl delete pod; its controller recreates it) for an "
+                     "OOM score from today's memory",
+    "cpuset_offline": "online the CPUs again, or re-create the pod",
+    "cpuset_missing": "re-create the pod (cgroup v1 never gives a container an onlined CPU "
+                      "back)",
+    "cpu_limit_above_online": "online CPUs again or lower the pod's CPU limit",
+    "memory_limit_above_capacity": "online memory again or lower the pod's memory limit",
+    "swap_limit": "restart the pod for a swap share of today's memory and swap",
+}
+RUNNING_PODS_NAMED = 10  # containers named in the check's output; the counts stay exact
+
+
+def check_running_pods(options: Options, pods: list[object] | None = None) -> Check:
+    """What a resize left in the running containers: their cgroups and processes scanned
+    once, judged against the kernel now (OOM scores also need this node's pods from the API:
+    listed when Kubernetes is on, else `pods`)."""
+    from exporter.correlate.running_pods import KINDS, RunningPodsView
+    from exporter.sources.kernel.sysfs import SysfsReader
+    from exporter.sources.kubelet.running_pods import scan
+    name = "running containers"
+    root = options.cgroup_root
+    if not root or options.running_pods_max_containers <= 0:
+        return Check(name, "warn", "not checked: --cgroup-root is empty or "
+                     "--running-pods.max-containers is 0", "pass the host's cgroup mount")
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    problems: list[str] = []
+    found = scan(root, options.procfs_root, 0.0,
+                 max_containers=options.running_pods_max_containers, problems=problems)
+    if not found.cgroup_version:
+        return Check(name, "ok", f"no kubepods cgroup under {root}")
+    note = ""
+    if pods is None:
+        pods, note = _node_pods(options)
+    view = RunningPodsView()
+    for event in (snap, found, *pods):
+        view.handle(event)  # type: ignore[arg-type]
+    findings = view.findings()
+    scanned = (f"{len(found.containers)} container cgroups (cgroup v{found.cgroup_version})"
+               + (", scan truncated" if found.truncated else "")
+               + (f", {found.skipped} unreadable: {problems[0]}" if found.skipped else "")
+               + note)
+    if not findings:
+        return Check(name, "ok", f"none left stale by a resize: {scanned}")
+    counts = view.counts()
+    kinds = [k for k in KINDS if counts.get(k)]
+    lines = [f"{f.kind}: {f.line()}" for f in findings[:RUNNING_PODS_NAMED]]
+    more = len(findings) - len(lines)
+    detail = (f"{len(findings)} finding(s) in running containers the kubelet would not create "
+              f"so today ({', '.join(f'{k} {counts[k]}' for k in kinds)}; {scanned}):"
+              + "".join(f"\n       {line}" for line in lines)
+              + (f"\n       ... and {more} more" if more else ""))
+    return Check(name, "warn", detail, "; ".join(RUNNING_PODS_FIX[k] for k in kinds))
+
+
+def _node_pods(options: Options) -> tuple[list[object], str]:
+    """This node's pods as the watch would convert them; ([], why not) when it cannot."""
+    from exporter.app import kubernetes_enabled, resolve_node_name
+    if not kubernetes_enabled(options):
+        return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
+    from exporter.kube.client import RawPod, load_config, make_client
+    from exporter.kube.convert import pod_status
+    try:
+        client, transport = make_client(load_config(options.kubeconfig), request_timeout=10)
+    except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
+        return [], f"; OOM scores not judged: {e}"
+    try:
+        listing = client.list(RawPod, namespace="*", chunk_size=500,
+                              fields={"spec.nodeName": resolve_node_name(options)})
+        pods = [pod_status(dict(item), 0.0, None).event for item in listing]
+        return [p for p in pods if p is not None], ""
+    except Exception as e:  # noqa: BLE001 - unreachable, refused: the cgroup kinds still count
+        return [], f"; OOM scores not judged: cannot list pods ({str(e)[:200]})"
+    finally:
+        transport.close()
 
 
 # ---------------------------------------------------------------- the Kubernetes side

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
+from exporter.events import ContainerResize, ContainerSizing, NodeStatus, PodStatus, Resource
 from exporter.kube.quantity import parse_quantity
 
 # Node/Pod resource names we track; everything else (ephemeral-storage, pods, devices) is ignored.
@@ -23,6 +23,10 @@ _RESOURCES = {r.value: r for r in (Resource.CPU, Resource.MEMORY, Resource.HUGEP
 # --balloon-priority-class (the cluster-autoscaler's overprovisioning pattern).
 BALLOON_PRIORITY_CLASS = "system-balloon"
 _MESSAGE_MAX = 256  # a condition message kept for its reason; an API object's, not a log's
+# The kubelet fixes the OOM score of pods of this class (pkg/kubelet/types IsNodeCriticalPod)
+NODE_CRITICAL_CLASS = "system-node-critical"
+_CONTAINERS_MAX = 64  # containers of one pod carried for the running-pods judge
+_ID_MAX = 128  # a runtime's container id (64 hex digits for containerd and CRI-O)
 
 
 @dataclass
@@ -273,8 +277,53 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         resource_version=_str(meta.get("resourceVersion")),
         scheduler_requests=scheduler,
         kubelet_requests=kubelet,
+        qos_class=_str(status.get("qosClass"))[:16],
+        node_critical=_str(spec.get("priorityClassName")) == NODE_CRITICAL_CLASS,
+        containers=_sizings(spec, status, where),
     )
     return Converted(event, problems)
+
+
+def _container_id(raw: Any) -> str:
+    """"containerd://0123abcd" -> "0123abcd" (the name of its cgroup directory); "" for
+    anything that is not a bounded id."""
+    text = _str(raw).rpartition("://")[2]
+    return text if 0 < len(text) <= _ID_MAX and text.isalnum() else ""
+
+
+def _sizings(spec: Mapping[str, Any], status: Mapping[str, Any],
+             where: str) -> tuple[ContainerSizing, ...]:
+    """Each app container and sidecar (a restartable init container) with its memory request
+    and limit as the kubelet sized it: allocated (or reported running) when the status says,
+    else the spec's. Problems are not reported twice: the sums above already did."""
+    quiet: list[str] = []
+    statuses = {_str(_dict(c).get("name")): _dict(c)
+                for key in ("containerStatuses", "initContainerStatuses")
+                for c in _list(status.get(key))}
+    found = [(_dict(c), False) for c in _list(spec.get("containers"))]
+    found += [(_dict(c), True) for c in _list(spec.get("initContainers"))
+              if _str(_dict(c).get("restartPolicy")) == "Always"]
+    out: list[ContainerSizing] = []
+    for container, sidecar in found[:_CONTAINERS_MAX]:
+        name = _str(container.get("name"))
+        cs = statuses.get(name, {})
+        spec_res = _dict(container.get("resources"))
+        running = _dict(cs.get("resources"))
+        requests = resources(spec_res.get("requests"), where, quiet)
+        if isinstance(cs.get("allocatedResources"), dict):
+            requests = resources(cs.get("allocatedResources"), where, quiet)
+        elif "requests" in running:
+            requests = resources(running.get("requests"), where, quiet)
+        limits = resources(running.get("limits") if "limits" in running
+                           else spec_res.get("limits"), where, quiet)
+        memory_request = requests.get(Resource.MEMORY, 0.0)
+        if Resource.MEMORY not in requests and Resource.MEMORY in limits:
+            memory_request = limits[Resource.MEMORY]  # the API defaults a request to the limit
+        out.append(ContainerSizing(
+            name=name[:64], container_id=_container_id(cs.get("containerID")),
+            memory_request=memory_request, memory_limit=limits.get(Resource.MEMORY, 0.0),
+            sidecar=sidecar))
+    return tuple(out)
 
 
 def _max(*lists: Mapping[Resource, float]) -> dict[Resource, float]:

@@ -502,18 +502,26 @@ class FakeApiServer:
                 priority_class: str | None = None, phase: str = "Running", reason: str = "",
                 ready: bool = True, conditions: list[dict] | None = None,
                 applied: dict[str, str] | None = None, resize: str | None = None,
-                containers: int = 1) -> dict:
+                containers: int = 1, limits: dict[str, str] | None = None,
+                container_ids: list[str] | None = None, uid: str | None = None) -> dict:
         """Create or replace a Pod bound to `node` (ADDED, or MODIFIED when it exists).
 
         `requests` go on each of `containers` app containers; `applied` is what the kubelet
         reports actuated (status.containerStatuses[].resources.requests); `conditions` are
-        added to the standard ones; `resize` sets the deprecated status.resize.
+        added to the standard ones; `resize` sets the deprecated status.resize. `limits`
+        (default: the requests) decide status.qosClass as the API server does; `container_ids`
+        are the runtime's ids the kubelet reports (containerd://<id>).
         """
         requests = {"cpu": "100m", "memory": "64Mi"} if requests is None else requests
+        limits = dict(requests) if limits is None else limits
+        qos = ("BestEffort" if not requests and not limits
+               else "Guaranteed" if set(limits) >= {"cpu", "memory"}
+               and all(requests.get(k, limits[k]) == limits[k] for k in limits)
+               else "Burstable")
         key = f"{namespace}/{name}"
         with self._lock:
             old = self._objects.get(("pods", key))
-            uid = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            uid = old["metadata"]["uid"] if old else (uid or str(uuid.uuid4()))
             created = old["metadata"]["creationTimestamp"] if old else _now_iso()
             names = [f"c{i}" for i in range(containers)]
             spec: dict[str, Any] = {
@@ -521,7 +529,7 @@ class FakeApiServer:
                 "restartPolicy": "Always", "priority": 0,
                 "containers": [{"name": n, "image": "registry.k8s.io/pause:3.10",
                                 "resources": {"requests": dict(requests),
-                                              "limits": dict(requests)}}
+                                              "limits": dict(limits)}}
                                for n in names],
             }
             if priority_class:
@@ -536,16 +544,18 @@ class FakeApiServer:
             ] + list(conditions or [])
             status: dict[str, Any] = {
                 "phase": phase, "conditions": pod_conditions, "hostIP": "10.0.0.10",
-                "podIP": "10.244.0.7", "startTime": created, "qosClass": "Guaranteed",
+                "podIP": "10.244.0.7", "startTime": created, "qosClass": qos,
                 "containerStatuses": [
                     {"name": n, "ready": ready, "restartCount": 0,
                      "image": "registry.k8s.io/pause:3.10",
-                     "imageID": "registry.k8s.io/pause@sha256:0", "containerID": "containerd://0",
+                     "imageID": "registry.k8s.io/pause@sha256:0",
+                     "containerID": f"containerd://{(container_ids or [])[i]}"
+                     if i < len(container_ids or []) else "containerd://0",
                      "started": ready, "state": {"running": {"startedAt": created}},
                      "allocatedResources": dict(applied if applied is not None else requests),
                      "resources": {"requests": dict(applied if applied is not None
                                                     else requests)}}
-                    for n in names],
+                    for i, n in enumerate(names)],
             }
             if reason:
                 status["reason"] = reason

@@ -174,7 +174,7 @@ def test_the_kube_events_component_grants_create_and_patch_on_events_and_adds_th
     assert "--kube-events" in ALL["kube_events"].flags
 
 
-def test_the_kubelet_state_component_mounts_the_kubelet_root_read_only_and_shares_pids():
+def test_the_kubelet_state_component_mounts_kubelet_root_and_cgroups_read_only_shares_pids():
     import kubernetes_validate
     import yaml
 
@@ -189,10 +189,12 @@ def test_the_kubelet_state_component_mounts_the_kubelet_root_read_only_and_share
     assert ds["spec"]["template"]["spec"]["hostPID"] is True
     mounts = {m["mountPath"]: m for m in container_of(ds)["volumeMounts"]}
     assert mounts["/var/lib/kubelet"]["readOnly"] is True
-    # The exporter's defaults read the checkpoints exactly there.
+    assert mounts["/sys/fs/cgroup"]["readOnly"] is True  # the host's, for the running pods
+    # The exporter's defaults read the checkpoints and the cgroups exactly there.
     from exporter.config.options import TABLE as ALL
 
     assert ALL["kubelet_root_dir"].default == "/var/lib/kubelet"
+    assert ALL["cgroup_root"].default == "/sys/fs/cgroup"
 
 
 def _json_patch(doc: dict, ops: list[dict]) -> dict:

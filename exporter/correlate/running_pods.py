@@ -1,0 +1,275 @@
+"""What a resize did to the pods that keep running: containers left in a state the kubelet
+would not create today. Pure: events in, findings out; no I/O, no clock.
+
+The kubelet sizes a container once, when it creates it, from the machine it saw at start-up,
+and does not revisit it when CPUs or memory come and go (KEP-5578 lists what it would have to
+recompute; KEP-3953 leaves OOM score adjustments "allowed to drift" even once it resyncs). So
+only an observer sees these, each judged against the kubelet's own rules on today's kernel:
+
+- `oom_score_adj`: a Burstable container's OOM score adjustment is
+  1000 - 1000 * memoryRequest / memoryCapacity (pkg/kubelet/qos/policy.go
+  GetContainerOOMScoreAdjust; capacity is MemTotal), so it is stale once MemTotal moves.
+  Guaranteed (-997), BestEffort (1000) and node-critical pods do not depend on capacity;
+- `cpuset_offline`, `cpuset_missing`: a cpuset naming CPUs that are offline, or lacking online
+  CPUs of the shared pool (on cgroup v1 the kernel never puts an offlined CPU back); the pool
+  is the online CPUs less the CPU manager's exclusive ones (its checkpoint, else inferred);
+- `cpu_limit_above_online`, `memory_limit_above_capacity`: a CFS quota worth more CPUs than are
+  online, a memory limit above MemTotal;
+- `swap_limit`: under LimitedSwap a Burstable container may swap
+  memoryRequest / MemTotal * SwapTotal (pkg/kubelet/kuberuntime calcSwapForBurstablePods).
+
+Not judged: pods with pod-level resources (KEP-2837 spreads the pod's request over its
+containers; PodStatus does not carry it) and DRA memory claims: both are rare, and would need
+more of the Pod than the watch converts.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from exporter.events import (
+    ContainerCgroup,
+    ContainerSizing,
+    CpuManagerCheckpoint,
+    Event,
+    KernelSnapshot,
+    PodsRelisted,
+    PodStatus,
+    RunningContainers,
+)
+
+KINDS = ("oom_score_adj", "cpuset_offline", "cpuset_missing", "cpu_limit_above_online",
+         "memory_limit_above_capacity", "swap_limit")
+
+# pkg/kubelet/qos/policy.go
+GUARANTEED_OOM_SCORE_ADJ = -997
+BESTEFFORT_OOM_SCORE_ADJ = 1000
+TIE_BREAK_FLOOR = 64 * 1024 * 1024  # oomScoreAdjTieBreakFloor (gate KubeletOOMScoreAdjTieBreak)
+
+PAGE = 4096  # the kernel rounds memory.swap.max down to pages
+CPU_SLACK = 0.001  # a quota is microseconds over a period: no float noise makes a finding
+
+
+def _log2_floor(x: int) -> int:
+    return x.bit_length() - 1 if x >= 1 else 0
+
+
+def _linear(memory_request: int, capacity: int) -> int:
+    # Go's integer division truncates toward zero; both operands are >= 0 here.
+    return 1000 - (1000 * memory_request) // capacity
+
+
+def _tie_break(linear: int, memory_request: int, memory_limit: int, capacity: int) -> int:
+    """tieBreakOOMScoreAdjust: at most a few points below the linear value, so requests
+    smaller than one adj point (capacity/1000) still rank."""
+    max_nudge = _log2_floor(capacity // 1000 // TIE_BREAK_FLOOR)
+    adj = linear - min(_log2_floor(memory_request // TIE_BREAK_FLOOR), max_nudge)
+    if 0 < memory_limit <= memory_request:
+        adj -= max_nudge + 1
+    return adj
+
+
+def _clamp(adj: int) -> int:
+    if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ:
+        return 1000 + GUARANTEED_OOM_SCORE_ADJ
+    if adj == BESTEFFORT_OOM_SCORE_ADJ:  # Burstable survives before BestEffort
+        return adj - 1
+    return adj
+
+
+def container_oom_score_adj(qos_class: str, memory_request: float, capacity: int, *,
+                            node_critical: bool = False, memory_limit: float = 0,
+                            sidecar_min_request: float | None = None,
+                            tie_break: bool = False) -> int:
+    """The oom_score_adj the kubelet gives a container it creates on a node of `capacity`
+    bytes (MemTotal). `sidecar_min_request`: for a sidecar, the smallest memory request of the
+    pod's app containers (its score may not be above theirs)."""
+    if node_critical or qos_class == "Guaranteed":
+        return GUARANTEED_OOM_SCORE_ADJ
+    if qos_class == "BestEffort":
+        return BESTEFFORT_OOM_SCORE_ADJ
+    if capacity <= 0:
+        raise ValueError("memory capacity must be positive")
+    request, limit = max(0, int(memory_request)), max(0, int(memory_limit))
+    adj = _linear(request, capacity)
+    if tie_break:
+        adj = _tie_break(adj, request, limit, capacity)
+    if sidecar_min_request is not None:
+        # The tie-break compares with every app container's tie-broken score; without their
+        # limits the smallest request's linear score is the bound used here.
+        adj = min(adj, _linear(max(0, int(sidecar_min_request)), capacity))
+    return _clamp(adj)
+
+
+def possible_oom_score_adjs(qos_class: str, memory_request: float, capacity: int, *,
+                            node_critical: bool = False, memory_limit: float = 0,
+                            sidecar_min_request: float | None = None) -> frozenset[int]:
+    """What the kubelet would set today with the KubeletOOMScoreAdjTieBreak gate off and on
+    (the exporter cannot see the kubelet's gates; either value is one it could create)."""
+    return frozenset(container_oom_score_adj(
+        qos_class, memory_request, capacity, node_critical=node_critical,
+        memory_limit=memory_limit, sidecar_min_request=sidecar_min_request, tie_break=tb)
+        for tb in (False, True))
+
+
+def limited_swap(qos_class: str, memory_request: float, memory_limit: float, capacity: int,
+                 swap_total: int, *, node_critical: bool = False) -> int:
+    """The swap limit in bytes LimitedSwap gives a container on a node of `capacity` bytes of
+    memory and `swap_total` of swap: a share of swap in proportion to its memory request for
+    Burstable containers that request memory below their limit, else none."""
+    request = max(0, int(memory_request))
+    if (qos_class != "Burstable" or node_critical or request == 0 or capacity <= 0
+            or request == int(memory_limit) or request > capacity):
+        return 0
+    return int(request / capacity * swap_total)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    namespace: str
+    pod: str
+    container: str  # the container's name, or its id's first 12 digits when the pod is unknown
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.namespace}/{self.pod} {self.container}: {self.detail}"
+
+
+def _cpus(cpus: Iterable[int]) -> str:
+    ordered = sorted(cpus)
+    return ",".join(str(c) for c in ordered[:16]) + (",..." if len(ordered) > 16 else "")
+
+
+@dataclass
+class RunningPodsView:
+    """The latest scan, the pods the watch delivered and the kernel's truth, joined."""
+
+    snapshot: KernelSnapshot | None = None
+    scan: RunningContainers | None = None
+    assigned_cpus: frozenset[int] = frozenset()  # the CPU manager's exclusive CPUs
+    checkpoint: bool = False  # a CPU manager checkpoint was read (else they are inferred)
+    pods: dict[str, PodStatus] = field(default_factory=dict)  # by uid
+    # The findings of the state above, kept until an event changes it: a scrape every few
+    # seconds re-judges nothing (4096 containers take ~0.1 s to judge on a loaded machine).
+    _findings: list[Finding] | None = field(default=None, repr=False)
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, (KernelSnapshot, RunningContainers, PodStatus, PodsRelisted,
+                              CpuManagerCheckpoint)):
+            self._findings = None
+        if isinstance(event, KernelSnapshot):
+            self.snapshot = event
+        elif isinstance(event, RunningContainers):
+            self.scan = event
+        elif isinstance(event, PodStatus):
+            if event.deleted:
+                self.pods.pop(event.uid, None)
+            else:
+                self.pods[event.uid] = event
+        elif isinstance(event, PodsRelisted):
+            self.pods = {uid: p for uid, p in self.pods.items() if uid in event.uids}
+        elif isinstance(event, CpuManagerCheckpoint):
+            ok = event.present and not event.error and event.policy == "static"
+            self.assigned_cpus = event.assigned_cpus if ok else frozenset()
+            self.checkpoint = event.present and not event.error
+
+    # ------------------------------------------------------------ values
+
+    def findings(self) -> list[Finding]:
+        """Every container in a state the kubelet would not create today, by kind, in scan
+        order; nothing before the first scan and kernel snapshot."""
+        if self._findings is None:
+            self._findings = self._judge_all()
+        return self._findings
+
+    def _judge_all(self) -> list[Finding]:
+        scan, snap = self.scan, self.snapshot
+        if scan is None or snap is None:
+            return []
+        out: list[Finding] = []
+        assigned = self.assigned_cpus if self.checkpoint else _inferred_exclusive(scan)
+        for cg in scan.containers:
+            pod = self.pods.get(cg.pod_uid)
+            sizing = _sizing(pod, cg.container_id)
+            ns, name = (pod.namespace, pod.name) if pod is not None else ("?", cg.pod_uid[:36])
+            cname = sizing.name if sizing is not None else cg.container_id[:12]
+            for kind, detail in _judge(cg, pod, sizing, snap, assigned):
+                out.append(Finding(kind, ns, name, cname, detail))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """kind -> containers (every kind, 0 included); empty before the first scan."""
+        if self.scan is None or self.snapshot is None:
+            return {}
+        counts = dict.fromkeys(KINDS, 0)
+        for finding in self.findings():
+            counts[finding.kind] += 1
+        return counts
+
+    def containers(self) -> int | None:
+        return None if self.scan is None else len(self.scan.containers)
+
+
+def _inferred_exclusive(scan: RunningContainers) -> frozenset[int]:
+    """Without the CPU manager's checkpoint: CPUs only guaranteed containers hold. Under the
+    static policy those are its exclusive CPUs (shared-pool containers all have the default
+    set); under the none policy every container has every CPU, and this is empty."""
+    guaranteed: set[int] = set()
+    shared: set[int] = set()
+    for cg in scan.containers:
+        if cg.cpus:
+            (guaranteed if cg.qos == "guaranteed" else shared).update(cg.cpus)
+    return frozenset(guaranteed - shared)
+
+
+def _sizing(pod: PodStatus | None, container_id: str) -> ContainerSizing | None:
+    if pod is None or not container_id:
+        return None
+    return next((c for c in pod.containers if c.container_id == container_id), None)
+
+
+_QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
+
+
+def _judge(cg: ContainerCgroup, pod: PodStatus | None, sizing: ContainerSizing | None,
+           snap: KernelSnapshot, assigned: frozenset[int]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    capacity, online = snap.mem_total_bytes, snap.cpus_online
+    qos = (pod.qos_class if pod is not None and pod.qos_class else _QOS.get(cg.qos, ""))
+    critical = pod is not None and pod.node_critical
+    # (a) Only a Burstable score depends on capacity; it needs the container's request.
+    if (cg.oom_score_adj is not None and sizing is not None and pod is not None
+            and qos == "Burstable" and not critical and capacity > 0):
+        apps = [c.memory_request for c in pod.containers if not c.sidecar]
+        want = possible_oom_score_adjs(
+            qos, sizing.memory_request, capacity, memory_limit=sizing.memory_limit,
+            sidecar_min_request=min(apps) if sizing.sidecar and apps else None)
+        if cg.oom_score_adj not in want:
+            out.append(("oom_score_adj", f"oom_score_adj {cg.oom_score_adj}, the kubelet would "
+                        f"set {min(want)} on today's {capacity} bytes"))
+    # (b) The shared pool is every online CPU no container holds exclusively; a container
+    # whose cpuset lies within the CPU manager's exclusive CPUs is not in the pool.
+    if cg.cpus is not None and cg.cpus:
+        offline = cg.cpus - online
+        if offline:
+            out.append(("cpuset_offline", f"cpuset names offline CPU(s) {_cpus(offline)}"))
+        exclusive = bool(assigned) and cg.cpus <= assigned
+        missing = online - cg.cpus - assigned
+        if missing and not exclusive:
+            out.append(("cpuset_missing", f"cpuset lacks online CPU(s) {_cpus(missing)}"))
+    # (c)
+    if cg.cpu_limit is not None and online and cg.cpu_limit > len(online) + CPU_SLACK:
+        out.append(("cpu_limit_above_online", f"CPU limit {cg.cpu_limit:g} cores, "
+                    f"{len(online)} online"))
+    if cg.memory_limit is not None and capacity > 0 and cg.memory_limit > capacity:
+        out.append(("memory_limit_above_capacity", f"memory limit {cg.memory_limit} bytes, "
+                    f"the kernel has {capacity}"))
+    # (d) A container LimitedSwap gave swap (a limit above 0): its share of today's swap.
+    if cg.swap_limit and sizing is not None and capacity > 0:
+        want_swap = limited_swap(qos, sizing.memory_request, sizing.memory_limit, capacity,
+                                 snap.swap_total_bytes, node_critical=critical)
+        if abs(cg.swap_limit - want_swap) > PAGE:
+            out.append(("swap_limit", f"swap limit {cg.swap_limit} bytes, LimitedSwap would "
+                        f"give {want_swap} on today's memory and swap"))
+    return out

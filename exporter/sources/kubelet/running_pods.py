@@ -1,0 +1,354 @@
+"""The running containers' cgroups and processes: what the kubelet gave each container when
+it created it (cpuset, CPU quota, memory and swap limits, the OOM score adjustment of its
+processes), read back so exporter/correlate/running_pods.py can judge them against today's
+kernel. A resize changes none of these: the kubelet does not revisit running containers.
+
+Where (under --cgroup-root; the kubelet's cgroupfs and systemd drivers, cgroup v1 and v2):
+
+    v1 cgroupfs  <root>/<controller>/kubepods/[burstable|besteffort/]pod<uid>/<container id>/
+    v1 systemd   <root>/<controller>/kubepods.slice/[kubepods-burstable.slice/]
+                     kubepods-burstable-pod<uid, _ for ->.slice/cri-containerd-<id>.scope
+    v2           the same without <controller>/ (the root has cgroup.controllers)
+
+The processes: the lowest PID in the container's cgroup.procs (its init; runc sets the score
+there and children inherit it), its /proc/PID/oom_score_adj under --path.procfs: with
+`hostPID` in a pod (deploy/components/kubelet-state).
+
+Bounded work on a hostile or huge tree: at most --running-pods.max-containers containers and
+a fixed number of directory entries and seconds per scan (the containers past the budget are
+not read: guaranteed pods come first, then burstable, then besteffort; the scan says it was
+truncated, counted as malformed input); every file read is size-capped; a process or container that
+exits mid-read is skipped silently (that race is normal); a file that is unreadable or does
+not parse is counted, and each scan that had any says so once (MalformedInput: the agent logs
+the first, then at debug level). Rescans run after CPU and memory events (the agent's kubelet
+sink pokes) and on a slow timer, but never closer together than --running-pods.min-interval:
+a hotplug storm costs one scan per interval, not one per event. A scan is emitted only when it
+differs from the last (the journal keeps every event).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from exporter.clock import Clock
+from exporter.config.options import Opt
+from exporter.config.types import Seconds
+from exporter.events import ContainerCgroup, MalformedInput, RunningContainers
+from exporter.sources.base import Emit
+from exporter.sources.kernel.sysfs import parse_cpu_list
+from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.wake import STATE_INTERVAL, PokedSource
+
+KUBEPODS = ("kubepods.slice", "kubepods")  # systemd driver, cgroupfs driver
+MAX_CONTAINERS = 4096
+MAX_ENTRIES_PER_CONTAINER = 8  # directory entries a scan may look at, per container allowed
+SCAN_SECONDS = 2.0  # wall-clock budget of one scan
+MIN_INTERVAL = 2.0
+MAX_FILE = 4096  # bytes read of a value file (a number, "max", "QUOTA PERIOD")
+CPUSET_MAX = 64 * 1024  # a cpuset of 8192 CPUs written one by one fits (the kubepods reader's)
+PIDS_READ = 64 * 1024  # bytes of cgroup.procs read: thousands of PIDs, the lowest among them
+PIDS_TRIED = 8  # processes tried when the first ones exit while being read
+UNLIMITED = 1 << 62  # v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712)
+QOS_NAMES = ("burstable", "besteffort")
+
+# pod<uid> (cgroupfs) or kubepods[-qos]-pod<uid with _>.slice (systemd)
+_POD = re.compile(r"^(?:pod|kubepods(?:-burstable|-besteffort)?-pod)([0-9a-fA-F_-]{1,64})"
+                  r"(?:\.slice)?$")
+# <id> (cgroupfs) or <runtime>-<id>.scope (systemd); crio-conmon-<id>.scope is the monitor
+_CONTAINER = re.compile(r"^(?:(?:cri-containerd|crio|docker|containerd)-)?([0-9a-f]{12,128})"
+                        r"(?:\.scope)?$")
+
+
+class Unreadable(Exception):
+    """A file that exists and could not be read or parsed: counted, skipped."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the kubepods hierarchy is: the directory the containers are enumerated in and,
+    per value, the hierarchy it is read from (v1: one per controller; v2: all the same).
+    Paths are strings: a scan joins thousands of them, and pathlib costs a third of it."""
+
+    version: int
+    walk: str
+    cpuset: str | None
+    cpu: str | None
+    memory: str | None
+
+
+def find_layout(root: str | Path) -> Layout | None:
+    root = str(root)
+    if os.path.exists(f"{root}/cgroup.controllers"):
+        for name in KUBEPODS:
+            if os.path.isdir(f"{root}/{name}"):
+                top = f"{root}/{name}"
+                return Layout(2, top, top, top, top)
+        return None
+    found: dict[str, str | None] = {}
+    for controller in ("memory", "cpuset", "cpu"):
+        found[controller] = next((f"{root}/{controller}/{n}" for n in KUBEPODS
+                                  if os.path.isdir(f"{root}/{controller}/{n}")), None)
+    walk = found["memory"] or found["cpuset"] or found["cpu"]
+    if walk is None:
+        return None
+    return Layout(1, walk, found["cpuset"], found["cpu"], found["memory"])
+
+
+def _read(path: str, cap: int = MAX_FILE) -> str | None:
+    """The file's text; None when it does not exist (gone, or not this controller's)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(cap + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ENODEV, errno.ESRCH):  # a cgroup or process removed under us
+            return None
+        raise Unreadable(f"{path}: {e.strerror or e}") from None
+    if len(data) > cap:
+        raise Unreadable(f"{path}: larger than {cap} bytes")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise Unreadable(f"{path}: not text") from None
+
+
+def _int(path: str, text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise Unreadable(f"{path}: {text.strip()[:40]!r} is not a number") from None
+
+
+def read_oom_score_adj(procs: str, procfs: str) -> int | None:
+    """The OOM score adjustment of the container's lowest PID still alive; None: no process
+    (a container that exited, or a pause with none in this hierarchy)."""
+    text = _read(procs, PIDS_READ)
+    if text is None:
+        return None
+    pids: list[int] = []
+    for word in text.split():
+        if not word.isdigit():
+            raise Unreadable(f"{procs}: {word[:20]!r} is not a PID")
+        pids.append(int(word))
+    for pid in sorted(pids)[:PIDS_TRIED]:
+        path = f"{procfs}/{pid}/oom_score_adj"
+        value = _read(path, 16)
+        if value is None:
+            continue  # exited while we read: the next one
+        adj = _int(path, value)
+        if not -1000 <= adj <= 1000:
+            raise Unreadable(f"{path}: {adj} is outside -1000..1000")
+        return adj
+    return None
+
+
+def read_container(layout: Layout, rel: str, procfs: str) -> dict[str, object]:
+    """The values of one container cgroup (`rel`: its path under the kubepods directory),
+    keyed as ContainerCgroup's fields; raises Unreadable."""
+    out: dict[str, object] = {}
+    v2 = layout.version == 2
+    out["oom_score_adj"] = read_oom_score_adj(f"{layout.walk}/{rel}/cgroup.procs", procfs)
+    if layout.cpuset is not None:
+        path = f"{layout.cpuset}/{rel}/" + ("cpuset.cpus.effective" if v2 else "cpuset.cpus")
+        text = _read(path, CPUSET_MAX)
+        if text is not None:
+            try:
+                out["cpus"] = parse_cpu_list(text)
+            except ValueError as e:
+                raise Unreadable(f"{path}: {e}") from None
+    if layout.cpu is not None:
+        out["cpu_limit"] = _cpu_limit(f"{layout.cpu}/{rel}", v2)
+    if layout.memory is not None:
+        memory = f"{layout.memory}/{rel}"
+        limit = _limit(f"{memory}/memory.max" if v2 else f"{memory}/memory.limit_in_bytes")
+        out["memory_limit"] = limit
+        if v2:
+            out["swap_limit"] = _limit(f"{memory}/memory.swap.max")
+        else:
+            # memsw is memory plus swap (absent without swapaccount); the kubelet sets it to
+            # the memory limit on v1, which allows no swap.
+            memsw = _limit(f"{memory}/memory.memsw.limit_in_bytes")
+            if memsw is not None and limit is not None:
+                out["swap_limit"] = max(0, memsw - limit)
+    return out
+
+
+def _limit(path: str) -> int | None:
+    """A byte limit; None for none ("max", v1's page-counter maximum) or no such file."""
+    text = _read(path)
+    if text is None or text.strip() == "max":
+        return None
+    value = _int(path, text)
+    if value < 0:
+        raise Unreadable(f"{path}: negative")
+    return None if value >= UNLIMITED else value
+
+
+def _cpu_limit(directory: str, v2: bool) -> float | None:
+    """Cores: the CFS quota over its period; None for no quota."""
+    if v2:
+        path = f"{directory}/cpu.max"
+        text = _read(path)
+        if text is None:
+            return None
+        parts = text.split()
+        if len(parts) != 2:
+            raise Unreadable(f"{path}: {text.strip()[:40]!r} is not 'QUOTA PERIOD'")
+        if parts[0] == "max":
+            return None
+        quota, period = _int(path, parts[0]), _int(path, parts[1])
+    else:
+        qpath, ppath = f"{directory}/cpu.cfs_quota_us", f"{directory}/cpu.cfs_period_us"
+        qtext, ptext = _read(qpath), _read(ppath)
+        if qtext is None or ptext is None:
+            return None
+        quota, period = _int(qpath, qtext), _int(ppath, ptext)
+        if quota < 0:  # -1: no quota
+            return None
+    if period <= 0 or quota <= 0:
+        raise Unreadable(f"{directory}: CFS quota {quota} over period {period}")
+    return quota / period
+
+
+def _pod_uid(name: str) -> str | None:
+    m = _POD.match(name)
+    return m.group(1).replace("_", "-") if m else None
+
+
+def _container_id(name: str) -> str | None:
+    if name.startswith("crio-conmon-"):
+        return None
+    m = _CONTAINER.match(name)
+    return m.group(1) if m else None
+
+
+def _subdirs(path: str, budget: list[int]) -> Iterator[str]:
+    """Names of the sub-directories of `path`, while the entry budget lasts."""
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if budget[0] <= 0:
+                    return
+                budget[0] -= 1
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        yield entry.name
+                except OSError:
+                    continue
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def container_dirs(walk: str, budget: list[int]) -> Iterator[tuple[str, str, str, str]]:
+    """(qos, pod uid, container id, path relative to `walk`) of each container cgroup:
+    guaranteed pods (directly under kubepods) first, then burstable, then besteffort."""
+    qos_dirs: list[tuple[str, str]] = [("guaranteed", "")]
+    for name in _subdirs(walk, budget):
+        for qos in QOS_NAMES:
+            if name in (qos, f"kubepods-{qos}.slice"):
+                qos_dirs.append((qos, f"{name}/"))
+    for qos, qrel in qos_dirs:
+        for pod_name in _subdirs(f"{walk}/{qrel}", budget):
+            uid = _pod_uid(pod_name)
+            if uid is None:
+                continue
+            for cname in _subdirs(f"{walk}/{qrel}{pod_name}", budget):
+                cid = _container_id(cname)
+                if cid is not None:
+                    yield qos, uid, cid, f"{qrel}{pod_name}/{cname}"
+
+
+def scan(root: str | Path, procfs: str | Path, now: float, *,
+         max_containers: int = MAX_CONTAINERS, seconds: float = SCAN_SECONDS,
+         problems: list[str] | None = None) -> RunningContainers:
+    """One bounded scan. `problems` collects what was unreadable (for the caller's one log
+    line per scan); never raises for what the tree holds."""
+    layout = find_layout(root)
+    if layout is None:
+        return RunningContainers(now, 0)
+    procfs = str(procfs)
+    deadline = time.monotonic() + seconds
+    budget = [max(64, max_containers * MAX_ENTRIES_PER_CONTAINER)]
+    found: list[ContainerCgroup] = []
+    skipped, truncated = 0, False
+    for qos, uid, cid, rel in container_dirs(layout.walk, budget):
+        if len(found) >= max_containers or time.monotonic() > deadline:
+            truncated = True
+            break
+        try:
+            values = read_container(layout, rel, procfs)
+        except Unreadable as e:
+            skipped += 1
+            if problems is not None and len(problems) < 3:
+                problems.append(str(e))
+            continue
+        found.append(ContainerCgroup(uid, cid, qos, **values))  # type: ignore[arg-type]
+    if budget[0] <= 0:
+        truncated = True
+    found.sort(key=lambda c: (c.qos, c.pod_uid, c.container_id))
+    return RunningContainers(now, layout.version, tuple(found), truncated, skipped)
+
+
+class RunningPodsSource(PokedSource):
+    name = "running_pods"
+
+    def __init__(self, clock: Clock, root: str, procfs: str = "/proc", *,
+                 max_containers: int = MAX_CONTAINERS, min_interval: float = MIN_INTERVAL,
+                 interval: float = STATE_INTERVAL) -> None:
+        super().__init__(clock)
+        self.root, self.procfs = root, procfs
+        self.max_containers = max_containers
+        self.min_interval = min_interval
+        self.interval = interval
+        self._last: RunningContainers | None = None
+
+    def up_reason(self) -> str:
+        return f"reading containers under {self.root}"
+
+    def read(self, emit: Emit) -> None:
+        started = time.monotonic()
+        now = self.clock.now()
+        problems: list[str] = []
+        event = scan(self.root, self.procfs, now, max_containers=self.max_containers,
+                     problems=problems)
+        if event.skipped or event.truncated:
+            what = [f"{event.skipped} container(s) unreadable"] if event.skipped else []
+            if event.truncated:
+                what.append(f"scan stopped at {len(event.containers)} containers (budget)")
+            emit(MalformedInput(self.name, "; ".join(what + problems), now))
+        last = self._last
+        if last is None or _key(last) != _key(event):
+            self._last = event
+            emit(event)
+        # Pokes that came during the scan or the gap wait: one rescan after it, not one each.
+        rest = self.min_interval - (time.monotonic() - started)
+        if rest > 0:
+            self.stopping.wait(rest)
+
+
+def _key(event: RunningContainers) -> tuple[object, ...]:
+    return (event.cgroup_version, event.containers, event.truncated, event.skipped)
+
+
+register(SourceSpec(
+    "running_pods", KUBERNETES, "the running containers' cgroups and OOM scores",
+    lambda ctx: RunningPodsSource(ctx.clock, ctx.options.cgroup_root, ctx.options.procfs_root,
+                                  max_containers=ctx.options.running_pods_max_containers,
+                                  min_interval=ctx.options.running_pods_min_interval),
+    wanted=lambda options: bool(options.cgroup_root)
+    and options.running_pods_max_containers > 0, order=62,
+    options=(
+        Opt("running_pods_max_containers", ("--running-pods.max-containers",), MAX_CONTAINERS,
+            "Containers read per scan of the kubepods cgroups (those past it are not judged; "
+            "0: do not read the running containers).", click.IntRange(0, 1_000_000)),
+        Opt("running_pods_min_interval", ("--running-pods.min-interval",), MIN_INTERVAL,
+            "Seconds at least between two scans of the running containers, however many "
+            "kernel events ask for one.", Seconds()))))

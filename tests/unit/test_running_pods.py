@@ -1,0 +1,341 @@
+"""The running-pods judge (the kubelet's formulas, each kind) and the cgroup parser on
+constructed trees of both cgroup versions and drivers, hostile ones included."""
+from __future__ import annotations
+
+import pytest
+
+from exporter.correlate.running_pods import (
+    KINDS,
+    RunningPodsView,
+    container_oom_score_adj,
+    limited_swap,
+    possible_oom_score_adjs,
+)
+from exporter.events import (
+    ContainerCgroup,
+    ContainerSizing,
+    CpuManagerCheckpoint,
+    KernelSnapshot,
+    MalformedInput,
+    PodsRelisted,
+    PodStatus,
+    RunningContainers,
+)
+from exporter.kube.convert import pod_status
+from exporter.sources.kubelet.running_pods import RunningPodsSource, scan
+from testkit.running_pods import CID, PAUSE, UID, construct, container_rel, procfs
+
+GI = 1 << 30
+CAPACITY = 25276502016  # MemTotal of the recorded v1.36 node (README)
+
+
+# ---------------------------------------------------------------- the kubelet's formulas
+
+
+def test_burstable_score_is_the_kubelets_and_goes_stale_when_memory_goes():
+    # Recorded on kubelet v1.36: a Burstable pod requesting 2Gi got 916 on this capacity.
+    assert container_oom_score_adj("Burstable", 2 * GI, CAPACITY) == 916
+    # 36 memory blocks of 128 MiB offline: the kubelet would give a new container 895.
+    assert container_oom_score_adj("Burstable", 2 * GI, CAPACITY - 36 * 128 * 2**20) == 895
+
+
+@pytest.mark.parametrize("qos, request_, critical, want", [
+    ("Guaranteed", 2 * GI, False, -997),
+    ("BestEffort", 0, False, 1000),
+    ("Burstable", 2 * GI, True, -997),  # node-critical: fixed, whatever its QoS
+    ("Burstable", 0, False, 999),  # 1000 would tie with BestEffort
+    ("Burstable", 2 * CAPACITY, False, 3),  # floor: above Guaranteed's 1000 - 997
+    ("Burstable", CAPACITY, False, 3),
+])
+def test_scores_clamps_and_fixed_classes(qos, request_, critical, want):
+    assert container_oom_score_adj(qos, request_, CAPACITY, node_critical=critical) == want
+
+
+def test_sidecar_score_is_not_above_the_apps():
+    # A sidecar asking 64Mi beside an app asking 2Gi gets the app's score.
+    assert container_oom_score_adj("Burstable", 64 << 20, CAPACITY,
+                                   sidecar_min_request=2 * GI) == 916
+
+
+def test_tie_break_gate_moves_the_score_a_few_points_down():
+    off, on = (container_oom_score_adj("Burstable", 2 * GI, CAPACITY, memory_limit=2 * GI,
+                                       tie_break=tb) for tb in (False, True))
+    assert off == 916 and 900 < on < off
+    assert possible_oom_score_adjs("Burstable", 2 * GI, CAPACITY, memory_limit=2 * GI) == {off, on}
+
+
+def test_limited_swap_share():
+    assert limited_swap("Burstable", 2 * GI, 4 * GI, 16 * GI, 8 * GI) == GI
+    assert limited_swap("Burstable", 2 * GI, 2 * GI, 16 * GI, 8 * GI) == 0  # request == limit
+    assert limited_swap("Guaranteed", 2 * GI, 2 * GI, 16 * GI, 8 * GI) == 0
+    assert limited_swap("Burstable", 2 * GI, 4 * GI, 16 * GI, 8 * GI, node_critical=True) == 0
+
+
+# ---------------------------------------------------------------- the view, kind by kind
+
+
+def snap(online=frozenset({0, 1}), mem=CAPACITY, swap=0) -> KernelSnapshot:
+    return KernelSnapshot(1.0, frozenset(online), frozenset({0, 1}) - frozenset(online),
+                          frozenset({0, 1}), frozenset({0, 1}), 0, frozenset(), frozenset(),
+                          mem, swap)
+
+
+def pod(qos="Burstable", request=2 * GI, limit=4 * GI) -> PodStatus:
+    return PodStatus(1.0, UID, "shop", "cart-0", "Running", "", True, qos_class=qos,
+                     containers=(ContainerSizing("cart", CID, request, limit),))
+
+
+def view_of(*events) -> RunningPodsView:
+    view = RunningPodsView()
+    for event in events:
+        view.handle(event)
+    return view
+
+
+def cgroup(**values) -> RunningContainers:
+    return RunningContainers(1.0, 1, (ContainerCgroup(UID, CID, "burstable", **values),))
+
+
+def test_nothing_before_a_scan_and_a_snapshot():
+    assert view_of(snap()).counts() == {}
+    assert view_of(cgroup(oom_score_adj=916)).counts() == {}
+
+
+def test_oom_score_adj_stale_after_memory_goes():
+    view = view_of(snap(), pod(), cgroup(oom_score_adj=916))
+    assert view.counts() == dict.fromkeys(KINDS, 0)
+    view.handle(snap(mem=CAPACITY - 36 * 128 * 2**20))
+    assert view.counts()["oom_score_adj"] == 1
+    [finding] = view.findings()
+    assert finding.line() == ("shop/cart-0 cart: oom_score_adj 916, the kubelet would set "
+                              f"895 on today's {CAPACITY - 36 * 128 * 2**20} bytes")
+
+
+def test_oom_score_adj_not_judged_without_the_pod_or_for_fixed_classes():
+    assert view_of(snap(mem=GI), cgroup(oom_score_adj=916)).counts()["oom_score_adj"] == 0
+    assert view_of(snap(mem=GI), pod(qos="Guaranteed"),
+                   cgroup(oom_score_adj=-997)).counts()["oom_score_adj"] == 0
+    # the sandbox's pause process (-998) is no container of the pod's
+    sandbox = RunningContainers(1.0, 1, (ContainerCgroup(UID, PAUSE, "burstable", -998),))
+    assert view_of(snap(mem=GI), pod(), sandbox).counts()["oom_score_adj"] == 0
+
+
+def test_pods_deleted_or_gone_in_a_relist_are_forgotten():
+    view = view_of(snap(mem=GI), pod(), cgroup(oom_score_adj=916))
+    assert view.counts()["oom_score_adj"] == 1
+    view.handle(PodsRelisted(2.0, frozenset()))
+    assert view.counts()["oom_score_adj"] == 0
+
+
+def test_cpusets_offline_and_missing():
+    assert view_of(snap({0}), cgroup(cpus=frozenset({0, 1}))).counts()["cpuset_offline"] == 1
+    counts = view_of(snap({0, 1}), cgroup(cpus=frozenset({0}))).counts()
+    assert (counts["cpuset_offline"], counts["cpuset_missing"]) == (0, 1)
+
+
+def test_exclusive_cpus_are_not_missing_from_the_shared_pool():
+    checkpoint = CpuManagerCheckpoint(1.0, "/x", True, "static", frozenset({0}),
+                                      frozenset({1}))
+    # a container holding cpu1 exclusively lacks cpu0 by design; a shared one lacks nothing
+    assert view_of(snap(), checkpoint, cgroup(cpus=frozenset({1}))).counts()[
+        "cpuset_missing"] == 0
+    assert view_of(snap(), checkpoint, cgroup(cpus=frozenset({0}))).counts()[
+        "cpuset_missing"] == 0
+
+
+def test_limits_above_what_the_node_has():
+    counts = view_of(snap({0}), cgroup(cpu_limit=2.0, memory_limit=CAPACITY + 1)).counts()
+    assert counts["cpu_limit_above_online"] == 1
+    assert counts["memory_limit_above_capacity"] == 1
+    counts = view_of(snap({0, 1}), cgroup(cpu_limit=2.0, memory_limit=CAPACITY)).counts()
+    assert counts["cpu_limit_above_online"] == counts["memory_limit_above_capacity"] == 0
+
+
+def test_swap_limit_from_another_capacity():
+    share = limited_swap("Burstable", 2 * GI, 4 * GI, CAPACITY, 8 * GI)
+    ok = view_of(snap(swap=8 * GI), pod(), cgroup(swap_limit=share // 4096 * 4096))
+    assert ok.counts()["swap_limit"] == 0
+    stale = view_of(snap(mem=CAPACITY // 2, swap=8 * GI), pod(), cgroup(swap_limit=share))
+    assert stale.counts()["swap_limit"] == 1
+    assert view_of(snap(), pod(), cgroup(swap_limit=0)).counts()["swap_limit"] == 0
+
+
+# ---------------------------------------------------------------- the pod watch's side
+
+
+def test_pod_status_carries_qos_and_container_sizing():
+    obj = {"metadata": {"uid": UID, "name": "cart-0", "namespace": "shop"},
+           "spec": {"priorityClassName": "system-node-critical",
+                    "containers": [{"name": "cart", "resources": {
+                        "requests": {"memory": "1Gi"}, "limits": {"memory": "4Gi"}}}],
+                    "initContainers": [
+                        {"name": "log", "restartPolicy": "Always",
+                         "resources": {"limits": {"memory": "64Mi"}}},
+                        {"name": "setup"}]},
+           "status": {"qosClass": "Burstable", "containerStatuses": [
+               {"name": "cart", "containerID": f"containerd://{CID}",
+                "allocatedResources": {"memory": "2Gi"}}],
+               "initContainerStatuses": [{"name": "log", "containerID": "cri-o://../etc"}]}}
+    event = pod_status(obj, 1.0, None).event
+    assert event.qos_class == "Burstable" and event.node_critical
+    assert event.containers == (
+        ContainerSizing("cart", CID, 2 * GI, 4 * GI),  # allocated, not the spec's 1Gi
+        ContainerSizing("log", "", 64 << 20, 64 << 20, sidecar=True))  # hostile id dropped
+
+
+# ---------------------------------------------------------------- the cgroup parser
+
+
+V1_FILES = {"cgroup.procs": "4242\n4241\n", "cpuset.cpus": "0-1\n",
+            "cpu.cfs_quota_us": "150000\n", "cpu.cfs_period_us": "100000\n",
+            "memory.limit_in_bytes": "4294967296\n",
+            "memory.memsw.limit_in_bytes": "4294967296\n"}
+V2_FILES = {"cgroup.procs": "4242\n4241\n", "cpuset.cpus.effective": "0-1\n",
+            "cpu.max": "150000 100000\n", "memory.max": "4294967296\n",
+            "memory.swap.max": "1073741824\n"}
+
+
+@pytest.mark.parametrize("version, driver", [(1, "cgroupfs"), (1, "systemd"), (2, "systemd"),
+                                             (2, "cgroupfs")])
+def test_reads_every_value_in_every_layout(tmp_path, version, driver):
+    files = V1_FILES if version == 1 else V2_FILES
+    root = construct(tmp_path / "cg", version, driver, [
+        ("burstable", UID, CID, files),
+        ("guaranteed", UID.replace("1", "2"), PAUSE, {"cgroup.procs": ""})])
+    proc = procfs(tmp_path / "proc", {4241: 916, 4242: 0})
+    event = scan(root, proc, 5.0)
+    assert (event.cgroup_version, event.truncated, event.skipped) == (version, False, 0)
+    by_id = {c.container_id: c for c in event.containers}
+    assert by_id[CID] == ContainerCgroup(
+        UID, CID, "burstable", oom_score_adj=916,  # the lowest PID's
+        cpus=frozenset({0, 1}), cpu_limit=1.5, memory_limit=4 * GI,
+        swap_limit=0 if version == 1 else GI)
+    assert by_id[PAUSE].qos == "guaranteed" and by_id[PAUSE].oom_score_adj is None
+
+
+def test_unlimited_values_are_none(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("besteffort", UID, CID, {
+        "cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n",
+        "memory.limit_in_bytes": "9223372036854771712\n"})])
+    [c] = scan(root, tmp_path, 1.0).containers
+    assert (c.cpu_limit, c.memory_limit, c.swap_limit) == (None, None, None)
+    root = construct(tmp_path / "v2", 2, "systemd", [("besteffort", UID, CID, {
+        "cpu.max": "max 100000\n", "memory.max": "max\n", "memory.swap.max": "max\n"})])
+    [c] = scan(root, tmp_path, 1.0).containers
+    assert (c.cpu_limit, c.memory_limit, c.swap_limit) == (None, None, None)
+
+
+def test_a_process_that_exited_while_read_is_skipped_silently(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": "10\n11\n12\n"})])
+    proc = procfs(tmp_path / "proc", {12: 500})  # 10 and 11 are gone
+    event = scan(root, proc, 1.0)
+    assert event.skipped == 0 and event.containers[0].oom_score_adj == 500
+
+
+@pytest.mark.parametrize("name, text", [
+    ("cpuset.cpus", "0-4294967295"), ("cpu.cfs_quota_us", "lots"),
+    ("memory.limit_in_bytes", "-5"), ("cgroup.procs", "12\nnot-a-pid\n"),
+    ("cgroup.procs", "1\n" * 40000),  # more than the bytes read of it
+])
+def test_hostile_files_are_counted_and_skipped(tmp_path, name, text):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", UID, CID, {"cgroup.procs": "", "cpu.cfs_period_us": "100000", name: text}),
+        ("burstable", UID, PAUSE, {"cpuset.cpus": "0", "cgroup.procs": ""})])
+    problems: list[str] = []
+    event = scan(root, tmp_path, 1.0, problems=problems)
+    assert event.skipped == 1 and [c.container_id for c in event.containers] == [PAUSE]
+    assert len(problems) == 1
+
+
+def test_an_unreadable_file_is_counted(tmp_path):
+    root = construct(tmp_path / "cg", 2, "systemd", [("burstable", UID, CID, {})])
+    (root / "kubepods.slice/kubepods-burstable.slice").mkdir(exist_ok=True)
+    (root / container_rel(2, "systemd", "burstable", UID, CID) / "memory.max").mkdir()
+    assert scan(root, tmp_path, 1.0).skipped == 1
+
+
+def test_a_huge_tree_is_scanned_within_its_budget(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}", {}) for i in range(300)])
+    # the kernel's runtime names only; directories of other names are not containers
+    (root / "memory/kubepods/burstable/not-a-pod").mkdir()
+    (root / "memory/kubepods/burstable" / f"pod{UID}" / "crio-conmon-" f"{CID}.scope").mkdir(
+        parents=True)
+    event = scan(root, tmp_path, 1.0, max_containers=100)
+    assert event.truncated and len(event.containers) == 100
+    assert len(scan(root, tmp_path, 1.0).containers) == 300
+
+
+def test_no_kubepods_is_version_0(tmp_path):
+    assert scan(tmp_path, tmp_path, 1.0) == RunningContainers(1.0, 0)
+
+
+def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cpuset.cpus": "0-1"})])
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(root), str(tmp_path), min_interval=0.001)
+    got: list = []
+    try:
+        source.read(got.append)
+        source.read(got.append)  # nothing changed: nothing emitted
+        assert [type(e) for e in got] == [RunningContainers]
+        (root / "cpuset" / "kubepods/burstable" / f"pod{UID}" / CID / "cpuset.cpus").write_text(
+            "zero")
+        source.read(got.append)
+        assert [type(e) for e in got[1:]] == [MalformedInput, RunningContainers]
+        assert got[2].skipped == 1
+    finally:
+        source.close()
+
+
+# ---------------------------------------------------------------- check
+
+
+def test_check_names_stale_containers_and_the_fix(tmp_path):
+    from exporter.cli.check import check_running_pods
+    from exporter.config.options import Options
+    from exporter.sources import registry
+
+    registry.load()  # the running-pods options are declared by their source
+    sys_ = tmp_path / "sys/devices/system/cpu"
+    sys_.mkdir(parents=True)
+    for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),
+                       ("possible", "0-1")):
+        (sys_ / name).write_text(text + "\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
+    procfs(tmp_path / "proc", {4242: 916})
+    construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": "4242\n", "cpuset.cpus": "0-1\n", "cpu.cfs_quota_us": "200000\n",
+        "cpu.cfs_period_us": "100000\n", "memory.limit_in_bytes": str(4 * GI)})])
+    options = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                      cgroup_root=str(tmp_path / "cg"))
+    check = check_running_pods(options, pods=[pod()])
+    assert check.status == "warn"
+    assert check.detail.startswith(
+        "4 finding(s) in running containers the kubelet would not create so today "
+        "(oom_score_adj 1, cpuset_offline 1, cpu_limit_above_online 1, "
+        "memory_limit_above_capacity 1; 1 container cgroups (cgroup v1)):")
+    assert "oom_score_adj: shop/cart-0 cart: oom_score_adj 916, the kubelet would set 3" \
+        in check.detail
+    assert check.fix.startswith("restart the pod")
+    empty = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                    cgroup_root=str(tmp_path / "none"))
+    assert check_running_pods(empty, pods=[]).status == "ok"
+
+
+def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive():
+    exclusive = ContainerCgroup("g", "1" * 64, "guaranteed", cpus=frozenset({1}))
+    shared = ContainerCgroup(UID, CID, "burstable", cpus=frozenset({0}))
+    scan_ = RunningContainers(1.0, 1, (exclusive, shared))
+    assert view_of(snap(), scan_).counts()["cpuset_missing"] == 0
+    # under the none policy (every container on every CPU) a CPU nobody has is missing
+    lost = RunningContainers(1.0, 1, (ContainerCgroup("g", "1" * 64, "guaranteed",
+                                                      cpus=frozenset({0})), shared))
+    assert view_of(snap(), lost).counts()["cpuset_missing"] == 2
