@@ -99,7 +99,8 @@ def _blocked_query(p: Params) -> str:
         args.append(f"$labels.{p.cluster_label}")
     matchers.append('node="%s"')
     args.append("$labels.node")
-    return f"(printf `node_resize_kubelet_restart_blocked{{{','.join(matchers)}}} == 1` {' '.join(args)})"
+    selector = f"node_resize_kubelet_restart_blocked{{{','.join(matchers)}}}"
+    return f"(printf `{selector} == 1` {' '.join(args)})"
 
 
 def rules(p: Params) -> dict:
