@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -602,8 +603,9 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
 
 
 def fleet_cost(nodes: int, interval: float, window: float, repeats: int = 1,
-               peer: bool = True) -> dict:
-    """The benchmark: both fleets, one after the other; the JSON results."""
+               peer: bool = True, parallel: bool = False) -> dict:
+    """The benchmark: both fleets, one after the other (parallel: at once, each in its own
+    Prometheus; --quick, where no number is quoted); the JSON results."""
     if not os.access(PROMETHEUS, os.X_OK):
         raise FileNotFoundError(f"{PROMETHEUS} is not installed: run scripts/setup.sh test")
     say("recording one scrape of each exporter ...")
@@ -621,13 +623,20 @@ def fleet_cost(nodes: int, interval: float, window: float, repeats: int = 1,
                      "evaluation_interval_s": interval, "window_s": window,
                      "query_repeats": repeats},
            "prometheus": _version(PROMETHEUS), "exposition": expositions, "fleets": {}}
+    out["sizes"]["fleets_at_once"] = parallel
     server = FleetServer(recs)
+
+    def one(job: str) -> dict:
+        say(f"{job}: {nodes} targets every {interval:g}s for {window:g}s ...")
+        return measure_fleet(job, recs[job], nodes, interval, window, repeats, server.port,
+                             rules=job == NRE, queries=job == NRE)
+
     try:
-        for job in recs:
-            say(f"{job}: {nodes} targets every {interval:g}s for {window:g}s ...")
-            out["fleets"][job] = measure_fleet(job, recs[job], nodes, interval, window, repeats,
-                                               server.port, rules=job == NRE,
-                                               queries=job == NRE)
+        if parallel:
+            with ThreadPoolExecutor(len(recs)) as pool:
+                out["fleets"] = dict(zip(recs, pool.map(one, recs)))
+        else:
+            out["fleets"] = {job: one(job) for job in recs}
     finally:
         server.stop()
     return out
@@ -662,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     i = 1 if args.quick else 0
     result = fleet_cost(args.nodes or SIZES["nodes"][i], args.interval or SIZES["interval"][i],
                         args.window or SIZES["window"][i], SIZES["repeats"][i],
-                        peer=not args.no_peer)
+                        peer=not args.no_peer, parallel=args.quick)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -82,7 +82,7 @@ def run_correlator(quick: bool, peer: bool) -> dict:
 def run_fleet(quick: bool, peer: bool) -> dict:
     i = 1 if quick else 0
     return fleet.fleet_cost(*(fleet.SIZES[k][i] for k in ("nodes", "interval", "window",
-                                                           "repeats")), peer=peer)
+                                                           "repeats")), peer=peer, parallel=quick)
 
 
 BENCHMARKS = {"latency": run_latency, "storm": run_storm, "overhead": run_overhead,

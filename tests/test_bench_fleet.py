@@ -1,7 +1,7 @@
-"""bench/fleet.py at its --quick size (50 simulated nodes, ~30 s of scraping per fleet), so
-"what 1,000 nodes cost the monitoring" keeps working: a real /usr/bin/prometheus scraped every
-target, every series the exporters expose reached its head, the recording rules and alerts
-were evaluated, and every dashboard query answered without an error.
+"""bench/fleet.py at its --quick size (50 simulated nodes, ~30 s of scraping, both fleets at
+once), so "what 1,000 nodes cost the monitoring" keeps working: a real /usr/bin/prometheus
+scraped every target, every series the exporters expose reached its head, the recording rules
+and alerts were evaluated, and every dashboard query answered without an error.
 
 No timed assertions: the counts must add up exactly (head series = targets x (series per
 scrape + Prometheus' 5 per-target series) + what the rules recorded), which fails when a
@@ -32,7 +32,7 @@ def result():
         pytest.fail(f"{fleet.PROMETHEUS} not found: run scripts/setup.sh test")
     if not PEER:
         pytest.fail("prometheus-node-exporter missing: run scripts/setup.sh test")
-    return fleet.fleet_cost(NODES, INTERVAL, WINDOW, REPEATS, peer=True)
+    return fleet.fleet_cost(NODES, INTERVAL, WINDOW, REPEATS, peer=True, parallel=True)
 
 
 def test_every_target_scraped_and_every_series_in_the_head(result):
