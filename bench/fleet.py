@@ -534,6 +534,15 @@ def run_queries(prom: Prometheus, start: float, end: float, interval: float,
 
 # ------------------------------------------------------------------------------ one fleet
 
+def slowest_rules(prom: Prometheus, n: int = 5) -> list[dict]:
+    """The rules whose last evaluation took longest (/api/v1/rules evaluationTime)."""
+    answer, _ = prom.api("rules")
+    rules = [{"group": g["name"], "rule": r["name"], "type": r["type"],
+              "ms": round(r.get("evaluationTime", 0) * 1000, 2)}
+             for g in answer.get("data", {}).get("groups", []) for r in g["rules"]]
+    return sorted(rules, key=lambda r: -r["ms"])[:n]
+
+
 def recorded_rule_names() -> list[str]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [r["record"] for g in groups for r in g["rules"] if "record" in r]
@@ -593,9 +602,11 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
                                       "max_ms": round(peak_groups.get(g, d) * 1000, 2)}
                                   for g, d in last["rule_groups"].items()}
             out["alerts"] = int(prom.scalar("count(ALERTS)") or 0)
+            out["slowest_rules"] = slowest_rules(prom)
         if queries:
             say(f"{job}: dashboard queries ...")
             out["queries"] = run_queries(prom, start, end, interval, repeats)
+            out["rss_peak_after_queries_bytes"] = prom.own_metrics()["vm_hwm_bytes"]
         return out
     finally:
         prom.stop()

@@ -237,6 +237,9 @@ def _fleet(r: dict) -> list[str]:
         rows.append(row(f"rule group `{group}`: last / max evaluation (ms)", lambda j:
                         f"{fl[j]['rule_groups'][group]['last_ms']:,.1f} / "
                         f"{fl[j]['rule_groups'][group]['max_ms']:,.1f}"))
+    if nre.get("rss_peak_after_queries_bytes"):
+        rows.append(row("Prometheus peak RSS after the dashboard queries", lambda j:
+                        mib(fl[j]["rss_peak_after_queries_bytes"])))
     q = nre.get("queries")
     if q:
         rows += [row(f"dashboard queries as Grafana sends them ({q['expressions']} "
@@ -253,6 +256,11 @@ def _fleet(r: dict) -> list[str]:
                  "| dashboard | panel | query | ms | series |", "|---|---|---|---|---|"]
         rows += [f"| {s['dashboard']} | {s['where']} | {s['shape']} | {s['ms']:,.1f} | "
                  f"{s['series']} |" for s in q["slowest"]]
+    if nre.get("slowest_rules"):
+        rows += ["", "Slowest rules, last evaluation (node-resize-exporter fleet):", "",
+                 "| group | rule | ms |", "|---|---|---|"]
+        rows += [f"| {r['group']} | {r['rule']} | {r['ms']:,.1f} |"
+                 for r in nre["slowest_rules"]]
     return rows
 
 

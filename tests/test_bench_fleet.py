@@ -71,6 +71,8 @@ def test_rules_evaluated_per_node(result):
     # The recording rules keep the per-node series they aggregate by (cluster, node, ...): at
     # least one recorded series per node, and a whole number of them per node.
     assert run["rule_series"] >= NODES and run["rule_series"] % NODES == 0, run["rule_series"]
+    assert len(run["slowest_rules"]) == 5
+    assert {r["group"] for r in run["slowest_rules"]} <= groups
 
 
 def test_every_dashboard_query_answers(result):
