@@ -578,6 +578,7 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
             time.sleep(1)
         all_up_s = time.monotonic() - t0
         first = prom.own_metrics()
+        load_start = os.getloadavg()[0]
         start = time.time()
         samples, peak_groups, missed = [], {}, 0
         while time.time() - start < window:
@@ -609,6 +610,8 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
             "cpu_cores": round((last["cpu_seconds"] - first["cpu_seconds"]) / elapsed, 3),
             "rss_over_window_mib": [round(s["rss_bytes"] / 2**20, 1) for s in samples],
             "own_metrics_unanswered": missed,
+            # Other sessions share the machine: the 1-minute load when the window began / ended.
+            "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
         }
         if rules:
             names = recorded_rule_names()

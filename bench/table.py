@@ -220,6 +220,8 @@ def _fleet(r: dict) -> list[str]:
                 if "series_kubernetes_off" in ex[j] else "")),
             row("exposition bytes, plain / gzip", lambda j:
                 f"{ex[j]['bytes']:,} / {ex[j]['gzip_bytes']:,}"),
+            row("machine's 1-min load average, window start / end", lambda j:
+                " / ".join(f"{x:.1f}" for x in fl[j]["loadavg_1m"])),
             row("targets up", lambda j: f"{fl[j]['up']:.0f}/{fl[j]['targets']}"),
             row("head series (prometheus_tsdb_head_series)", lambda j:
                 f"{fl[j]['head_series']:,}"),
