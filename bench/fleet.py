@@ -567,6 +567,7 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
     prom = Prometheus(work, job, nodes, fleet_port, interval, rules)
     try:
         prom.wait_ready()
+        born = time.time()
         t0 = time.monotonic()
         job_label = job if job == NRE else "node-exporter"
         up_timeout = 3 * interval + 60
@@ -594,11 +595,20 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
         end = time.time()
         last = prom.own_metrics()
         elapsed = end - start
+        w = f"{elapsed:.0f}s"
         out = {
             "targets": nodes, "all_up_after_s": round(all_up_s, 1),
             "window_s": round(elapsed, 1),
             "up": prom.scalar(f'count(up{{job="{job_label}"}} == 1)'),
-            "samples_scraped": prom.scalar(f'sum(scrape_samples_scraped{{job="{job_label}"}})'),
+            # Every target answered at least once in the window, and how many scrapes did not
+            # (a loaded shared machine can make a scrape time out: said, not hidden).
+            "up_ever": prom.scalar(f'count(max_over_time(up{{job="{job_label}"}}[{w}]) == 1)'),
+            "scrapes": prom.scalar(f'sum(count_over_time(up{{job="{job_label}"}}[{w}]))'),
+            "scrapes_failed": prom.scalar(
+                f'sum(count_over_time(up{{job="{job_label}"}}[{w}]) '
+                f'- sum_over_time(up{{job="{job_label}"}}[{w}]))'),
+            "samples_scraped": prom.scalar(
+                f'sum(max_over_time(scrape_samples_scraped{{job="{job_label}"}}[{w}]))'),
             "scrape_duration_max_s": prom.scalar(
                 f'max(max_over_time(scrape_duration_seconds{{job="{job_label}"}}'
                 f'[{elapsed:.0f}s]))'),
@@ -613,6 +623,23 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
             # Other sessions share the machine: the 1-minute load when the window began / ended.
             "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
         }
+        targets, _ = prom.api("targets", state="active")
+        errors: dict[str, int] = {}
+        for t in targets.get("data", {}).get("activeTargets", []):
+            if t.get("lastError"):
+                key = re.sub(r"/\d+/metrics", "/N/metrics", t["lastError"])[:200]
+                errors[key] = errors.get(key, 0) + 1
+        out["scrape_errors"] = errors  # at the end, by message: what a target that is down says
+        # Series in the head that are no longer live (a rule's output that changed labels, an
+        # alert gone from pending to firing): seen since Prometheus started, not live now.
+        since = f"{time.time() - born + 60:.0f}s"
+        answer, _ = prom.api("query", query='count by (__name__, alertname) (last_over_time('
+                             f'{{__name__=~".+"}}[{since}]) unless {{__name__=~".+"}})')
+        out["series_gone_by_name"] = {
+            r["metric"].get("__name__", "") + (f"{{alertname={r['metric']['alertname']}}}"
+                                               if "alertname" in r["metric"] else ""):
+            int(r["value"][1]) for r in answer.get("data", {}).get("result", [])}
+        out["series_live"] = int(prom.scalar('count({__name__=~".+"})') or 0)
         if rules:
             names = recorded_rule_names()
             out["rule_series"] = int(prom.scalar(

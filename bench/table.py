@@ -222,9 +222,15 @@ def _fleet(r: dict) -> list[str]:
                 f"{ex[j]['bytes']:,} / {ex[j]['gzip_bytes']:,}"),
             row("machine's 1-min load average, window start / end", lambda j:
                 " / ".join(f"{x:.1f}" for x in fl[j]["loadavg_1m"])),
-            row("targets up", lambda j: f"{fl[j]['up']:.0f}/{fl[j]['targets']}"),
+            row("targets up at least once", lambda j:
+                f"{fl[j]['up_ever']:.0f}/{fl[j]['targets']}"),
+            row("scrapes failed / made in the window; targets up at the end", lambda j:
+                f"{fl[j]['scrapes_failed']:,.0f} / {fl[j]['scrapes']:,.0f}; "
+                f"{fl[j]['up']:.0f}"),
             row("head series (prometheus_tsdb_head_series)", lambda j:
                 f"{fl[j]['head_series']:,}"),
+            row("... of which no longer live (by name)", lambda j: ", ".join(
+                f"{k} {v}" for k, v in fl[j]["series_gone_by_name"].items()) or "0"),
             row("... of which recording rules and ALERTS", lambda j:
                 f"{fl[j]['rule_series']:,}" if "rule_series" in fl[j] else "- (no rules)"),
             row("Prometheus RSS at the end (peak)", lambda j:

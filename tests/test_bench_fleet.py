@@ -40,11 +40,21 @@ def test_every_target_scraped_and_every_series_in_the_head(result):
     for job, run in result["fleets"].items():
         per_scrape = result["exposition"][job]["series"]
         assert per_scrape > 0
-        assert run["targets"] == NODES and run["up"] == NODES, (job, run)
+        # Every target answered; a scrape that timed out on a loaded machine is counted, and
+        # may not be most of them.
+        assert run["targets"] == NODES and run["up_ever"] == NODES, (job, run)
+        assert 0 <= run["scrapes_failed"] < run["scrapes"] / 2, (job, run)
         assert run["samples_scraped"] == NODES * per_scrape, (job, run)
         recorded = run.get("rule_series", 0)
-        assert run["head_series"] == NODES * (per_scrape + fleet.SYNTHETIC_PER_TARGET) \
-            + recorded, (job, run["head_series"], per_scrape, recorded)
+        live = NODES * (per_scrape + fleet.SYNTHETIC_PER_TARGET) + recorded
+        assert run["series_live"] == live, (job, run["series_live"], per_scrape, recorded)
+        # A static replay never drops a scraped series: whatever the head holds beyond the
+        # live ones is a rule's (an alert gone from pending to firing, say), never a target's.
+        gone = run["series_gone_by_name"]
+        names = {name.split("{")[0] for name in gone}
+        assert names <= set(fleet.recorded_rule_names()) | {"ALERTS", "ALERTS_FOR_STATE"}, gone
+        assert run["head_series"] == live + sum(gone.values()), (job, run["head_series"], live,
+                                                                 gone)
         assert run["rss_bytes"] > 0 and run["rss_peak_bytes"] >= run["rss_bytes"] * 0.5
         assert math.isfinite(run["cpu_cores"]) and run["cpu_cores"] >= 0
         assert run["window_s"] >= WINDOW
@@ -101,4 +111,4 @@ def test_the_table_renders(result):
                "fleet": json.loads(json.dumps(result))}
     text = render(results)
     assert f"### What {NODES} nodes cost the monitoring" in text
-    assert f"| targets up | {NODES}/{NODES} | {NODES}/{NODES} |" in text
+    assert f"| targets up at least once | {NODES}/{NODES} | {NODES}/{NODES} |" in text
