@@ -640,6 +640,9 @@ def measure_fleet(job: str, rec: dict, nodes: int, interval: float, window: floa
                                                if "alertname" in r["metric"] else ""):
             int(r["value"][1]) for r in answer.get("data", {}).get("result", [])}
         out["series_live"] = int(prom.scalar('count({__name__=~".+"})') or 0)
+        # The head now, after the series were counted: a rule group slower than its interval
+        # (a loaded machine) may add its first outputs after the window's last sample.
+        out["head_series"] = prom.own_metrics()["head_series"]
         if rules:
             names = recorded_rule_names()
             out["rule_series"] = int(prom.scalar(
