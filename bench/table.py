@@ -196,14 +196,16 @@ def _fleet(r: dict) -> list[str]:
     """What 1,000 nodes cost the monitoring (bench/fleet.py)."""
     z, ex, fl = r["sizes"], r["exposition"], r["fleets"]
 
-    def row(label: str, fn) -> str:
+    def row(label: str, fn) -> str | None:
+        """One row; None when neither fleet has the number (a results file from before it
+        was measured)."""
         cells = []
         for j in (NRE, NE):
             try:
                 cells.append(fn(j) if j in fl else "-")
             except (KeyError, TypeError):
                 cells.append("-")
-        return f"| {label} | " + " | ".join(cells) + " |"
+        return None if set(cells) == {"-"} else f"| {label} | " + " | ".join(cells) + " |"
 
     def mib(x) -> str:
         return f"{x / 2**20:,.0f} MiB"
@@ -224,9 +226,9 @@ def _fleet(r: dict) -> list[str]:
                 " / ".join(f"{x:.1f}" for x in fl[j]["loadavg_1m"])),
             row("targets up at least once", lambda j:
                 f"{fl[j]['up_ever']:.0f}/{fl[j]['targets']}"),
-            row("scrapes failed / made in the window; targets up at the end", lambda j:
-                f"{fl[j]['scrapes_failed']:,.0f} / {fl[j]['scrapes']:,.0f}; "
-                f"{fl[j]['up']:.0f}"),
+            row("targets up at the end", lambda j: f"{fl[j]['up']:.0f}/{fl[j]['targets']}"),
+            row("scrapes failed / made in the window", lambda j:
+                f"{fl[j]['scrapes_failed']:,.0f} / {fl[j]['scrapes']:,.0f}"),
             row("head series (prometheus_tsdb_head_series)", lambda j:
                 f"{fl[j]['head_series']:,}"),
             row("... of which no longer live (by name)", lambda j: ", ".join(
@@ -269,7 +271,7 @@ def _fleet(r: dict) -> list[str]:
                  "| group | rule | ms |", "|---|---|---|"]
         rows += [f"| {r['group']} | {r['rule']} | {r['ms']:,.1f} |"
                  for r in nre["slowest_rules"]]
-    return rows
+    return [r for r in rows if r is not None]
 
 
 def render(results: dict) -> str:
