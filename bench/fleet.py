@@ -110,7 +110,7 @@ def series_names(body: bytes) -> set[str]:
     return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in sample_lines(body)}
 
 
-def record(cmd: list[str], port: int, ready, timeout: float = 30.0,
+def record(cmd: list[str], port: int, ready, timeout: float = 60.0,
            env: dict | None = None) -> dict:
     """Start cmd, scrape it as Prometheus would until ready(body) and the series set is the
     same on two scrapes 0.5 s apart; stop it; the last scrape."""
@@ -266,7 +266,7 @@ class FleetServer:
                                       "--port", str(self.port), "--dir", str(d)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         job = next(iter(recordings))
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # a Python start-up on a machine at load 15: seconds
         while True:
             try:
                 _get(f"http://127.0.0.1:{self.port}/{job}/0/metrics", timeout=2)
