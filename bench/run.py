@@ -1,7 +1,7 @@
 """Benchmarks against peers (issue 7). Run as root from the repository:
 
     .venv/bin/python bench/run.py all [--quick] [--out bench/results/latest.json]
-    .venv/bin/python bench/run.py latency|storm|overhead|scrape|correlator [--quick]
+    .venv/bin/python bench/run.py latency|storm|overhead|scrape|correlator|fleet [--quick]
 
 Each subcommand prints its results as JSON; `all` also writes them to --out and prints the
 Markdown table bench/README.md quotes (bench/table.py renders it from a results file).
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repository
     sys.path.insert(0, str(REPO))
 
-from bench import correlator, latency, overhead, scrape_load, storm  # noqa: E402
+from bench import correlator, fleet, latency, overhead, scrape_load, storm  # noqa: E402
 from bench.procs import node_exporter_path  # noqa: E402
 from bench.table import render  # noqa: E402
 
@@ -81,8 +81,14 @@ def run_correlator(quick: bool, peer: bool) -> dict:
             "storm": correlator.storm_state(size("storm_transitions", quick))}
 
 
+def run_fleet(quick: bool, peer: bool) -> dict:
+    i = 1 if quick else 0
+    return fleet.fleet_cost(*(fleet.SIZES[k][i] for k in ("nodes", "interval", "window",
+                                                           "repeats")), peer=peer, parallel=quick)
+
+
 BENCHMARKS = {"latency": run_latency, "storm": run_storm, "overhead": run_overhead,
-              "scrape": run_scrape, "correlator": run_correlator}
+              "scrape": run_scrape, "correlator": run_correlator, "fleet": run_fleet}
 
 
 def main(argv: list[str] | None = None) -> int:

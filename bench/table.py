@@ -186,6 +186,94 @@ def _correlator(r: dict) -> list[str]:
                f"{m['ms_per_event_while_open']:.1f} ms | |")]
 
 
+def _ms(s: dict | None) -> str:
+    if not s or not s.get("n"):
+        return "-"
+    return f"{s['n']}: {f(s['p50_ms'], 1)} / {f(s['max_ms'], 1)}"
+
+
+def _fleet(r: dict) -> list[str]:
+    """What 1,000 nodes cost the monitoring (bench/fleet.py)."""
+    z, ex, fl = r["sizes"], r["exposition"], r["fleets"]
+
+    def row(label: str, fn) -> str | None:
+        """One row; None when neither fleet has the number (a results file from before it
+        was measured)."""
+        cells = []
+        for j in (NRE, NE):
+            try:
+                cells.append(fn(j) if j in fl else "-")
+            except (KeyError, TypeError):
+                cells.append("-")
+        return None if set(cells) == {"-"} else f"| {label} | " + " | ".join(cells) + " |"
+
+    def mib(x) -> str:
+        return f"{x / 2**20:,.0f} MiB"
+
+    nre = fl.get(NRE, {})
+    rows = [f"### What {z['nodes']:,} nodes cost the monitoring (Prometheus: ms, MiB)", "",
+            f"{r.get('prometheus', 'prometheus')}; {z['nodes']:,} simulated targets per "
+            f"exporter, scraped every {z['scrape_interval_s']:g} s (rules evaluated every "
+            f"{z['evaluation_interval_s']:g} s) for {z['window_s']:g} s after every target was "
+            f"up; node-resize-exporter with Kubernetes {ex[NRE]['kubernetes']}.", "",
+            "| | node-resize-exporter | node_exporter |", "|---|---|---|",
+            row("series per scrape (one node)", lambda j: f"{ex[j]['series']}" + (
+                f" (Kubernetes off: {ex[j]['series_kubernetes_off']})"
+                if "series_kubernetes_off" in ex[j] else "")),
+            row("exposition bytes, plain / gzip", lambda j:
+                f"{ex[j]['bytes']:,} / {ex[j]['gzip_bytes']:,}"),
+            row("machine's 1-min load average, window start / end", lambda j:
+                " / ".join(f"{x:.1f}" for x in fl[j]["loadavg_1m"])),
+            row("targets up at least once", lambda j:
+                f"{fl[j]['up_ever']:.0f}/{fl[j]['targets']}"),
+            row("targets up at the end", lambda j: f"{fl[j]['up']:.0f}/{fl[j]['targets']}"),
+            row("scrapes failed / made in the window", lambda j:
+                f"{fl[j]['scrapes_failed']:,.0f} / {fl[j]['scrapes']:,.0f}"),
+            row("head series (prometheus_tsdb_head_series)", lambda j:
+                f"{fl[j]['head_series']:,}"),
+            row("... of which no longer live (by name)", lambda j: ", ".join(
+                f"{k} {v}" for k, v in fl[j]["series_gone_by_name"].items()) or "0"),
+            row("... of which recording rules and ALERTS", lambda j:
+                f"{fl[j]['rule_series']:,}" if "rule_series" in fl[j] else "- (no rules)"),
+            row("Prometheus RSS at the end (peak)", lambda j:
+                f"{mib(fl[j]['rss_bytes'])} ({mib(fl[j]['rss_peak_bytes'])})"),
+            row("Prometheus RSS per 1,000 head series", lambda j:
+                f"{fl[j]['rss_bytes'] / fl[j]['head_series'] * 1000 / 2**20:.2f} MiB"),
+            row("Prometheus CPU over the window (cores)", lambda j: f"{fl[j]['cpu_cores']:.2f}"),
+            row("scrape duration p50 / max (ms; the replay server)", lambda j:
+                f"{fl[j]['scrape_duration_p50_s'] * 1000:.1f} / "
+                f"{fl[j]['scrape_duration_max_s'] * 1000:.1f}")]
+    for group in sorted(nre.get("rule_groups", {})):
+        rows.append(row(f"rule group `{group}`: last / max evaluation (ms)", lambda j:
+                        f"{fl[j]['rule_groups'][group]['last_ms']:,.1f} / "
+                        f"{fl[j]['rule_groups'][group]['max_ms']:,.1f}"))
+    if nre.get("rss_peak_after_queries_bytes"):
+        rows.append(row("Prometheus peak RSS after the dashboard queries", lambda j:
+                        mib(fl[j]["rss_peak_after_queries_bytes"])))
+    q = nre.get("queries")
+    if q:
+        rows += [row(f"dashboard queries as Grafana sends them ({q['expressions']} "
+                     f"expressions; n: p50 / max ms)", lambda j: _ms(fl[j]["queries"][
+                         "as_grafana_sends_them"])),
+                 row("... every expression as an instant query", lambda j:
+                     _ms(fl[j]["queries"]["instant"])),
+                 row("... every expression as a range query over the window", lambda j:
+                     _ms(fl[j]["queries"]["range"])),
+                 row("... variables (label values)", lambda j: _ms(fl[j]["queries"]["labels"])),
+                 row("... errors / empty answers", lambda j:
+                     f"{len(fl[j]['queries']['errors'])} / {fl[j]['queries']['empty']}")]
+        rows += ["", "Slowest dashboard queries (node-resize-exporter fleet):", "",
+                 "| dashboard | panel | query | ms | series |", "|---|---|---|---|---|"]
+        rows += [f"| {s['dashboard']} | {s['where']} | {s['shape']} | {s['ms']:,.1f} | "
+                 f"{s['series']} |" for s in q["slowest"]]
+    if nre.get("slowest_rules"):
+        rows += ["", "Slowest rules, last evaluation (node-resize-exporter fleet):", "",
+                 "| group | rule | ms |", "|---|---|---|"]
+        rows += [f"| {r['group']} | {r['rule']} | {r['ms']:,.1f} |"
+                 for r in nre["slowest_rules"]]
+    return [r for r in rows if r is not None]
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     out = [f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, kernel "
@@ -206,6 +294,8 @@ def render(results: dict) -> str:
         out += _scrape(results["scrape"]) + [""]
     if "correlator" in results:
         out += _correlator(results["correlator"]) + [""]
+    if "fleet" in results:
+        out += _fleet(results["fleet"]) + [""]
     return "\n".join(out)
 
 

@@ -2,7 +2,7 @@
 # Installs what node-resize-exporter needs on a Debian 12 machine, as root. Idempotent: a second
 # run checks and says nothing. Usage: scripts/setup.sh run|test|bench|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
-#   test  run + pytest deps, Debian's prometheus/promtool, alertmanager and node_exporter (the
+#   test  run + pytest deps, Debian's prometheus/promtool (also what bench/fleet.py runs), alertmanager and node_exporter (the
 #         peer bench/ measures against), the QEMU lab's packages and guest kernel (unpacked in a
 #         cache, not installed), cpio (the lab's initramfs check), perf (bench/profile.py), the
 #         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
