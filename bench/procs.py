@@ -194,11 +194,13 @@ class ResizeExporter(Exporter):
 
     name = "node-resize-exporter"
 
-    def __init__(self, sources: str = "auto", port: int | None = None):
+    def __init__(self, sources: str = "auto", port: int | None = None,
+                 journal: str | None = None):
         port = port or free_port()
         self.sources = sources
+        journaling = ["--journal", journal] if journal else ["--no-journal"]
         super().__init__([sys.executable, "-m", "exporter", "run", "--web.listen-address",
-                          f"127.0.0.1:{port}", "--no-journal", "--source", sources,
+                          f"127.0.0.1:{port}", *journaling, "--source", sources,
                           "--log.level", "info"], port, cwd=REPO)
 
     def ready(self, text: str) -> bool:

@@ -9,6 +9,9 @@ its consecutive scrapes.
 from __future__ import annotations
 
 import contextlib
+import os
+import sqlite3
+import tempfile
 import time
 
 from bench.observe import PeriodicScraper
@@ -17,6 +20,18 @@ from bench.stats import Summary
 from testkit import kernel
 
 SETTLE_TIMEOUT = 10.0
+SETTLE_JOURNAL = 3.0  # > the default --coalesce-window (2 s): the last episode's kernel phase
+
+
+def _journal_rows(path: str) -> dict:
+    """Episode rows the storms left in the journal: how many, their largest JSON."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        count, largest = conn.execute(
+            "SELECT count(*), max(length(json)) FROM episodes").fetchone()
+    finally:
+        conn.close()
+    return {"episode_rows": count, "largest_row_bytes": largest or 0}
 
 
 def _counts(text: str) -> dict[str, float]:
@@ -107,14 +122,20 @@ def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
     if not cpu.hotpluggable():
         raise RuntimeError("cpu1 is not hot-pluggable here (needs root and a second CPU)")
     with contextlib.ExitStack() as stack:
-        ours = stack.enter_context(ResizeExporter("auto"))
+        # A journal, to see what the storms leave in it (a flap storm is one episode).
+        journal = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "j.db")
+        ours = stack.enter_context(ResizeExporter("auto", journal=journal))
         node_exporter = stack.enter_context(NodeExporter()) if peer else None
         with hold_lock():
             cpu.set_online(True)
             runs = [_one_storm(cpu, cycles, ours, node_exporter) for _ in range(repeats)]
+        # Let the last storm's episode end (its window), then stop ours: the journal is final.
+        time.sleep(SETTLE_JOURNAL)
+        ours.stop()
+        rows = _journal_rows(journal)
     fidelity = [r["counted"] / r["true"] for r in runs if r["true"]]
     summary = {
-        "cycles": cycles, "repeats": repeats, "runs": runs,
+        "cycles": cycles, "repeats": repeats, "runs": runs, "journal": rows,
         "fidelity": Summary.of(fidelity).as_dict(),
         "storm_s": Summary.of([r["storm_s"] for r in runs]).as_dict(),
         "cpu_s_per_min": {k: Summary.of([r["cpu_s_per_min"][k] for r in runs]).as_dict()

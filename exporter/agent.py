@@ -101,7 +101,12 @@ class Agent:
                 else:
                     if event is not None:
                         self._process(name, event)
-                self._tick()
+                # Only with nothing queued: the events still waiting may be older than now, and
+                # each decides what fell due before it (Correlator.handle), at its own time. A
+                # tick at now first would close a kernel phase (and split a flap storm) before
+                # the transitions that join it were read, whenever the agent falls behind.
+                if self.queue.empty():
+                    self._tick()
         finally:
             self.alive.clear()
             self.shutdown()

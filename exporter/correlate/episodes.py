@@ -52,7 +52,6 @@ class EpisodeTracker:
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
         self._ids = IdMaker()
         self._deadlines = Deadlines(config, view, self._open)
-        # The deadline heap itself (earliest first), for a caller's "anything due?" test.
         # When the earliest deadline falls due (inf: none), for a caller's "anything due?" test.
         self.next_due = self._open.next_due
 
@@ -137,7 +136,7 @@ class EpisodeTracker:
         updates: list[EpisodeUpdate] = []
         window = self._config.coalesce_window
         # A flap: an opposite change while an episode is still in its kernel phase joins it
-        # (README, "flap storms"), so a storm of offline/online cycles is one episode with its
+        # (README, "Flap storms"), so a storm of offline/online cycles is one episode with its
         # counts, not one superseded episode per transition. A refused transition starts no
         # flap (the capacity did not move), but joins one already going.
         flapped = self._open.joinable((resource, _OPPOSITE[change]), t.end, window)

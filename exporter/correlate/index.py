@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from exporter.correlate.model import Episode, Phase, PodOutcome
@@ -228,10 +228,11 @@ class OpenEpisodes:
         """Tracks whose kubelet_before is still unknown."""
         return list(self._no_baseline.values())
 
-    def resyncing(self, resource: Resource) -> list[Track]:
-        """Tracks in phase RESYNC for `resource`."""
+    def resyncing(self, resource: Resource) -> Collection[Track]:
+        """Tracks in phase RESYNC for `resource`: a live view, not a copy (asked on every Node
+        update and snapshot, with thousands waiting); do not change phases while iterating."""
         tracks = self._resync.get(resource)
-        return list(tracks.values()) if tracks else []
+        return tracks.values() if tracks else ()
 
     def kernel_unknown_of(self, resource: Resource) -> list[Track]:
         """RESYNC tracks of `resource` the latest snapshot predates."""

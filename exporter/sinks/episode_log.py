@@ -29,6 +29,14 @@ def _what(ep: Episode) -> str:
     return f"{ep.resource.value} {ep.change.value} ({shown})"
 
 
+def _began_flapping(ep: Episode) -> bool:
+    """The update of the transition that made the episode flap (the first the other way)."""
+    if not ep.flapping or not ep.transitions:
+        return False
+    last = ep.transitions[-1].direction.value
+    return (ep.offline_transitions if last == "offline" else ep.online_transitions) == 1
+
+
 class EpisodeLog:
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  per_minute: int = LINES_PER_MINUTE) -> None:
@@ -45,8 +53,7 @@ class EpisodeLog:
         elif update.kind is UpdateKind.RESUMED:
             self._line("resumed", "episode %s resumed from the journal: %s (%s phase)", ep.id,
                        _what(ep), ep.phase.value)
-        elif (update.kind is UpdateKind.TRANSITION and ep.flapping
-              and ep.offline_transitions + ep.online_transitions == 2):
+        elif update.kind is UpdateKind.TRANSITION and _began_flapping(ep):
             self._line("flapping", "episode %s flapping: %s went offline and online within the "
                        "coalescing window; one episode until the window passes quietly",
                        ep.id, ep.resource.value)
