@@ -200,7 +200,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
     _log_unattached(opened.running)
     agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
                   reconciler=opened.reconciler, down=tuple(opened.down))
-    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
+    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks, kubernetes=kubernetes)
     agent.add_sink(metrics)
     for sink in sinks:
         agent.add_sink(sink)
