@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import Metric
 from prometheus_client.exposition import (
     CONTENT_TYPE_PLAIN_0_0_4,
     choose_encoder,
@@ -51,7 +52,7 @@ class _Process:
     def __init__(self) -> None:
         self.collector = ProcessCollector(registry=None)
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return [f for f in self.collector.collect() if f.name in PROCESS_METRICS]
 
 
