@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import Metric
@@ -28,7 +28,7 @@ class _Forward:
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         return self.registry.collect()
 
 
