@@ -44,6 +44,13 @@ ERROR_REASON = {
 }
 
 
+# A rejected pod's reason is its status.reason ("OutOf" + any extended resource name passes):
+# the label keeps the first few distinct reasons as they are, then counts the rest as "other",
+# so a hostile or unusual reason cannot grow the page.
+MAX_READMISSION_REASONS = 8
+MAX_REASON_LENGTH = 64
+
+
 def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
     return {(r, c): Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES for c in Change}
 
@@ -117,10 +124,20 @@ class EpisodeStats:
         self.readmission_duration[ep.resource].observe(ep.readmission_settled - ep.kernel_done)
         rejected = False
         for p in ep.pods:
-            self.readmission_pods[(p.outcome.value, p.reason)] += 1
+            self.readmission_pods[(p.outcome.value, self._bounded_reason(p.outcome.value,
+                                                                         p.reason))] += 1
             rejected = rejected or p.outcome is PodVerdict.REJECTED
         if rejected:
             self.unplug_errors[(ep.resource, "readmission_rejected")] += 1
+
+    def _bounded_reason(self, outcome: str, reason: str) -> str:
+        key = (outcome, reason)
+        if key in self.readmission_pods:
+            return reason
+        if len(reason) > MAX_REASON_LENGTH or sum(
+                1 for o, _ in self.readmission_pods if o == outcome) >= MAX_READMISSION_REASONS:
+            return "other"
+        return reason
 
     def count_event(self, event: Event) -> None:
         """Balloon resizes: not episodes, so counted from the pod events themselves, once per
