@@ -197,9 +197,12 @@ class ResizeExporter(Exporter):
     def __init__(self, sources: str = "auto", port: int | None = None):
         port = port or free_port()
         self.sources = sources
+        # BENCH_EXPORTER_REPO: run another checkout's exporter (with this venv), for before /
+        # after comparisons in the same minutes (bench/README.md).
         super().__init__([sys.executable, "-m", "exporter", "run", "--web.listen-address",
                           f"127.0.0.1:{port}", "--no-journal", "--source", sources,
-                          "--log.level", "info"], port, cwd=REPO)
+                          "--log.level", "info"], port,
+                         cwd=Path(os.environ.get("BENCH_EXPORTER_REPO", REPO)))
 
     def ready(self, text: str) -> bool:
         if self.sources in ("auto",) or "bpf" in self.sources.split(","):

@@ -35,6 +35,7 @@ from exporter.events import SourceStatus
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kernel.sysfs import SysfsSource
+from exporter.sources.kernel.uevent import share_cpu_transitions
 
 log = logging.getLogger("exporter")
 
@@ -107,6 +108,7 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
             opened.down.append(SourceStatus(spec.name, False, ctx.clock.now(), e.reason))
             continue
         opened.running.append(source)
+    share_cpu_transitions(opened.running)  # with BPF's cpuhp attached, uevents skip CPUs
     if kubernetes:
         # Not opened here: they connect in their own threads and report up/down themselves, so
         # an API server that is slow at start-up does not delay the kernel side.

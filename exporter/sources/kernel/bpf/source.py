@@ -227,6 +227,11 @@ class BpfSource(Source):
             ) from e
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
 
+    def reports_cpu_transitions(self) -> bool:
+        """Every cpuhp program attached: each CPU transition comes as one record."""
+        return self.ring is not None and all(
+            self.attached.get(prog, (False, ""))[0] for prog in CPUHP_PROGRAMS)
+
     def loop(self, emit: Emit) -> None:
         assert self.ring is not None
         now = self.clock.now()
