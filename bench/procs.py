@@ -67,6 +67,20 @@ def thread_cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of the live threads: each is a thread going to sleep, so
+    over a window they count its wake-ups (a thread's last sleep before the window aside)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):  # the thread ended meanwhile
+            continue
+    return total
+
+
 @dataclass
 class ProcStats:
     cpu_seconds: float  # user + system, every thread

@@ -21,6 +21,7 @@ from bench.procs import (
     cpu_visible,
     parse_samples,
     thread_cpu_seconds,
+    voluntary_switches,
 )
 from bench.stats import Summary
 from testkit import kernel
@@ -61,6 +62,13 @@ def _cpu(ours: ResizeExporter, peer, listeners: dict[str, Listener]) -> dict[str
     return out
 
 
+def _wakeups(ours: ResizeExporter, listeners: dict[str, Listener]) -> dict[str, int]:
+    out = {"ours": voluntary_switches(ours.pid)}
+    out.update({name: voluntary_switches(lst.proc.pid) for name, lst in listeners.items()
+                if lst.proc is not None})
+    return out
+
+
 def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer,
                listeners: dict[str, Listener] | None = None) -> dict:
     scraper = Scraper(ours.port, keepalive=False)
@@ -76,6 +84,7 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer,
         s.start()
     listeners = listeners or {}
     cpu_before = _cpu(ours, peer, listeners)
+    woken_before = _wakeups(ours, listeners)
     true = {"offline": 0, "online": 0}
     refused = 0
     t0 = time.monotonic()
@@ -104,6 +113,7 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer,
         time.sleep(0.05)
     window = time.monotonic() - t0
     cpu_after = _cpu(ours, peer, listeners)
+    woken = {k: v - woken_before[k] for k, v in _wakeups(ours, listeners).items()}
     events = {src: v - events_before.get(src, 0.0) for src, v in _events(text).items()}
     scraper.close()
     own_scraper.finish()
@@ -117,6 +127,9 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer,
         "cpu_ms_per_transition": {
             k: (cpu_after[k] - cpu_before[k]) * 1e3 / max(1, sum(true.values()))
             for k in cpu_before},
+        # Thread wake-ups (voluntary context switches) per transition, scrapes included.
+        "wakeups_per_transition": {k: v / max(1, sum(true.values())) for k, v in woken.items()},
+        "window_s": window,
     }
 
 

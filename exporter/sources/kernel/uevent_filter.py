@@ -87,7 +87,7 @@ def program(cpu_transitions: bool = True) -> list[Insn]:
 
 def _resolve(lines: list) -> list[Insn]:
     labels: dict[str, int] = {}
-    insns = []
+    insns: list[tuple[int, str | int, str | int, int]] = []
     for line in lines:
         if isinstance(line, str):
             labels[line] = len(insns)
