@@ -91,3 +91,28 @@ def test_readmission_reasons_are_bounded():
     assert len(rejected) == MAX_READMISSION_REASONS + 1  # the first ones, then "other"
     assert sum(float(line.split()[-1]) for line in rejected) == 50  # none lost
     assert any('reason="other"' in line for line in rejected)
+
+
+def test_a_storm_and_a_node_flood_do_not_grow_the_page_and_lose_no_count():
+    """10,000 CPU transitions and 10,000 Node updates: the page after them has the series it had
+    after the first hundred (label sets are bounded, not per event), and every transition is
+    in the counter."""
+    s = Stream(kubernetes=True)
+    s.snapshot(0, cpus=2)
+    s.node(0.01, cpu=2)
+
+    def flap(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            t = 1.0 + i * 0.035
+            s.transition(t, Resource.CPU, 1, Direction.OFFLINE if i % 2 == 0 else Direction.ONLINE)
+            s.node(t + 0.01, cpu=1 if i % 2 == 0 else 2)  # the kubelet following every step
+
+    flap(0, 100)
+    early = len(lines(s.metrics))
+    flap(100, 9_900)
+    rendered = lines(s.metrics)
+    assert len(rendered) == early
+    total = sum(float(line.split()[-1])
+                for line in named(rendered, 'node_resize_kernel_transitions_total{')
+                if 'result="success"' in line)
+    assert total == 10_000
