@@ -128,7 +128,8 @@ class SysfsReader:
         if not size_file.exists():
             return 0, frozenset(), frozenset()
         size = int(size_file.read_text().strip(), 16)
-        online, offline = set(), set()
+        online: set[int] = set()
+        offline: set[int] = set()
         for entry in os.scandir(self.mem_dir):
             if not entry.name.startswith("memory") or not entry.name[6:].isdigit():
                 continue

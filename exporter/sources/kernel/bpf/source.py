@@ -189,6 +189,7 @@ class BpfSource(Source):
         sysfs: str = "/sys",
     ):
         super().__init__(clock)
+        self.wall_clock = clock  # the decoder converts kernel stamps with it (from_ktime_ns)
         self.ringbuf_pages = ringbuf_pages
         self.sysfs = Path(sysfs)
         self.loaded: Loaded | None = None
@@ -203,7 +204,7 @@ class BpfSource(Source):
         states = read_hotplug_states(self.sysfs)
         block_file = self.sysfs / "devices/system/memory/block_size_bytes"
         block_size = int(block_file.read_text(), 16) if block_file.exists() else 0
-        self.decoder = RecordDecoder(self.clock, states, block_size)
+        self.decoder = RecordDecoder(self.wall_clock, states, block_size)
         try:
             self.loaded = load(
                 program_text(),
