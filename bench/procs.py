@@ -67,6 +67,20 @@ def thread_cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of the live threads: each is a thread going to sleep, so
+    over a window they count its wake-ups (a thread's last sleep before the window aside)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):  # the thread ended meanwhile
+            continue
+    return total
+
+
 @dataclass
 class ProcStats:
     cpu_seconds: float  # user + system, every thread
@@ -199,9 +213,12 @@ class ResizeExporter(Exporter):
         port = port or free_port()
         self.sources = sources
         journaling = ["--journal", journal] if journal else ["--no-journal"]
+        # BENCH_EXPORTER_REPO: run another checkout's exporter (with this venv), for before /
+        # after comparisons in the same minutes (bench/README.md).
         super().__init__([sys.executable, "-m", "exporter", "run", "--web.listen-address",
                           f"127.0.0.1:{port}", *journaling, "--source", sources,
-                          "--log.level", "info"], port, cwd=REPO)
+                          "--log.level", "info"], port,
+                         cwd=Path(os.environ.get("BENCH_EXPORTER_REPO", REPO)))
 
     def ready(self, text: str) -> bool:
         if self.sources in ("auto",) or "bpf" in self.sources.split(","):

@@ -119,7 +119,7 @@ def wake(cycles: int) -> None:
     def timed(data: int, size: int) -> None:
         t = time.thread_time()
         decode(data, size)
-        rows.append((events[-1].direction.value, time.thread_time() - t))
+        rows.append((source._batch[-1].direction.value, time.thread_time() - t))
 
     source.ring._on_sample = timed  # the same callback, timed: nothing else changes
     source.start(events.append)

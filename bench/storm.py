@@ -4,7 +4,8 @@ cpu1 goes offline and online `cycles` times as fast as the kernel allows, `repea
 true count is the number of sysfs writes the kernel accepted. The exporter runs with its
 defaults (`--source auto`: BPF, uevent and sysfs, each transition counted once); node_exporter
 is scraped every 1 s and every 15 s, and what it shows is the number of state changes between
-its consecutive scrapes.
+its consecutive scrapes. The minimal Python and C uevent listeners (bench/listeners.py) run
+through the same storms: the exporter's CPU per transition is compared with theirs.
 """
 from __future__ import annotations
 
@@ -14,8 +15,17 @@ import sqlite3
 import tempfile
 import time
 
+from bench.listeners import Listener, Listeners
 from bench.observe import PeriodicScraper
-from bench.procs import NodeExporter, ResizeExporter, Scraper, cpu_visible, parse_samples
+from bench.procs import (
+    NodeExporter,
+    ResizeExporter,
+    Scraper,
+    cpu_visible,
+    parse_samples,
+    thread_cpu_seconds,
+    voluntary_switches,
+)
 from bench.stats import Summary
 from testkit import kernel
 
@@ -32,6 +42,7 @@ def _journal_rows(path: str) -> dict:
     finally:
         conn.close()
     return {"episode_rows": count, "largest_row_bytes": largest or 0}
+SETTLE_POLL = 0.25
 
 
 def _counts(text: str) -> dict[str, float]:
@@ -57,7 +68,25 @@ def _changes_seen(samples, initial: bool) -> int:
     return seen
 
 
-def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict:
+def _cpu(ours: ResizeExporter, peer, listeners: dict[str, Listener]) -> dict[str, float]:
+    """CPU seconds so far of every process measured, from schedstat (nanoseconds, every
+    thread): /proc/PID/stat's 10 ms ticks are 5% of a 200-transition storm's figure."""
+    out = {"ours": thread_cpu_seconds(ours.pid)}
+    if peer:
+        out["node_exporter"] = thread_cpu_seconds(peer.pid)
+    out.update({name: lst.cpu_seconds() for name, lst in listeners.items()})
+    return out
+
+
+def _wakeups(ours: ResizeExporter, listeners: dict[str, Listener]) -> dict[str, int]:
+    out = {"ours": voluntary_switches(ours.pid)}
+    out.update({name: voluntary_switches(lst.proc.pid) for name, lst in listeners.items()
+                if lst.proc is not None})
+    return out
+
+
+def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer,
+               listeners: dict[str, Listener] | None = None) -> dict:
     scraper = Scraper(ours.port, keepalive=False)
     text = scraper.get()
     before, events_before = _counts(text), _events(text)
@@ -69,8 +98,9 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
     own_scraper = PeriodicScraper(ours.port, 1.0, len, seed=7)
     for s in [*scrapers, own_scraper]:
         s.start()
-    cpu_before = {"ours": ours.stats().cpu_seconds,
-                  **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
+    listeners = listeners or {}
+    cpu_before = _cpu(ours, peer, listeners)
+    woken_before = _wakeups(ours, listeners)
     true = {"offline": 0, "online": 0}
     refused = 0
     t0 = time.monotonic()
@@ -96,10 +126,12 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
             not bpf_up or bpf_seen >= sum(true.values()))
         if settled or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
+        # Every poll is a scrape whose CPU counts as the exporter's (node_exporter's peer is
+        # not polled here): a few a second, not twenty.
+        time.sleep(SETTLE_POLL)
     window = time.monotonic() - t0
-    cpu_after = {"ours": ours.stats().cpu_seconds,
-                 **({"node_exporter": peer.stats().cpu_seconds} if peer else {})}
+    cpu_after = _cpu(ours, peer, listeners)
+    woken = {k: v - woken_before[k] for k, v in _wakeups(ours, listeners).items()}
     events = {src: v - events_before.get(src, 0.0) for src, v in _events(text).items()}
     scraper.close()
     own_scraper.finish()
@@ -113,11 +145,16 @@ def _one_storm(cpu: kernel.Cpu, cycles: int, ours: ResizeExporter, peer) -> dict
         "cpu_ms_per_transition": {
             k: (cpu_after[k] - cpu_before[k]) * 1e3 / max(1, sum(true.values()))
             for k in cpu_before},
+        # Thread wake-ups (voluntary context switches) per transition, scrapes included.
+        "wakeups_per_transition": {k: v / max(1, sum(true.values())) for k, v in woken.items()},
+        "window_s": window,
     }
 
 
 def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
-               hold_lock=kernel.hotplug_lock) -> dict:
+               hold_lock=kernel.hotplug_lock, listeners: bool = True) -> dict:
+    """`listeners`: the minimal Python and C uevent listeners (bench/listeners.py) run in the
+    same storms, the floor the exporter's CPU per transition is compared with."""
     cpu = kernel.Cpu(1)
     if not cpu.hotpluggable():
         raise RuntimeError("cpu1 is not hot-pluggable here (needs root and a second CPU)")
@@ -126,9 +163,11 @@ def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
         journal = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "j.db")
         ours = stack.enter_context(ResizeExporter("auto", journal=journal))
         node_exporter = stack.enter_context(NodeExporter()) if peer else None
+        floor = stack.enter_context(Listeners()) if listeners else {}
         with hold_lock():
             cpu.set_online(True)
-            runs = [_one_storm(cpu, cycles, ours, node_exporter) for _ in range(repeats)]
+            runs = [_one_storm(cpu, cycles, ours, node_exporter, floor)
+                    for _ in range(repeats)]
         # Let the last storm's episode end (its window), then stop ours: the journal is final.
         time.sleep(SETTLE_JOURNAL)
         ours.stop()
@@ -144,6 +183,12 @@ def flap_storm(cycles: int = 100, repeats: int = 3, peer: bool = True,
             k: Summary.of([r["cpu_ms_per_transition"][k] for r in runs]).as_dict()
             for k in runs[0]["cpu_ms_per_transition"]} if runs else {},
     }
+    if "python_listener" in summary["cpu_ms_per_transition"]:
+        # The target: per transition, at most 2.5x what the minimal Python listener pays in
+        # the same storm (each run's own ratio, so the other load on the machine cancels).
+        summary["vs_python_listener"] = Summary.of([
+            r["cpu_ms_per_transition"]["ours"] / r["cpu_ms_per_transition"]["python_listener"]
+            for r in runs if r["cpu_ms_per_transition"]["python_listener"] > 0]).as_dict()
     if peer and runs:
         summary["node_exporter_fraction"] = {
             iv: Summary.of([r["node_exporter_seen"][iv] / r["true"] for r in runs

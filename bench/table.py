@@ -12,7 +12,7 @@ from pathlib import Path
 NRE, NE = "node-resize-exporter", "node_exporter"
 # issue 14's targets (issue 7's before them: detection 5 ms, idle 0.2% of a core, anon 50 MB)
 TARGETS = {"state_ms": 1.0, "metrics_ms": 5.0, "fidelity": 1.0, "rss_mib": 60.0,
-           "ms_per_transition": 1.0, "storm_vs_peer": 1.5,
+           "ms_per_transition": 1.0, "storm_vs_peer": 1.5, "vs_python_listener": 2.5,
            "scrape_ms": 5.0, "events_per_s": 300_000.0, "startup_s": 2.0}
 
 
@@ -99,7 +99,41 @@ def _storm(r: dict) -> list[str]:
     for iv, s in r.get("node_exporter_fraction", {}).items():
         seen = ", ".join(f"{x['node_exporter_seen'][iv]}/{x['true']}" for x in runs)
         rows.append(f"| {NE} scraped every {iv}: state changes its scrapes show | {seen} | |")
+    return rows + [""] + _per_transition(r)
+
+
+def _per_transition(r: dict) -> list[str]:
+    """CPU and wake-ups per transition of every process in the same storms: the exporter,
+    node_exporter and the minimal listeners (bench/listeners.py)."""
+    per = r.get("cpu_ms_per_transition", {})
+    if "python_listener" not in per:
+        return []
+    rows = ["### Per-transition CPU, same storms", "",
+            "| process | CPU per transition | wake-ups per transition | target |",
+            "|---|---|---|---|"]
+    names = {"ours": f"{NRE} (scraped every 1 s)", "node_exporter": f"{NE} (scraped every 1 s "
+             "and 15 s)", "python_listener": "minimal Python uevent listener",
+             "c_listener": "minimal C uevent listener"}
+    ratio = r.get("vs_python_listener", {})
+    for key, name in names.items():
+        if key not in per:
+            continue
+        woken = [x["wakeups_per_transition"][key] for x in r["runs"]
+                 if key in x.get("wakeups_per_transition", {})]
+        wakes = ", ".join(f"{w:.1f}" for w in woken) or "-"
+        target = ""
+        if key == "ours" and ratio.get("n"):
+            worst = ratio["max"]
+            target = (f"<= 2.5x the Python listener's, per run: "
+                      f"{', '.join(f'{x:.2f}x' for x in _ratios(r))}: "
+                      f"{met(worst <= TARGETS['vs_python_listener'])}")
+        rows.append(f"| {name} | {spread(per[key], 2, ' ms')} | {wakes} | {target} |")
     return rows
+
+
+def _ratios(r: dict) -> list[float]:
+    return [x["cpu_ms_per_transition"]["ours"] / x["cpu_ms_per_transition"]["python_listener"]
+            for x in r["runs"] if x["cpu_ms_per_transition"].get("python_listener")]
 
 
 def _overhead(o: dict, storm: dict | None) -> list[str]:

@@ -35,6 +35,7 @@ from exporter.events import SourceStatus
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kernel.sysfs import SysfsSource
+from exporter.sources.kernel.uevent import share_cpu_transitions
 
 log = logging.getLogger("exporter")
 
@@ -112,6 +113,7 @@ def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources
             opened.down.append(SourceStatus(spec.name, False, ctx.clock.now(), e.reason))
             continue
         opened.running.append(source)
+    share_cpu_transitions(opened.running)  # with BPF's cpuhp attached, uevents skip CPUs
     if kubernetes:
         # Not opened here: they connect in their own threads and report up/down themselves, so
         # an API server that is slow at start-up does not delay the kernel side.
@@ -194,7 +196,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
     opened = open_sources(ctx, kubernetes)
     agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
                   reconciler=opened.reconciler, down=tuple(opened.down))
-    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
+    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks, kubernetes=kubernetes)
     agent.add_sink(metrics)
     for sink in sinks:
         agent.add_sink(sink)

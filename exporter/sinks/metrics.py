@@ -46,11 +46,18 @@ from exporter.events import HEARTBEAT_VIA, Direction, Event, Resource, Result
 from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
-# Error reasons are a closed set: every series exists from the start at 0, so increase() and
-# rate() see the first error instead of a series that appears already at 1.
+# Error reasons are a closed set: every series the alerts read exists from the start at 0, so
+# increase() and rate() see the first error instead of a series that appears already at 1. Only
+# reasons that can occur: without the Kubernetes join an episode ends kernel_only or
+# kernel_failed, never resync_timeout, mismatch or readmission_rejected.
 RESYNC_ERROR_REASONS = ("kernel_failed", "resync_timeout", "mismatch")
 UNPLUG_ERROR_REASONS = RESYNC_ERROR_REASONS + ("readmission_rejected",)
+KERNEL_ONLY_ERROR_REASONS = ("kernel_failed",)
 READMISSION_OUTCOMES = (("kept", "Running"),)
+# The sources that can lose events (BPF ring buffer full, netlink ENOBUFS): their
+# events_lost_total exists at 0 for NodeResizeExporterEventsLost; any other source's series
+# appears only if it ever reports a loss.
+LOSSY_SOURCES = frozenset({"bpf", "uevent"})
 
 
 def _with_zeros(values: Mapping[Any, int], keys: Iterable[Hashable]) -> dict[Any, int]:
@@ -58,17 +65,23 @@ def _with_zeros(values: Mapping[Any, int], keys: Iterable[Hashable]) -> dict[Any
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
-    family.add_metric(labels, h.cumulative(), h.total)
+    """One histogram's series, once it has an observation: a node that never resized (and
+    every label combination that never occurred) costs no buckets."""
+    if h.n:
+        family.add_metric(labels, h.cumulative(), h.total)
 
 
 class MetricsSink(Collector):
-    """Everything /metrics shows. `view` None: the kernel side only (no episode metrics)."""
+    """Everything /metrics shows. `view` None: the kernel side only (no episode metrics).
+    `kubernetes` False: the episode counters a kernel-only episode can move, and none of the
+    Kubernetes join's families (balloons, readmission, the Node's view)."""
 
     def __init__(self, lock: threading.Lock, ledger: KernelLedger, view: NodeView | None = None,
-                 sinks: Iterable[object] = ()) -> None:
+                 sinks: Iterable[object] = (), kubernetes: bool = True) -> None:
         self.lock = lock  # the agent's: held while the Correlator writes ledger and view
         self.ledger = ledger
         self.view = view
+        self.kubernetes = kubernetes
         self.sinks = sinks  # their error counters are shown too (the agent's live list)
         self.stats = EpisodeStats()
         self._stats_lock = threading.Lock()
@@ -94,7 +107,9 @@ class MetricsSink(Collector):
             families = list(self._self_metrics()) + list(self._kernel())
             if self.view is not None:
                 with self._stats_lock:
-                    families += list(self._kubernetes(self.view, self.stats))
+                    families += list(self._episodes(self.stats))
+                    if self.kubernetes:
+                        families += list(self._kubernetes(self.view, self.stats))
         families.append(self._sink_errors())
         up = self._sink_up()
         if up.samples:  # only a journal has one; none with --no-journal
@@ -153,15 +168,18 @@ class MetricsSink(Collector):
         for name, state in sorted(led.programs.items()):
             attached.add_metric([name], 1 if state.up else 0)
         yield attached
-        for metric, counts, help_ in (
-            ("node_resize_exporter_events", led.events, "Events received, by source."),
-            ("node_resize_exporter_events_lost", led.lost,
+        # At 0 from the start: events for every running source, losses for the sources that
+        # can lose (the alert's), malformed inputs for none (a series appears with the first).
+        for metric, counts, zeros, help_ in (
+            ("node_resize_exporter_events", led.events, set(led.sources),
+             "Events received, by source."),
+            ("node_resize_exporter_events_lost", led.lost, set(led.sources) & LOSSY_SOURCES,
              "Events a source lost (ring buffer full, netlink ENOBUFS)."),
-            ("node_resize_exporter_malformed", led.malformed,
+            ("node_resize_exporter_malformed", led.malformed, set(),
              "Inputs a source could not parse; counted and skipped."),
         ):
             fam = CounterMetricFamily(metric, help_, labels=["source"])
-            for name in sorted(set(counts) | set(led.sources)):
+            for name in sorted(zeros | {k for k, n in counts.items() if n}):
                 fam.add_metric([name], counts.get(name, 0))
             yield fam
 
@@ -225,9 +243,13 @@ class MetricsSink(Collector):
             value=snap.memory_blocks_bytes,
         )
 
-    # ------------------------------------------------------------ Kubernetes side
+    # ------------------------------------------------------------ episodes
 
-    def _kubernetes(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
+    def _episodes(self, st: EpisodeStats) -> Iterable[Metric]:
+        """Episode counters: with the Kubernetes join or without (kernel-only episodes)."""
+        k8s = self.kubernetes
+        resync_reasons = RESYNC_ERROR_REASONS if k8s else KERNEL_ONLY_ERROR_REASONS
+        unplug_reasons = UNPLUG_ERROR_REASONS if k8s else KERNEL_ONLY_ERROR_REASONS
         yield GaugeMetricFamily(
             "node_resize_exporter_episodes_open", "Episodes not yet ended.", value=st.episodes_open
         )
@@ -246,17 +268,9 @@ class MetricsSink(Collector):
             ["resource", "reason"],
             _with_zeros(
                 {(r.value, why): n for (r, why), n in st.resync_errors.items()},
-                [(r.value, why) for r in KERNEL_RESOURCES for why in RESYNC_ERROR_REASONS],
+                [(r.value, why) for r in KERNEL_RESOURCES for why in resync_reasons],
             ),
         )
-        fam = HistogramMetricFamily(
-            "node_resize_resync_duration_seconds",
-            "Kernel done to Node capacity updated.",
-            labels=["resource", "direction", "resynced_by"],
-        )
-        for (r, change, by), h in sorted(st.resync_duration_by.items(), key=str):
-            _histogram(fam, [r.value, change.value, by], h)
-        yield fam
         yield _counter(
             "node_hot_unplug_request",
             "Hot-unplug episodes (KEP-5578).",
@@ -272,9 +286,21 @@ class MetricsSink(Collector):
             ["resource", "reason"],
             _with_zeros(
                 {(r.value, why): n for (r, why), n in st.unplug_errors.items()},
-                [(r.value, why) for r in KERNEL_RESOURCES for why in UNPLUG_ERROR_REASONS],
+                [(r.value, why) for r in KERNEL_RESOURCES for why in unplug_reasons],
             ),
         )
+
+    # ------------------------------------------------------------ Kubernetes side
+
+    def _kubernetes(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
+        fam = HistogramMetricFamily(
+            "node_resize_resync_duration_seconds",
+            "Kernel done to Node capacity updated.",
+            labels=["resource", "direction", "resynced_by"],
+        )
+        for (r, change, by), h in sorted(st.resync_duration_by.items(), key=str):
+            _histogram(fam, [r.value, change.value, by], h)
+        yield fam
         fam = HistogramMetricFamily(
             "node_resize_readmission_duration_seconds",
             "Kernel done to pod readmission settled.",

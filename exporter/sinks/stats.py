@@ -13,6 +13,10 @@ Errors are counted per episode at its end, requests when it opens, and not again
 resumed after a restart (issue 16: 51 requests for 50 unplugs over a SIGKILL): the process
 that opened it counted it, and Prometheus sums both processes' counters across the reset. So
 within one process an error can be counted for a request its predecessor counted.
+
+The histograms are kept for every key from the start (tests and the report read them), but the
+metrics sink renders only those with an observation: a combination that never occurred (most
+resource x direction x resynced_by) costs no series.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.correlate.histogram import RESYNC_BUCKETS, Histogram
+from exporter.correlate.histogram import (
+    BALLOON_BUCKETS,
+    READMISSION_BUCKETS,
+    RESYNC_BUCKETS,
+    Histogram,
+)
 from exporter.correlate.kube_view import BalloonResizes
 from exporter.correlate.model import RESYNCED_BY, EpisodeUpdate, Outcome, PodVerdict, UpdateKind
 from exporter.events import Change, Event, PodsRelisted, PodStatus, Resource
@@ -33,6 +42,13 @@ ERROR_REASON = {
     Outcome.RESYNC_TIMEOUT: "resync_timeout",
     Outcome.MISMATCH: "mismatch",
 }
+
+
+# A rejected pod's reason is its status.reason ("OutOf" + any extended resource name passes):
+# the label keeps the first few distinct reasons as they are, then counts the rest as "other",
+# so a hostile or unusual reason cannot grow the page.
+MAX_READMISSION_REASONS = 8
+MAX_REASON_LENGTH = 64
 
 
 def _resync_histograms() -> dict[tuple[Resource, Change], Histogram]:
@@ -49,7 +65,7 @@ def _resync_histograms_by() -> dict[tuple[Resource, Change, str], Histogram]:
 
 
 def _readmission_histograms() -> dict[Resource, Histogram]:
-    return {r: Histogram(RESYNC_BUCKETS) for r in EPISODE_RESOURCES}
+    return {r: Histogram(READMISSION_BUCKETS) for r in EPISODE_RESOURCES}
 
 
 @dataclass
@@ -70,7 +86,9 @@ class EpisodeStats:
     balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
     # Issue 17: the same by (result, reason), the rendered series
     balloon_resize_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
-    balloon_resize_duration: Histogram = field(default_factory=lambda: Histogram(RESYNC_BUCKETS))
+    balloon_resize_duration: Histogram = field(
+        default_factory=lambda: Histogram(BALLOON_BUCKETS)
+    )
     episodes_open: int = 0
     # Not in the metric catalogue; for logs and tests.
     episodes_ended: Counter[Outcome] = field(default_factory=Counter)
@@ -106,10 +124,20 @@ class EpisodeStats:
         self.readmission_duration[ep.resource].observe(ep.readmission_settled - ep.kernel_done)
         rejected = False
         for p in ep.pods:
-            self.readmission_pods[(p.outcome.value, p.reason)] += 1
+            self.readmission_pods[(p.outcome.value, self._bounded_reason(p.outcome.value,
+                                                                         p.reason))] += 1
             rejected = rejected or p.outcome is PodVerdict.REJECTED
         if rejected:
             self.unplug_errors[(ep.resource, "readmission_rejected")] += 1
+
+    def _bounded_reason(self, outcome: str, reason: str) -> str:
+        key = (outcome, reason)
+        if key in self.readmission_pods:
+            return reason
+        if len(reason) > MAX_REASON_LENGTH or sum(
+                1 for o, _ in self.readmission_pods if o == outcome) >= MAX_READMISSION_REASONS:
+            return "other"
+        return reason
 
     def count_event(self, event: Event) -> None:
         """Balloon resizes: not episodes, so counted from the pod events themselves, once per

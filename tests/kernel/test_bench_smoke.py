@@ -68,6 +68,14 @@ def test_cpu_latency_and_storm(cpu1):
     assert all(finite(v) and v >= 0 for v in run["cpu_ms_per_transition"].values())
     assert set(run["node_exporter_seen"]) == ({"1s", "15s"} if PEER else set())
     assert all(0 <= v <= run["true"] for v in run["node_exporter_seen"].values())
+    # The floor ran in the same storm: the minimal listeners, and the ratio to the Python one.
+    assert "python_listener" in run["cpu_ms_per_transition"]
+    assert {"ours", "python_listener"} <= set(run["wakeups_per_transition"])
+    assert all(finite(v) and v >= 0 for v in run["wakeups_per_transition"].values())
+    if run["cpu_ms_per_transition"]["python_listener"] > 0:
+        well_formed(result["vs_python_listener"], 1)
+    # Structural: with BPF reporting CPU transitions, no CPU transition woke the uevent source.
+    assert run["events_by_source"].get("uevent", 0) == 0
     assert cpu1.online()
 
 

@@ -483,7 +483,7 @@ def test_podresources_missing_then_garbage_then_answering_through_a_running_run(
         try:
             s = exp.wait_for(
                 lambda s: (
-                    s.value("node_resize_exporter_malformed_total", source="podresources") >= 1
+                    s.value("node_resize_exporter_malformed_total", 0, source="podresources") >= 1
                 )
             )
             assert s.value("node_resize_podresources_allocatable_cpus") is None  # nothing made up

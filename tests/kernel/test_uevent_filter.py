@@ -17,11 +17,11 @@ from testkit.event_log import EventLog
 WATCHED = (b"/devices/system/cpu/", b"/devices/system/memory/")
 
 
-def listener(filtered: bool) -> socket.socket:
+def listener(filtered: bool, cpu_transitions: bool = True) -> socket.socket:
     s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT)
     s.bind((0, KERNEL_GROUP))
     if filtered:
-        _uevent_filter.attach(s)
+        _uevent_filter.attach(s, cpu_transitions)
     return s
 
 
@@ -73,6 +73,42 @@ def test_the_filter_drops_other_devices_and_passes_ours_and_garbage():
         passed = drain(filtered, sent_by_us=True)
     assert everything == OTHERS + OURS + NOT_A_HEADER  # all were sent and delivered unfiltered
     assert passed == OURS + NOT_A_HEADER
+
+
+CPU_TRANSITIONS = [b"offline@/devices/system/cpu/cpu1\0ACTION=offline\0",
+                   b"online@/devices/system/cpu/cpu12\0ACTION=online\0"]
+
+
+def test_left_to_bpf_cpu_transitions_are_dropped_and_the_rest_still_passes():
+    with listener(True, cpu_transitions=False) as filtered:
+        send(*OTHERS, *CPU_TRANSITIONS, *OURS, *NOT_A_HEADER)
+        passed = drain(filtered, sent_by_us=True)
+    # OURS minus its CPU offline: CPU remove/move/change and every memory uevent still come.
+    assert passed == [d for d in OURS if not d.startswith(b"offline@/devices/system/cpu/")] \
+        + NOT_A_HEADER
+
+
+@pytest.mark.kernel
+def test_a_running_exporter_with_bpf_is_not_woken_by_cpu_uevents(cpu1):
+    """With the cpuhp programs attached, a cpu1 flap is counted once, from BPF, and the uevent
+    source delivers nothing for it (its socket filter drops the CPU's online and offline)."""
+    from testkit.exporter_proc import RunningExporter
+    with RunningExporter("--kubernetes", "off") as exp:
+        first = exp.wait_for(lambda s: s.value("node_resize_exporter_bpf_program_attached",
+                                               program="cpuhp_exit") == 1
+                             and s.value("node_resize_exporter_source_up", source="uevent") == 1)
+        uevents = first.value("node_resize_exporter_events_total", source="uevent")
+        cpu1.set_online(False)
+        cpu1.set_online(True)
+        # A fence: netlink keeps order, so once the source counted this garbage, it had
+        # read the kernel's uevents of the flap (written before each write returned).
+        send(b"junk")
+        s = exp.wait_for(lambda s: s.total("node_resize_kernel_transitions_total",
+                                           resource="cpu") == 2
+                         and s.value("node_resize_exporter_malformed_total", 0,
+                                     source="uevent") == 1)
+        assert s.value("node_resize_exporter_events_total", source="uevent") - uevents <= 1
+        assert "CPU online/offline uevents left to the BPF source" in exp.logs()
 
 
 @pytest.mark.kernel

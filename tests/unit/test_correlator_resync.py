@@ -49,7 +49,7 @@ def test_eight_cpus_coalesce_into_one_request_and_resync_after_3s():
     hist = s.stats.resync_duration[UP]
     assert hist.n == 1 and hist.total == 3.0
     cumulative = dict(hist.cumulative())
-    assert cumulative["2.5"] == 0 and cumulative["5.0"] == 1 and cumulative["+Inf"] == 1
+    assert cumulative["1.0"] == 0 and cumulative["5.0"] == 1 and cumulative["+Inf"] == 1
     assert s.stats.resync_duration[DOWN].n == 0
     assert s.stats.resync_errors == {}
     assert s.correlator.episodes_open() == 0

@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.clock import Clock
@@ -113,6 +114,22 @@ class UeventSource(Source):
         # (resource, unit) -> (SEQNUM, transition) that sysfs contradicted when it arrived
         self._held: dict[tuple[Resource, int], tuple[int, Transition]] = {}
         self._waker: Waker | None = None  # issue 14: sleep until a uevent or stop(), no timer
+
+    def leave_cpu_transitions_to_bpf(self) -> bool:
+        """Stop being woken for CPU online/offline uevents: the BPF source reports every CPU
+        transition (its cpuhp programs are attached), so each of these would be a second copy
+        that the ledger then drops, delivered in the online window where a wake-up costs most
+        (bench/README.md, "Per-transition CPU"). CPU add/remove and memory blocks still come.
+        False when the kernel refuses the filter (every uevent still comes)."""
+        if self.sock is None:
+            return False
+        try:
+            _uevent_filter.attach(self.sock, cpu_transitions=False)
+        except OSError as e:
+            self.log.info("uevent socket filter refused (%s): CPU uevents still wake it", e)
+            return False
+        self.log.info("CPU online/offline uevents left to the BPF source")
+        return True
 
     def open(self) -> None:
         try:
@@ -232,6 +249,20 @@ class UeventSource(Source):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def share_cpu_transitions(sources: Iterable[object]) -> bool:
+    """After the kernel sources opened: when the BPF source reports every CPU transition, the
+    uevent source is no longer woken for them (one wake-up per transition, not two). True when
+    that was arranged. Called by the composition root (exporter/app.py)."""
+    by_name = {getattr(s, "name", ""): s for s in sources}
+    bpf, uevent = by_name.get("bpf"), by_name.get("uevent")
+    if not isinstance(uevent, UeventSource) or bpf is None:
+        return False
+    reports = getattr(bpf, "reports_cpu_transitions", None)
+    if reports is None or not reports():
+        return False
+    return uevent.leave_cpu_transitions_to_bpf()
 
 
 def _seqnum(ev: Uevent) -> int | None:
