@@ -77,7 +77,6 @@ def rejected_words(ep: Episode) -> str:
 OPEN_WORDS = {Phase.KERNEL: "open: kernel transitions may still join",
               Phase.RESYNC: "open: waiting for the kubelet to resync",
               Phase.READMISSION: "open: readmission not settled yet"}
-RESYNCED_BY_WORDS = {"kubelet_restart": " by a kubelet restart", "kubelet_live": " live"}
 
 
 def amount(resource: Resource, value: float) -> str:
@@ -118,7 +117,8 @@ def watched(ep: Episode) -> bool:
     if ep.outcome is Outcome.KERNEL_ONLY:
         return False
     return ep.kubelet_before is not None or ep.resynced is not None or bool(ep.pods) or \
-        ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH) or ep.phase is not Phase.KERNEL
+        ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH) or \
+        ep.phase in (Phase.RESYNC, Phase.READMISSION)
 
 
 def kubernetes_words(ep: Episode) -> tuple[str, bool]:
@@ -133,8 +133,10 @@ def kubernetes_words(ep: Episode) -> tuple[str, bool]:
     if not watched(ep):
         return "Kubernetes not watched", False
     if ep.resynced is not None and ep.kernel_done is not None:
-        words = (f"Node resynced after {seconds(max(0.0, ep.resynced - ep.kernel_done))}"
-                 + RESYNCED_BY_WORDS.get(ep.resynced_by, ""))
+        took = seconds(max(0.0, ep.resynced - ep.kernel_done))
+        words = {"kubelet_restart": f"Node resynced after {took} by a kubelet restart",
+                 "kubelet_live": f"Node resynced live after {took}"
+                 }.get(ep.resynced_by, f"Node resynced after {took}")
         if ep.outcome is Outcome.MISMATCH:
             return words + _mismatch(ep), True
         if ep.outcome is None:
