@@ -214,6 +214,11 @@ class PodStatus:
     # an older journal): `requests` stands in.
     scheduler_requests: Mapping[Resource, float] | None = None
     kubelet_requests: Mapping[Resource, float] | None = None
+    # When the kubelet wrote this status, as the object says (managedFields `time` of the
+    # kubelet's status writes, 1 s resolution; for a Running pod gone NotReady, its Ready
+    # condition's lastTransitionTime). `time` is when the watch delivered it: a relist or a
+    # watch burst delivers many pods at one time. None: the object does not say.
+    status_time: float | None = None
 
 
 @dataclass(frozen=True)
