@@ -149,10 +149,12 @@ def test_list_show_and_json(live_journal):
 
     shown = run("episodes", "show", first.id, "--journal", str(live_journal)).output
     assert f"episode {first.id}: cpu decrease, converged" in shown
+    assert "\n  cpu hot-unplug 2 -> 1 cores in 30.0 ms; Node resynced live after 4.00 s; 1 pod " \
+        "rejected OutOfcpu\n" in shown
     assert "cpu1 offline started" in shown and "cpu1 offline done in 30.0 ms" in shown
     assert "Node capacity 1" in shown
     assert "pod default/pod-a REJECTED: OutOfcpu" in shown
-    assert re.search(r"\+4\.030s .* resync .* Node capacity 1", shown)
+    assert re.search(r"\+4\.030s .* resync .* Node capacity 1 \(after 4\.00 s, live\)", shown)
     assert "ended: converged" in shown
 
 
