@@ -233,6 +233,11 @@ class PodStatus:
     qos_class: str = ""
     node_critical: bool = False
     containers: tuple[ContainerSizing, ...] = ()
+    # When the kubelet wrote this status, as the object says (managedFields `time` of the
+    # kubelet's status writes, 1 s resolution; for a Running pod gone NotReady, its Ready
+    # condition's lastTransitionTime). `time` is when the watch delivered it: a relist or a
+    # watch burst delivers many pods at one time. None: the object does not say.
+    status_time: float | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,30 @@ _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
 _SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
                for r in Resource for c in Change}
 
+
+STATUS_TIME_SLACK = 1.0  # s: managedFields times are truncated to the second
+
+
+def _judged_at(pod: PodStatus, since: float, delivered: float) -> float:
+    """When the kubelet judged a pod: the status time the object gives, kept between the
+    kernel's end and the delivery (it is truncated to the second); the delivery time when the
+    object does not say (one relist delivers every pod at once) or says a time this rejection
+    cannot have (before the kernel was done, after the delivery: another clock, a replay)."""
+    written = pod.status_time
+    if written is None or not since - STATUS_TIME_SLACK <= written <= delivered + \
+            STATUS_TIME_SLACK:
+        return delivered
+    return min(delivered, max(since, written))
+
+
+def _kept_at(pod: PodStatus, since: float, settled: float) -> float:
+    """A kept pod is judged when readmission settles, unless the kubelet wrote its status
+    during the episode (a restarted kubelet admitting it again): then at that write."""
+    if pod.status_time is not None and since <= pod.status_time <= settled:
+        return pod.status_time
+    return settled
+
+
 class EpisodeTracker:
     def __init__(self, config: CorrelatorConfig, view: NodeView) -> None:
         self._config = config
@@ -325,8 +349,8 @@ class EpisodeTracker:
         since = ep.kernel_done if ep.phase is not Phase.KERNEL else track.success_end
         if since is None or pod.time < since:
             return []
-        outcome = PodOutcome(pod.time, pod.namespace, pod.name, pod.uid, PodVerdict.REJECTED,
-                             reason)
+        outcome = PodOutcome(_judged_at(pod, since, pod.time), pod.namespace, pod.name,
+                             pod.uid, PodVerdict.REJECTED, reason)
         known = track.rejected.get(pod.uid)
         if known is not None:
             # A pod seen NotReady first and then Failed OutOfcpu: keep the telling reason, but
@@ -346,8 +370,8 @@ class EpisodeTracker:
         ep = track.ep
         assert ep.kernel_done is not None
         ep.readmission_settled = settled
-        ep.pods.extend(PodOutcome(settled, pod.namespace, pod.name, pod.uid, PodVerdict.KEPT,
-                                  "Running")
+        ep.pods.extend(PodOutcome(_kept_at(pod, ep.kernel_done, settled), pod.namespace,
+                                  pod.name, pod.uid, PodVerdict.KEPT, "Running")
                        for pod in self._view.active_pods() if pod.uid not in track.rejected)
         kept = len(ep.pods) - len(track.rejected)
         return self._end(track, Outcome.CONVERGED, settled,

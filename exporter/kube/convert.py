@@ -280,6 +280,7 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         qos_class=_str(status.get("qosClass"))[:16],
         node_critical=_str(spec.get("priorityClassName")) == NODE_CRITICAL_CLASS,
         containers=_sizings(spec, status, where),
+        status_time=_status_written(meta, status, ready_cond, where, problems),
     )
     return Converted(event, problems)
 
@@ -324,6 +325,38 @@ def _sizings(spec: Mapping[str, Any], status: Mapping[str, Any],
             memory_request=memory_request, memory_limit=limits.get(Resource.MEMORY, 0.0),
             sidecar=sidecar))
     return tuple(out)
+
+
+MANAGED_FIELDS_READ = 32  # entries looked at: one per manager and operation, a handful in life
+
+
+def _status_written(meta: Mapping[str, Any], status: Mapping[str, Any],
+                    ready_cond: Mapping[str, Any] | None, where: str,
+                    problems: list[str]) -> float | None:
+    """When the kubelet last wrote this pod's status, as the object says.
+
+    The API server stamps each managedFields entry with the time of the manager's last write
+    (1 s resolution): the kubelet's entry for the status subresource is the time of its last
+    status write, such as the one that rejected the pod OutOfcpu. A Running pod gone NotReady
+    says more exactly when in its Ready condition's lastTransitionTime. Not for a Failed pod:
+    a restarted kubelet rewrites the conditions before it rejects the pod, so theirs is the
+    earlier, unrelated time (tests/fixtures/kubelet-v1.36/pods-watch-readmission-outofcpu).
+    """
+    written = None
+    for entry in _list(meta.get("managedFields"))[:MANAGED_FIELDS_READ]:
+        entry = _dict(entry)
+        if _str(entry.get("manager")) == "kubelet" and \
+                _str(entry.get("subresource")) == "status":
+            written = _timestamp(entry.get("time"), f"{where} managedFields kubelet time",
+                                 problems)
+            break
+    if ready_cond is not None and _str(status.get("phase")) == "Running" and \
+            _str(ready_cond.get("status")) == "False":
+        changed = _timestamp(ready_cond.get("lastTransitionTime"),
+                             f"{where} Ready lastTransitionTime", problems)
+        if changed is not None and (written is None or changed <= written):
+            return changed
+    return written
 
 
 def _max(*lists: Mapping[Resource, float]) -> dict[Resource, float]:

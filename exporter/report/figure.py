@@ -15,12 +15,20 @@ from exporter.report.timeline import ReportError, Timeline, build, seconds, utc
 
 COLOURS = {"transition": "#4878d0", "failed": "#d65f5f", "resync": "#6acc64",
            "waiting": "#ee854a", "readmission": "#956cb4", "rejected": "#d62728",
-           "kept": "#2ca02c"}
+           "kept": "#2ca02c", "restart": "#e08a00"}
 LINTHRESH = 0.01  # s: the linear part of the axis (a 1 ms step is still 1/10 of it)
 MAX_PODS_LISTED = 12
 NUMBERED_MARKERS = 6
 TICKS = [(0.0, "0"), (0.01, "10 ms"), (0.1, "100 ms"), (1.0, "1 s"),
-         (10.0, "10 s"), (60.0, "1 min"), (600.0, "10 min"), (3600.0, "1 h"), (36000.0, "10 h")]
+         (10.0, "10 s"), (60.0, "1 min"), (600.0, "10 min"), (3600.0, "1 h"), (36000.0, "10 h"),
+         (360000.0, "100 h")]
+# Between the decades: 2 and 5 times (20 and 30 where the next step is a minute or an hour).
+MINOR_TICKS = [(0.02, "20 ms"), (0.05, "50 ms"), (0.2, "200 ms"), (0.5, "500 ms"), (2.0, "2 s"),
+               (5.0, "5 s"), (20.0, "20 s"), (30.0, "30 s"), (120.0, "2 min"),
+               (300.0, "5 min"), (1200.0, "20 min"), (1800.0, "30 min"), (7200.0, "2 h"),
+               (18000.0, "5 h"), (72000.0, "20 h"), (180000.0, "50 h")]
+MINOR_LABEL_DECADE_PX = 150  # minor ticks are named where a decade is at least this wide
+TITLE_CHARS = 90  # longer headlines break after a "; " (13 pt bold: ~10.5 px a character)
 WIDTH_IN, ROW_IN, LINE_IN = 11.0, 0.55, 0.2
 
 
@@ -65,7 +73,8 @@ def draw(tl: Timeline):
 
     rows = max(1, len(tl.rows))
     pods = _pod_lines(tl)
-    header_in, axis_in = 0.9, 0.75
+    title = _wrap(tl.title)
+    header_in, axis_in = 0.9 + 0.25 * title.count("\n"), 0.75
     height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0)
     fig = Figure(figsize=(WIDTH_IN, height), dpi=100)
     FigureCanvasAgg(fig)
@@ -73,19 +82,26 @@ def draw(tl: Timeline):
     bottom = (height - header_in - ROW_IN * rows) / height
     ax = fig.add_axes((0.17, bottom, 0.80, top - bottom))
 
-    fig.text(0.01, 1 - 0.28 / height, tl.title, fontsize=13, weight="bold",
-             color=COLOURS["rejected"] if tl.bad else "black", va="center")
-    fig.text(0.01, 1 - 0.6 / height, tl.subtitle, fontsize=9, color="#333333", va="center")
+    fig.text(0.01, 1 - 0.15 / height, title, fontsize=13, weight="bold",
+             color=COLOURS["rejected"] if tl.bad else "black", va="top", linespacing=1.3)
+    fig.text(0.01, 1 - (header_in - 0.3) / height, tl.subtitle, fontsize=9, color="#333333",
+             va="center")
 
-    end = max(tl.length, LINTHRESH) * 1.5  # room for the last marker inside the frame
+    end = axis_end(tl.length)
     ax.set_xscale("symlog", linthresh=LINTHRESH, linscale=0.6)
     ax.set_xlim(0, end)
     ax.set_ylim(rows - 0.5, -0.5)
     ticks = [(t, name) for t, name in TICKS if t <= end]
     ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks])
-    ax.minorticks_off()
+    minor = [(t, name) for t, name in MINOR_TICKS if t < end]
+    decade = ax.transData.transform((1.0, 0))[0] - ax.transData.transform((0.1, 0))[0]
+    named = decade >= MINOR_LABEL_DECADE_PX  # else their names would run into each other
+    ax.set_xticks([t for t, _ in minor], [name if named else "" for _, name in minor],
+                  minor=True, fontsize=8, color="#555555")
+    ax.tick_params(axis="x", which="minor", length=3)
     ax.set_yticks(range(rows), tl.rows or [""], fontsize=9)
-    ax.grid(axis="x", alpha=0.3)
+    ax.grid(axis="x", which="major", alpha=0.3)
+    ax.grid(axis="x", which="minor", alpha=0.12)
     ax.set_xlabel(f"time since {utc(tl.origin)} (linear to 10 ms, then logarithmic)",
                   fontsize=9)
 
@@ -104,6 +120,8 @@ def draw(tl: Timeline):
                    s=70 if rejected else 30, zorder=4 if rejected else 3)
     if len(tl.markers) <= NUMBERED_MARKERS:  # more would pile up; the list has them all
         _number_markers(ax, tl)
+    for m in tl.instants:
+        labels.append(_draw_instant(ax, m))
 
     y = bottom - axis_in / height
     if pods:
@@ -115,6 +133,40 @@ def draw(tl: Timeline):
                      weight="bold" if rejected else "normal")
     _keep_inside(fig, ax, labels)
     return fig
+
+
+def axis_end(length: float) -> float:
+    """The first labelled tick at or beyond the episode's end (with a little room for the
+    last marker): the reader always has a named tick on each side of every bar's end."""
+    wanted = max(length * 1.05, LINTHRESH)
+    return next((t for t, _ in TICKS if t >= wanted), wanted)
+
+
+def _wrap(title: str) -> str:
+    """A long headline breaks after the "; " nearest its middle (the sentence's clauses)."""
+    if len(title) <= TITLE_CHARS or "; " not in title:
+        return title
+    cuts = [i for i in range(len(title)) if title.startswith("; ", i)]
+    cut = min(cuts, key=lambda i: abs(i - len(title) / 2))
+    return f"{title[:cut + 1]}\n{title[cut + 2:]}"
+
+
+def _draw_instant(ax, m):
+    """An instant on its row (a transition without a start, the kubelet restart), labelled;
+    returned as (text, a zero-width Bar) so it is kept inside the figure like a bar label."""
+    from exporter.report.timeline import Bar
+    restart = m.kind == "restart"
+    ax.scatter([m.at], [m.row - 0.32 if restart else m.row], c=COLOURS[m.kind],
+               marker="v" if restart else "D", s=60 if restart else 40, zorder=5,
+               edgecolors="black", linewidths=0.5)
+    if restart:
+        text = ax.annotate(m.label, (m.at, m.row - 0.32), xytext=(0, 5),
+                           textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                           color=COLOURS["restart"], weight="bold", annotation_clip=False)
+    else:
+        text = ax.annotate(m.label, (m.at, m.row), xytext=(7, 0), textcoords="offset points",
+                           va="center", fontsize=8, annotation_clip=False)
+    return text, Bar(m.row, m.label, m.at, m.at, m.kind)
 
 
 def _number_markers(ax, tl: Timeline) -> None:

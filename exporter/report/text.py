@@ -7,7 +7,7 @@ from typing import Iterable
 from exporter import codec
 from exporter.correlate.model import Episode, PodVerdict
 from exporter.events import Resource, Result
-from exporter.report.timeline import seconds, unit_name
+from exporter.report.timeline import headline, seconds, unit_name
 
 COLUMNS = ("ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC", "READMISSION", "OUTCOME")
 
@@ -53,6 +53,7 @@ def as_json(ep: Episode) -> dict:
 def timeline(ep: Episode) -> str:
     """A chronological account of one episode, for a terminal."""
     lines = [f"episode {ep.id}: {ep.resource.value} {ep.change.value}, {outcome(ep)}",
+             f"  {headline(ep)[0]}",
              f"  opened {clock_time(ep.opened)}"
              + (f", ended {clock_time(ep.ended)}" if ep.ended is not None else ""),
              f"  kernel {duration(ep.kernel_seconds)}, resync {duration(ep.resync_seconds)}, "
@@ -84,9 +85,11 @@ def timeline(ep: Episode) -> str:
     if ep.kernel_done is not None:
         entries.append((ep.kernel_done, 2, "kernel", "kernel phase done"))
     if ep.resynced is not None:
+        by = {"kubelet_restart": ", by a kubelet restart", "kubelet_live": ", live"}
         entries.append((ep.resynced, 3, "resync",
                         f"Node capacity {capacity(ep.resource, ep.kubelet_after)} "
-                        f"(after {duration(ep.resync_seconds)})"))
+                        f"(after {duration(ep.resync_seconds)}"
+                        f"{by.get(ep.resynced_by, '')})"))
     for p in ep.pods:
         verdict = "REJECTED" if p.outcome is PodVerdict.REJECTED else "kept"
         entries.append((p.time, 4, "readmission", f"pod {p.namespace}/{p.name} {verdict}"

@@ -37,17 +37,20 @@ class Marker:
     row: int
     label: str
     at: float  # seconds since the episode opened
-    kind: str  # "rejected" or "kept"
+    kind: str  # pods: "rejected" or "kept"; instants: "transition", "failed" or "restart"
 
 
 @dataclass
 class Timeline:
-    title: str  # the headline: outcome and what it cost ("converged; 2 pods rejected OutOfcpu")
+    title: str  # the headline sentence: "cpu hot-unplug 2 -> 1 cores in 31.9 ms; Node ..."
     origin: float  # wall-clock seconds of t = 0
     length: float  # seconds shown on the axis
     rows: list[str] = field(default_factory=list)  # row labels, top to bottom
     bars: list[Bar] = field(default_factory=list)
-    markers: list[Marker] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)  # pods, numbered in the list below
+    # Instants drawn with their own label: a transition seen without a start (uevent/sysfs),
+    # the kubelet restart that resynced the Node.
+    instants: list[Marker] = field(default_factory=list)
     subtitle: str = ""  # node, resource and change, episode id, UTC start
     bad: bool = False  # the headline reports harm: drawn in red
 
@@ -76,23 +79,94 @@ OPEN_WORDS = {Phase.KERNEL: "open: kernel transitions may still join",
               Phase.READMISSION: "open: readmission not settled yet"}
 
 
-def headline(ep: Episode) -> tuple[str, bool]:
-    """What happened, in the words an on-call engineer needs first; True when it did harm."""
-    if ep.outcome is None:
-        words, bad = OPEN_WORDS.get(ep.phase, f"open ({ep.phase.value})"), False
-    elif ep.outcome is Outcome.RESYNC_TIMEOUT:
+def amount(resource: Resource, value: float) -> str:
+    """Memory as people say it: "8 GiB", "7.75 GiB", "512 MiB"."""
+    if value >= 2**30:
+        return f"{round(value / 2**30, 2):g} GiB"
+    return f"{round(value / 2**20, 1):g} MiB"
+
+
+def change_words(ep: Episode) -> str:
+    """What changed and by how much: "cpu hot-unplug 2 -> 1 cores", or the flap counts."""
+    if ep.flapping:
+        return (f"{ep.resource.value} flapping: {ep.offline_transitions} offline and "
+                f"{ep.online_transitions} online transitions")
+    change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
+    before, after = ep.kernel_before, ep.kernel_after
+    if before is None or after is None:
+        units = sorted({unit_name(t.resource, t.unit) for t in ep.transitions})
+        return f"{ep.resource.value} {change}" + (f" of {', '.join(units[:3])}" if units else "")
+    if ep.resource is Resource.CPU:
+        return f"cpu {change} {before:g} -> {after:g} cores"
+    return f"memory {change} {amount(ep.resource, before)} -> {amount(ep.resource, after)}"
+
+
+def kernel_words(ep: Episode) -> str:
+    """How long the kernel took ("in 31.9 ms"); a uevent or sysfs sighting has no start, so
+    no duration."""
+    if ep.kernel_done is None:
+        return ""
+    if all(t.start is None for t in ep.transitions):
+        return ", kernel time unknown (seen by uevent/sysfs)"
+    return f" in {seconds(max(0.0, ep.kernel_done - ep.opened))}"
+
+
+def watched(ep: Episode) -> bool:
+    """Kubernetes was watched: a kernel_only episode says it was not; without a Node status
+    before, a resync or a pod, nothing shows it was (a superseded episode with Kubernetes off)."""
+    if ep.outcome is Outcome.KERNEL_ONLY:
+        return False
+    return ep.kubelet_before is not None or ep.resynced is not None or bool(ep.pods) or \
+        ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH) or \
+        ep.phase in (Phase.RESYNC, Phase.READMISSION)
+
+
+def kubernetes_words(ep: Episode) -> tuple[str, bool]:
+    """What Kubernetes did (or the kernel refused), and whether that did harm."""
+    if ep.outcome is Outcome.KERNEL_FAILED:
+        failed = sum(t.result is Result.FAILED for t in ep.transitions)
+        words = f"the kernel refused {failed} of {ep.transitions_seen} transitions"
+        return words + (f": {ep.detail}" if ep.detail else ""), True
+    if ep.outcome is Outcome.SUPERSEDED:
+        return f"superseded by an opposite change after {seconds(ep.ended - ep.opened)}" \
+            if ep.ended is not None else "superseded by an opposite change", False
+    if not watched(ep):
+        return "Kubernetes not watched", False
+    if ep.resynced is not None and ep.kernel_done is not None:
+        took = seconds(max(0.0, ep.resynced - ep.kernel_done))
+        words = {"kubelet_restart": f"Node resynced after {took} by a kubelet restart",
+                 "kubelet_live": f"Node resynced live after {took}"
+                 }.get(ep.resynced_by, f"Node resynced after {took}")
+        if ep.outcome is Outcome.MISMATCH:
+            return words + _mismatch(ep), True
+        if ep.outcome is None:
+            words += f"; {OPEN_WORDS.get(ep.phase, 'open')}"
+        return words, False
+    if ep.outcome is Outcome.RESYNC_TIMEOUT:
         waited = (ep.ended - ep.kernel_done) if ep.ended and ep.kernel_done else None
-        words = "resync_timeout: the kubelet did not resync" + (
-            f" within {seconds(waited)}" if waited is not None else "")
-        bad = ep.change.value == "decrease"
-    elif ep.outcome is Outcome.KERNEL_FAILED:
-        words, bad = "kernel_failed" + (f": {ep.detail}" if ep.detail else ""), True
-    elif ep.outcome is Outcome.MISMATCH:
-        words, bad = f"mismatch: the kubelet settled on {ep.kubelet_after:g}, the kernel has " \
-                     f"{ep.kernel_after:g}" if ep.kubelet_after is not None and \
-                     ep.kernel_after is not None else "mismatch", True
-    else:
-        words, bad = ep.outcome.value, False
+        return "Node did not resync" + (f" within {seconds(waited)}" if waited is not None
+                                        else ""), ep.change.value == "decrease"
+    if ep.outcome is Outcome.MISMATCH:
+        return "Node did not match the kernel" + _mismatch(ep), True
+    if ep.outcome is None:
+        return OPEN_WORDS.get(ep.phase, f"open ({ep.phase.value})"), False
+    return ep.outcome.value, False
+
+
+def _mismatch(ep: Episode) -> str:
+    if ep.kubelet_after is None or ep.kernel_after is None:
+        return ""
+    if ep.resource is Resource.CPU:
+        return f": it settled on {ep.kubelet_after:g}, the kernel has {ep.kernel_after:g}"
+    return (f": it settled on {amount(ep.resource, ep.kubelet_after)}, the kernel has "
+            f"{amount(ep.resource, ep.kernel_after)}")
+
+
+def headline(ep: Episode) -> tuple[str, bool]:
+    """One sentence an on-call engineer reads first: what changed and by how much, how long
+    the kernel took, what Kubernetes did, the pods rejected; True when it did harm."""
+    kube, bad = kubernetes_words(ep)
+    words = f"{change_words(ep)}{kernel_words(ep)}; {kube}"
     rejected = rejected_words(ep)
     if rejected:
         words, bad = f"{words}; {rejected}", True
@@ -113,7 +187,9 @@ def seconds(s: float) -> str:
 
 
 def build(ep: Episode, node: str | None = None) -> Timeline:
-    """Lay the episode out: one row per kernel transition, then resync, then readmission."""
+    """Lay the episode out: one row per kernel unit (cpu1, memory60), then resync (only when
+    Kubernetes was watched), then readmission. Every episode draws something: a transition
+    without a start (uevent/sysfs) is an instant marker, not a bar of no width."""
     t0 = ep.opened
     outcome = ep.outcome.value if ep.outcome else f"open ({ep.phase.value})"
     words, bad = headline(ep)
@@ -127,27 +203,44 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
         latest[0] = max(latest[0], t - t0)
         return t - t0
 
+    by_unit: dict[str, list] = {}
     for t in ep.transitions:
+        by_unit.setdefault(unit_name(t.resource, t.unit), []).append(t)
+    for name, seen in by_unit.items():
         row = len(tl.rows)
-        name = unit_name(t.resource, t.unit)
-        tl.rows.append(f"{KERNEL_LANE} {name}")
-        start = t.start if t.start is not None else t.end
-        failed = t.result is Result.FAILED
-        words = f"{name} {t.direction.value}"
-        if failed:
-            words += f" refused ({t.error or t.failed_state or 'failed'})"
-        elif t.duration is not None:
-            words += f" {seconds(t.duration)}"
-        tl.bars.append(Bar(row, words, rel(start), rel(t.end), "failed" if failed else
-                           "transition"))
-    waited = ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH, Outcome.SUPERSEDED) or (
+        offline = sum(t.direction.value == "offline" for t in seen)
+        # A flapping unit: its bars lie close together, so the counts go in the row's name.
+        tl.rows.append(f"{KERNEL_LANE} {name}" if len(seen) == 1 else
+                       f"{KERNEL_LANE} {name}\n{offline} offline, {len(seen) - offline} online")
+        for t in seen:
+            failed = t.result is Result.FAILED
+            words = f"{name} {t.direction.value}"
+            if failed:
+                words += f" refused ({t.error or t.failed_state or 'failed'})"
+            if t.start is None:
+                tl.instants.append(Marker(row, f"{words}: no duration, seen by {t.source}"
+                                          if len(seen) == 1 else "", rel(t.end),
+                                          "failed" if failed else "transition"))
+                continue
+            if not failed and t.duration is not None:
+                words += f" {seconds(t.duration)}"
+            tl.bars.append(Bar(row, words if len(seen) == 1 else "", rel(t.start), rel(t.end),
+                               "failed" if failed else "transition"))
+    waited = ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH) or (
+        ep.outcome is Outcome.SUPERSEDED and watched(ep)) or (
         ep.outcome is None and ep.phase is Phase.RESYNC)
     if ep.kernel_done is not None and (ep.resynced is not None or waited):
         row = len(tl.rows)
         tl.rows.append(RESYNC_LANE)
         if ep.resynced is not None:
             end, kind = ep.resynced, "resync"
-            words = f"resync {seconds(max(0.0, end - ep.kernel_done))}"
+            took = seconds(max(0.0, end - ep.kernel_done))
+            if ep.resynced_by == "kubelet_restart":
+                words = f"resynced by a kubelet restart after {took}"
+                tl.instants.append(Marker(row, "kubelet restarted", rel(end), "restart"))
+            else:
+                words = f"resync {took}" + (" (live)" if ep.resynced_by == "kubelet_live"
+                                            else "")
         else:
             end, kind = (ep.ended or ep.kernel_done), "waiting"
             words = f"no resync ({outcome})" if ep.outcome else "not resynced yet (open)"

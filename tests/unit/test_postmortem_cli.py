@@ -31,9 +31,12 @@ from exporter.sinks.journal.sink import JournalSink
 from testkit.correlator import config as correlator_config
 from testkit.postmortem_samples import (
     T0,
+    cpu_flapping_superseded_episode,
     cpu_offline_episode,
     cpu_online_open_episode,
+    cpu_restart_episode,
     memory_failed_episode,
+    memory_uevent_only_episode,
 )
 
 GiB = 2**30
@@ -146,10 +149,12 @@ def test_list_show_and_json(live_journal):
 
     shown = run("episodes", "show", first.id, "--journal", str(live_journal)).output
     assert f"episode {first.id}: cpu decrease, converged" in shown
+    assert "\n  cpu hot-unplug 2 -> 1 cores in 30.0 ms; Node resynced live after 4.00 s; 1 pod " \
+        "rejected OutOfcpu\n" in shown
     assert "cpu1 offline started" in shown and "cpu1 offline done in 30.0 ms" in shown
     assert "Node capacity 1" in shown
     assert "pod default/pod-a REJECTED: OutOfcpu" in shown
-    assert re.search(r"\+4\.030s .* resync .* Node capacity 1", shown)
+    assert re.search(r"\+4\.030s .* resync .* Node capacity 1 \(after 4\.00 s, live\)", shown)
     assert "ended: converged" in shown
 
 
@@ -202,11 +207,13 @@ def test_report_svg_and_png_come_from_one_figure(live_journal, tmp_path):
     run("report", ep_id, "--output", str(svg), "--journal", str(live_journal))
     run("report", ep_id, "--output", str(png), "--journal", str(live_journal))
     texts = _svg_texts(svg)
-    assert "converged; 1 pod rejected OutOfcpu" in texts  # not just "converged"
+    # The headline is a sentence with the numbers, broken after a clause when long.
+    assert {"cpu hot-unplug 2 -> 1 cores in 30.0 ms;",
+            "Node resynced live after 4.00 s; 1 pod rejected OutOfcpu"} <= set(texts), texts
     assert any(t.startswith("node n1  |  cpu hot-unplug  |  episode ") and t.endswith(" UTC")
                for t in texts), texts
     assert {"kernel cpu1", "kubelet.resync", "kubelet.readmission", "cpu1 offline 30.0 ms",
-            "resync 4.00 s"} <= set(texts)
+            "resync 4.00 s (live)"} <= set(texts)
     rejected = [t for t in texts if t.startswith("[1] REJECTED: default/pod-a (OutOfcpu)")]
     assert rejected and "#d62728" in texts[rejected[0]].get("style", ""), texts
     assert any(t.startswith("[2] kept: default/pod-b") for t in texts)
@@ -227,7 +234,9 @@ def _episodes_to_draw():
     timeout.resynced = timeout.readmission_settled = timeout.kubelet_after = None
     timeout.pods, timeout.outcome, timeout.ended = [], Outcome.RESYNC_TIMEOUT, T0 + 600
     return {"converged": cpu_offline_episode(), "refused": memory_failed_episode(),
-            "open": cpu_online_open_episode(), "timeout": timeout, "30 pods": long_wait}
+            "open": cpu_online_open_episode(), "timeout": timeout, "30 pods": long_wait,
+            "kubelet restart": cpu_restart_episode(), "uevent only": memory_uevent_only_episode(),
+            "flapping": cpu_flapping_superseded_episode()}
 
 
 @pytest.mark.parametrize("name", list(_episodes_to_draw()))
@@ -269,16 +278,135 @@ def test_milliseconds_and_minutes_are_readable_on_one_axis():
 
 def test_headline_says_what_it_cost():
     ep = cpu_offline_episode()
-    assert timeline.headline(ep) == ("converged; 1 pod rejected OutOfcpu", True)
+    sentence = "cpu hot-unplug 2 -> 1 cores in 30.0 ms; Node resynced after 3.97 s"
+    assert timeline.headline(ep) == (f"{sentence}; 1 pod rejected OutOfcpu", True)
     ep.pods.append(PodOutcome(T0 + 6, "default", "web-1", "u2", PodVerdict.REJECTED, "OutOfcpu"))
-    assert timeline.headline(ep)[0] == "converged; 2 pods rejected OutOfcpu"
+    assert timeline.headline(ep)[0] == f"{sentence}; 2 pods rejected OutOfcpu"
     ep.pods.append(PodOutcome(T0 + 7, "default", "db-0", "u3", PodVerdict.REJECTED,
                               "OutOfmemory"))
-    assert timeline.headline(ep)[0] == "converged; 3 pods rejected (2 OutOfcpu, 1 OutOfmemory)"
+    assert timeline.headline(ep)[0] == \
+        f"{sentence}; 3 pods rejected (2 OutOfcpu, 1 OutOfmemory)"
     ep.pods = [p for p in ep.pods if p.outcome is PodVerdict.KEPT]
-    assert timeline.headline(ep) == ("converged", False)
-    assert timeline.headline(memory_failed_episode())[0] == \
-        "kernel_failed: memory150 offline refused: EBUSY"
+    assert timeline.headline(ep) == (sentence, False)
+    ep.resynced_by = "kubelet_live"
+    assert timeline.headline(ep)[0] == \
+        "cpu hot-unplug 2 -> 1 cores in 30.0 ms; Node resynced live after 3.97 s"
+    assert timeline.headline(memory_failed_episode()) == (
+        "memory hot-unplug 8 GiB -> 7.88 GiB in 500.0 ms; the kernel refused 1 of 2 "
+        "transitions: memory150 offline refused: EBUSY", True)
+    assert timeline.headline(cpu_online_open_episode()) == (
+        "cpu hot-plug 1 -> 2 cores in 8.0 ms; open: waiting for the kubelet to resync", False)
+    assert timeline.headline(cpu_restart_episode()) == (
+        "cpu hot-unplug 2 -> 1 cores in 31.9 ms; Node resynced after 3.97 s by a kubelet "
+        "restart; 2 pods rejected OutOfcpu", True)
+    assert timeline.headline(memory_uevent_only_episode()) == (
+        "memory hot-unplug 8 GiB -> 7.75 GiB, kernel time unknown (seen by uevent/sysfs); "
+        "Kubernetes not watched", False)
+    assert timeline.headline(cpu_flapping_superseded_episode()) == (
+        "cpu flapping: 3 offline and 3 online transitions in 1.03 s; superseded by an "
+        "opposite change after 1.20 s", False)
+    small = memory_uevent_only_episode()
+    small.kernel_before, small.kernel_after = 2.0**29, 2.0**29 - 2.0**27
+    assert timeline.headline(small)[0].startswith("memory hot-unplug 512 MiB -> 384 MiB,")
+    no_capacity = cpu_offline_episode()
+    no_capacity.kernel_before = None
+    assert timeline.headline(no_capacity)[0].startswith("cpu hot-unplug of cpu1 in 30.0 ms; ")
+
+
+def _tick_px(ax, name: str) -> float:
+    """Where the tick named `name` (major or minor) is drawn, in pixels."""
+    for minor in (False, True):
+        for label in ax.get_xticklabels(minor=minor):
+            if label.get_text() == name:
+                return ax.transData.transform((label.get_position()[0], 0))[0]
+    raise AssertionError(f"no tick named {name!r}: "
+                         f"{[t.get_text() for t in ax.get_xticklabels(minor=True)]}")
+
+
+def test_a_bar_ends_between_the_ticks_that_name_its_length():
+    """A 31.9 ms step is drawn ending between the named 20 ms and 50 ms ticks, on an axis
+    that goes on to its end (1 min) and no further than the next named tick."""
+    tl = timeline.build(cpu_restart_episode(), "n1")
+    fig = figure.draw(tl)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    kernel = tl.bars[0]
+    assert kernel.label == "cpu1 offline 31.9 ms"
+    right = ax.transData.transform((kernel.end, 0))[0]
+    assert _tick_px(ax, "20 ms") < right < _tick_px(ax, "50 ms")
+    # The resync (4.0 s after the start) ends between the 2 s and 5 s ticks.
+    resync = ax.transData.transform((tl.bars[1].end, 0))[0]
+    assert _tick_px(ax, "2 s") < resync < _tick_px(ax, "5 s")
+    # The axis ends on a named tick at or beyond the episode's end (14 s: 1 min).
+    assert ax.get_xlim()[1] == 60.0 and _tick_px(ax, "1 min") == pytest.approx(ax.bbox.x1)
+
+
+@pytest.mark.parametrize("name", list(_episodes_to_draw()))
+def test_every_axis_ends_on_a_named_tick(name):
+    tl = timeline.build(_episodes_to_draw()[name], "n1")
+    ax = figure.draw(tl).axes[0]
+    end = ax.get_xlim()[1]
+    assert end >= tl.length
+    assert end in [t for t, _ in figure.TICKS]
+    assert any(label.get_text() and label.get_position()[0] == end
+               for label in ax.get_xticklabels())
+
+
+def test_a_kubelet_restart_is_drawn_at_the_resync():
+    ep = cpu_restart_episode()
+    tl = timeline.build(ep, "n1")
+    assert tl.rows == ["kernel cpu1", "kubelet.resync", "kubelet.readmission"]
+    assert tl.bars[1].label == "resynced by a kubelet restart after 3.97 s"
+    (restart,) = tl.instants
+    assert (restart.label, restart.row, restart.kind) == ("kubelet restarted", 1, "restart")
+    assert restart.at == pytest.approx(ep.resynced - ep.opened)
+    # The pods keep their own times and numbers (what already worked).
+    assert [(m.label, round(m.at, 4)) for m in tl.markers] == [
+        ("default/sleeper-2 rejected (OutOfcpu)", 5.0319),
+        ("default/sleeper-1 rejected (OutOfcpu)", 6.0319)]
+    texts = [t.get_text() for t in figure.draw(tl).findobj(lambda o: hasattr(o, "get_text"))]
+    assert "kubelet restarted" in texts
+    live = cpu_restart_episode()
+    live.resynced_by = "kubelet_live"
+    tl = timeline.build(live)
+    assert tl.instants == [] and tl.bars[1].label == "resync 3.97 s (live)"
+
+
+def test_a_uevent_only_episode_draws_instants_and_no_resync_lane():
+    tl = timeline.build(memory_uevent_only_episode(), "n1")
+    assert tl.rows == ["kernel memory60", "kernel memory61"]  # no kubelet lanes
+    assert tl.bars == []
+    assert [(m.label, m.row, round(m.at, 3)) for m in tl.instants] == [
+        ("memory60 offline: no duration, seen by uevent", 0, 0.0),
+        ("memory61 offline: no duration, seen by uevent", 1, 0.2)]
+    fig = figure.draw(tl)
+    assert len(fig.axes[0].collections) == 2  # one marker each: the frame is not empty
+    refused = timeline.build(memory_failed_episode())
+    assert [b.label for b in refused.bars] == ["memory7 offline 12.0 ms"]
+    assert [m.label for m in refused.instants] == [
+        "memory150 offline refused (EBUSY): no duration, seen by sysfs"]
+
+
+def test_kubernetes_not_watched_draws_no_resync_lane():
+    ep = cpu_offline_episode()
+    ep.resynced = ep.kubelet_after = ep.readmission_settled = ep.kubelet_before = None
+    ep.pods, ep.outcome, ep.ended = [], Outcome.KERNEL_ONLY, ep.kernel_done
+    tl = timeline.build(ep)
+    assert tl.rows == ["kernel cpu1"]
+    assert tl.title == "cpu hot-unplug 2 -> 1 cores in 30.0 ms; Kubernetes not watched"
+    # A superseded episode with Kubernetes off: nothing was waited for either.
+    flap = cpu_flapping_superseded_episode()
+    flap.kubelet_before = None
+    assert timeline.build(flap).rows == ["kernel cpu1\n3 offline, 3 online"]
+
+
+def test_a_flapping_episode_is_one_row_with_its_counts():
+    tl = timeline.build(cpu_flapping_superseded_episode(), "n1")
+    assert tl.rows == ["kernel cpu1\n3 offline, 3 online", "kubelet.resync"]
+    assert [b.row for b in tl.bars] == [0] * 6 + [1]
+    assert all(b.label == "" for b in tl.bars[:6])  # close together: the row names the counts
+    assert tl.bars[6].label == "no resync (superseded) after 170.0 ms"
+    assert not tl.bad
 
 
 def test_times_are_utc_and_say_so():
@@ -292,7 +420,9 @@ def test_timeline_of_a_timeout_and_a_refusal():
     assert [b.kind for b in tl.bars] == ["transition", "waiting"]
     assert tl.bars[1].label == "no resync (resync_timeout) after 10m00.0s"
     assert tl.bars[1].end == 600
-    assert tl.title == "resync_timeout: the kubelet did not resync within 10m00.0s"
+    assert tl.title == "cpu hot-unplug 2 -> 1 cores in 30.0 ms; Node did not resync within " \
+        "10m00.0s"
+    assert tl.bad  # a hot-unplug the Node never caught up with
     assert "(unknown: no Node status recorded)" in tl.subtitle
 
 
