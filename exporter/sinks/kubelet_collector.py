@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from exporter.correlate.kubelet_view import KubeletView
 from exporter.correlate.model import EpisodeUpdate
 from exporter.events import DeviceChange, Event, Resource, Transition
+from exporter.sinks import SelfDescribing
 
 # Sources that re-read when poked (by name, from the registry), and the kernel events that
 # can change what they read: a re-read after any other is a wasted wake-up (issue 14: in a CPU
@@ -34,7 +34,7 @@ POKED: dict[str, frozenset[Resource]] = {
 }
 
 
-class KubeletSink(Collector):
+class KubeletSink(SelfDescribing):
     def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
                  ) -> None:
         self.view = KubeletView()

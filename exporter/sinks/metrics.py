@@ -34,7 +34,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from exporter import __version__, buildinfo
 from exporter.correlate.histogram import Histogram
@@ -43,6 +42,7 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.node_view import NodeView
 from exporter.events import HEARTBEAT_VIA, Direction, Event, Resource, Result
+from exporter.sinks import SelfDescribing
 from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -71,7 +71,7 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -
         family.add_metric(labels, h.cumulative(), h.total)
 
 
-class MetricsSink(Collector):
+class MetricsSink(SelfDescribing):
     """Everything /metrics shows. `view` None: the kernel side only (no episode metrics).
     `kubernetes` False: the episode counters a kernel-only episode can move, and none of the
     Kubernetes join's families (balloons, readmission, the Node's view)."""

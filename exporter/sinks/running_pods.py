@@ -19,17 +19,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.running_pods import KINDS, RunningPodsView
 from exporter.events import DeviceChange, Event, Resource, Transition
+from exporter.sinks import SelfDescribing
 
 SOURCE = "running_pods"
 POKED = frozenset({Resource.CPU, Resource.MEMORY})
 
 
-class RunningPodsSink(Collector):
+class RunningPodsSink(SelfDescribing):
     def __init__(self, pokes: Iterable[Callable[[], None]] = ()) -> None:
         self.view = RunningPodsView()
         self.lock = threading.Lock()
