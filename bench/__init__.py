@@ -1,1 +1,1 @@
-"""Benchmarks against peers (issue 7): see bench/README.md and `python bench/run.py --help`."""
+"""Benchmarks against peers: see bench/README.md and `python bench/run.py --help`."""

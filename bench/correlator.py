@@ -1,4 +1,4 @@
-"""Correlator throughput and episode-state memory (issue 7, item 5). No kernel, no I/O.
+"""Correlator throughput and episode-state memory. No kernel, no I/O.
 
 The synthetic stream repeats what one node sends in a busy hour, in these shares: kernel
 transitions 50% (BPF records, and the same transitions again from uevents, which the ledger

@@ -1,4 +1,4 @@
-"""Detection latency (issue 7, item 1): real cpu1 and memory-block transitions, three observers.
+"""Detection latency: real cpu1 and memory-block transitions, three observers.
 
 For each transition, in one run:
 - hook: the real agent in this process (bench.observe); kernel end -> correlator state. Kernel

@@ -1,4 +1,4 @@
-"""Overhead (issue 7, item 3): start-up to the first valid scrape, idle CPU, memory.
+"""Overhead: start-up to the first valid scrape, idle CPU, memory.
 
 Idle means no hotplug (the hotplug lock is held, so no other test on the machine flaps) while
 each exporter is scraped every 15 s as a Prometheus would: node_exporter's cost is per scrape,

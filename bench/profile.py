@@ -1,4 +1,4 @@
-"""Where the exporter's CPU goes (issue 14): py-spy (and perf, if installed) on a running
+"""Where the exporter's CPU goes: py-spy (and perf, if installed) on a running
 `node-resize-exporter run` during a flap storm or while idle. Run as root:
 
     .venv/bin/python bench/profile.py storm [--cycles 100] [--perf]

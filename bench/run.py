@@ -1,4 +1,4 @@
-"""Benchmarks against peers (issue 7). Run as root from the repository:
+"""Benchmarks against peers. Run as root from the repository:
 
     .venv/bin/python bench/run.py all [--quick] [--out bench/results/latest.json]
     .venv/bin/python bench/run.py latency|storm|overhead|scrape|correlator|fleet [--quick]

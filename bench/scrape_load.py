@@ -1,4 +1,4 @@
-"""Scrape cost (issue 7, item 4): /metrics latency with 1 and 50 concurrent clients.
+"""Scrape cost: /metrics latency with 1 and 50 concurrent clients.
 
 One asyncio process drives every client, each on its own kept-alive HTTP/1.1 connection as
 Prometheus scrapes. Two shapes of load:

@@ -1,4 +1,4 @@
-"""Fidelity under flapping (issue 7, item 2) and the CPU both exporters spend in the storm.
+"""Fidelity under flapping and the CPU both exporters spend in the storm.
 
 cpu1 goes offline and online `cycles` times as fast as the kernel allows, `repeats` times. The
 true count is the number of sysfs writes the kernel accepted. The exporter runs with its

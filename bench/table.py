@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 NRE, NE = "node-resize-exporter", "node_exporter"
-# issue 14's targets (issue 7's before them: detection 5 ms, idle 0.2% of a core, anon 50 MB)
+# round 14's targets (round 7's before them: detection 5 ms, idle 0.2% of a core, anon 50 MB)
 TARGETS = {"state_ms": 1.0, "metrics_ms": 5.0, "fidelity": 1.0, "rss_mib": 60.0,
            "ms_per_transition": 1.0, "storm_vs_peer": 1.5, "vs_python_listener": 2.5,
            "scrape_ms": 5.0, "events_per_s": 300_000.0, "startup_s": 2.0}

@@ -1,4 +1,4 @@
-"""Issue 16 items 2 and 10, measured: a legitimate scraper's latency while the HTTP endpoint is
+"""Round 16 items 2 and 10, measured: a legitimate scraper's latency while the HTTP endpoint is
 attacked, and the exporter's peak threads, descriptors and RSS. Prints one line per scenario
 (the figures in docs/reliability.md and docs/security.md). Loopback only.
 

@@ -1,4 +1,4 @@
-"""The online window (issue 14): what a CPU coming online costs code that runs next to it, on
+"""The online window: what a CPU coming online costs code that runs next to it, on
 this machine, whoever that code belongs to. `bench/profile.py window`, as root.
 
 Two measurements, neither of them the exporter:

@@ -22,11 +22,11 @@ from exporter.sources.kernel.sysfs import SysfsSource
 
 log = logging.getLogger("exporter.agent")
 TICK_SECONDS = 0.25
-# issue 14: with no episode open no deadline can fall due, so the loop sleeps until an event
+# with no episode open no deadline can fall due, so the loop sleeps until an event
 # (or wake()) instead of ticking 4 times a second; the bound only guards a caller that sets
 # its stop event without wake().
 IDLE_SECONDS = 30.0
-# issue 14: a thread woken by an event waits for the GIL at most this long while another runs
+# a thread woken by an event waits for the GIL at most this long while another runs
 # Python (a scrape rendering, a sysfs read); CPython's default of 5 ms bounds the detection
 # tail far above the 1 ms target. Forced switches happen only while a thread waits; 0.5 ms
 # cost ~20% more CPU in a flap storm (source threads woken by one uevent take turns).
@@ -64,7 +64,7 @@ class Agent:
             self._process(status.source, status, quiet=True)
         # Every other source is "not up yet" until it says otherwise, so each has its
         # source_up series from the first scrape: an API server that never answers is a 0
-        # an alert can see, not a missing series (issue 16).
+        # an alert can see, not a missing series.
         said = {s.source for s in down}
         for source in self.sources:
             if source.name not in said:
@@ -87,7 +87,7 @@ class Agent:
         # What start-up built lives as long as the process (modules, libraries, the sources).
         # Frozen out of the collector's reach, a full collection walks only what events created
         # since; otherwise it walks ~46k objects (9-13 ms measured), GIL held, on whichever
-        # thread trips it: a detection-latency outlier (issue 14).
+        # thread trips it: a detection-latency outlier.
         gc.collect()
         gc.freeze()
         self.alive.set()
@@ -129,7 +129,7 @@ class Agent:
         self.episode_log.close()
 
     def wake(self) -> None:
-        """Make run() look at its stop event now; safe from a signal handler (issue 14)."""
+        """Make run() look at its stop event now; safe from a signal handler."""
         self.queue.put(_WAKE)
 
     def state_version(self) -> int:

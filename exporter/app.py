@@ -214,7 +214,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
 
 def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
                               ledger: KernelLedger) -> None:
-    """What sysfs says now against what the journal last knew (issue 16, item 14)."""
+    """What sysfs says now against what the journal last knew."""
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
     if reconciler.initial is None:
         return
@@ -293,7 +293,7 @@ def serve(options: Options) -> int:
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
     registry_.register(built.metrics)
-    # Issue 13: the kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
+    # the kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))

@@ -173,7 +173,7 @@ class NodeStatus:
     capacity: Mapping[Resource, float]  # cores or bytes
     allocatable: Mapping[Resource, float]
     resource_version: str = ""
-    # Issue 17: the Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
+    # the Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
     # A dead kubelet sends no Node update at all, so this is what ages while Ready stays True.
     heartbeat: float | None = None
 
@@ -187,7 +187,7 @@ class ContainerResize:
     in_progress_error: bool = False  # PodResizeInProgress reason Error
     desired: Mapping[Resource, float] = field(default_factory=dict)  # spec requests
     applied: Mapping[Resource, float] = field(default_factory=dict)  # status resources
-    # Issue 17: the PodResizePending (or InProgress Error) condition's message, bounded; the
+    # the PodResizePending (or InProgress Error) condition's message, bounded; the
     # metrics sink reads a bounded reason from it (cpu_manager_static, capacity, other).
     message: str = ""
 
@@ -221,7 +221,7 @@ class PodStatus:
     requests: Mapping[Resource, float] = field(default_factory=dict)  # sum over containers
     resize: ContainerResize | None = None
     resource_version: str = ""
-    # Issue 17: what the pod holds in the scheduler's accounting (KEP-1287: max of spec,
+    # what the pod holds in the scheduler's accounting (KEP-1287: max of spec,
     # allocated and actual requests per container; allocated and actual only once the resize
     # is Infeasible) and in the kubelet's (what it allocated). None: not known (an event from
     # an older journal): `requests` stands in.
@@ -267,7 +267,7 @@ class KubeletFeatures:
 
 
 # ---------------------------------------------------------------- the kubelet's local state
-# (issue 13: what a kubelet restart would find on this node; read from files, not the API)
+# (what a kubelet restart would find on this node; read from files, not the API)
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ class NodeCapacityConfigured:
 
 @dataclass(frozen=True)
 class NodeHeartbeat:
-    """Issue 17: a sign of life of the kubelet: via "node_status", the Node's Ready
+    """a sign of life of the kubelet: via "node_status", the Node's Ready
     lastHeartbeatTime moved while its capacity did not (not a NodeStatus: no capacity changed);
     via "lease", its node Lease's renewTime moved."""
 

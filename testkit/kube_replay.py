@@ -1,4 +1,4 @@
-"""The exporter's in-process pieces on a recorded kubelet sequence (issue 17).
+"""The exporter's in-process pieces on a recorded kubelet sequence.
 
 The real Node and Pod list/watch sources (lightkube, exporter/sources/kube_*.py) watch a
 FakeApiServer that publishes a recording event by event; what they emit goes, as the agent

@@ -1,4 +1,4 @@
-"""Attacks on the HTTP endpoint (issue 16 item 2), shared by tests/e2e/test_web_attacks.py and
+"""Attacks on the HTTP endpoint, shared by tests/e2e/test_web_attacks.py and
 bench/web_attacks.py: slowloris, unfinished requests with huge headers, clients that vanish
 mid-request, and a legitimate scraper that records what it got while they run.
 
@@ -126,7 +126,7 @@ class Slowloris:
 
 class BigHeaders:
     """`n` connections, each sending a request line and `headers` headers of `size` bytes, and
-    then holding the request open unfinished (no blank line), as in issue 16."""
+    then holding the request open unfinished (no blank line)."""
 
     def __init__(self, port: int, n: int = 100, headers: int = 99, size: int = 64 * 1024):
         self.port, self.n, self.headers, self.size = port, n, headers, size

@@ -113,7 +113,7 @@ def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Chec
 
 def check_journal(options: Options) -> Check:
     """Can `run` journal where it would? A corrupt journal only costs a warning and a counter
-    at run time (journaling stays off), so `check` is where it is said plainly (issue 16)."""
+    at run time (journaling stays off), so `check` is where it is said plainly."""
     import sqlite3
 
     from exporter.sinks.journal.path import JournalPathError, cannot_create, check_journal_path
@@ -196,7 +196,7 @@ def _why(e: Exception) -> str:
 
 def check_kubelet_restart(options: Options) -> Check:
     """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
-    what the kernel has online now, judged as the kubelet judges them at start (issue 13)."""
+    what the kernel has online now, judged as the kubelet judges them at start."""
     from exporter.correlate.kubelet_view import KubeletView, cpu_list
     from exporter.sources.kernel.sysfs import SysfsReader
     from exporter.sources.kubelet.kubelet_checkpoint import (

@@ -51,7 +51,7 @@ class Correlator:
             KubeletProcess: self._kubelet_process,
             NodeHeartbeat: self._heartbeat,
         }
-        self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
+        self._kubelet_starts: list[float] = []  # kubelet start times seen, newest last
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -124,7 +124,7 @@ class Correlator:
         return []
 
     def _heartbeat(self, beat: NodeHeartbeat) -> list[EpisodeUpdate]:
-        self._view.on_heartbeat(beat)  # issue 17: a gauge only, no episode reads it
+        self._view.on_heartbeat(beat)  # a gauge only, no episode reads it
         return []
 
     def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:
@@ -134,7 +134,7 @@ class Correlator:
         return []
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
-        """Issue 13: a resynced episode says what resynced it: a kubelet that started after the
+        """a resynced episode says what resynced it: a kubelet that started after the
         kernel was done and by the resync (a restart, today's only remedy), else the running one.
         Set on each update's copy, so a restart seen late still reaches the ENDED update."""
         for update in updates:

@@ -1,4 +1,4 @@
-"""What the kernel changed while the exporter was not running (issue 16, item 14).
+"""What the kernel changed while the exporter was not running.
 
 A SIGKILL (or an OOM kill, a node reboot) can come a few milliseconds after a transition, before
 its event reached the journal; and nothing at all is seen while the process is down. The

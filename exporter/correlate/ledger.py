@@ -53,7 +53,7 @@ class KernelLedger:
     sources: dict[str, SourceState] = field(default_factory=dict)
     programs: dict[str, SourceState] = field(default_factory=dict)
     # Per source, the time of the last event it delivered (any kind): how stale it is, where
-    # source_up alone cannot say (a watch that is "up" and silent; issue 16).
+    # source_up alone cannot say (a watch that is "up" and silent).
     last_event: dict[str, float] = field(default_factory=dict)
     # Units the kernel changed while no exporter ran, found at start (correlate/down_changes.py).
     down_changes: Counter[tuple[Resource, Direction]] = field(default_factory=Counter)

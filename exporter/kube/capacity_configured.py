@@ -1,4 +1,4 @@
-"""KEP-3953's proposed Node API, as a Node watch delivers it (issue 13).
+"""KEP-3953's proposed Node API, as a Node watch delivers it.
 
 The KEP proposes that a kubelet which resyncs capacity says so on its Node: a condition
 `CapacityConfigured` (reasons Accepted, InProgress, Infeasible, EmergencyReduced) and the

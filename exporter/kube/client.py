@@ -8,7 +8,7 @@ writing HTTP ourselves:
 - bound a watch's read time (lightkube reads forever): its headers must come within the
   request timeout and then each read within `watch_read_timeout` seconds, so a silent server
   or a silently dead TCP connection is noticed instead of never;
-- bound what an answer may make us hold (issue 16): a watch line (one event) of at most
+- bound what an answer may make us hold: a watch line (one event) of at most
   MAX_LINE_BYTES that completes within `line_timeout` once it began (a line trickled a byte at
   a time never ends a read), a list page of at most MAX_PAGE_BYTES, at most MAX_LIST_PAGES
   pages per list (a `continue` token that never ends); past a bound the request fails with

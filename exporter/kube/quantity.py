@@ -6,7 +6,7 @@ capacity, and "1500u" and "1.5m" still come out equal). This wrapper keeps this
 project's contract on top of it: a float (CPU in cores, memory in bytes), a ValueError naming
 the offending text, and only values a node can hold: no negative, non-finite or absurdly large
 capacity reaches the correlator (a bare 400-digit JSON integer once raised OverflowError in
-float(), outside the malformed-input path: issue 16).
+float(), outside the malformed-input path).
 
 lightkube leaves out two forms the API accepts, rewritten here into ones it reads: the "n" and
 "u" suffixes (nano, micro: "250u" -> "250e-6") and an upper-case exponent ("129E6"; a bare "E"

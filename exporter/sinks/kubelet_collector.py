@@ -1,4 +1,4 @@
-"""The kubelet's local state as Prometheus gauges (issue 13), beside the exporter's Collector.
+"""The kubelet's local state as Prometheus gauges, beside the exporter's Collector.
 
 A sink and a Collector in one: the agent hands it every raw event (`on_event`, in the agent's
 thread), it feeds them to the pure KubeletView under its own lock, and /metrics renders the
@@ -25,7 +25,7 @@ from exporter.events import DeviceChange, Event, Resource, Transition
 from exporter.sinks import SelfDescribing
 
 # Sources that re-read when poked (by name, from the registry), and the kernel events that
-# can change what they read: a re-read after any other is a wasted wake-up (issue 14: in a CPU
+# can change what they read: a re-read after any other is a wasted wake-up (in a CPU
 # flap storm each one lands in the online window).
 POKED: dict[str, frozenset[Resource]] = {
     "kubelet_checkpoint": frozenset({Resource.CPU, Resource.MEMORY}),  # CPU and memory managers

@@ -358,7 +358,7 @@ class MetricsSink(SelfDescribing):
                 value=view.podresources_offline_cpus() or 0,
             )
 
-    # ------------------------------------------------------------ balloons (issue 17)
+    # ------------------------------------------------------------ balloons
 
     def _balloons(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
         fam = GaugeMetricFamily(
@@ -392,7 +392,7 @@ class MetricsSink(SelfDescribing):
 
 
 def _heartbeats(view: NodeView) -> Iterable[Metric]:
-    """Issue 17: the kubelet's last sign of life, via the Node's Ready condition (posted on a
+    """the kubelet's last sign of life, via the Node's Ready condition (posted on a
     change and at least every 5 min) and its Lease (renewed every 10 s)."""
     stamp = GaugeMetricFamily(
         "node_resize_kubelet_heartbeat_timestamp_seconds",

@@ -10,7 +10,7 @@ the pod events themselves), as the metrics sink renders them.
                         node_resize_balloon_resize_duration_seconds
 
 Errors are counted per episode at its end, requests when it opens, and not again when it is
-resumed after a restart (issue 16: 51 requests for 50 unplugs over a SIGKILL): the process
+resumed after a restart (51 requests for 50 unplugs over a SIGKILL): the process
 that opened it counted it, and Prometheus sums both processes' counters across the reset. So
 within one process an error can be counted for a request its predecessor counted.
 
@@ -75,7 +75,7 @@ class EpisodeStats:
     resync_duration: dict[tuple[Resource, Change], Histogram] = field(
         default_factory=_resync_histograms
     )
-    # Issue 13: the same durations by what resynced the episode (the rendered series)
+    # the same durations by what resynced the episode (the rendered series)
     resync_duration_by: dict[tuple[Resource, Change, str], Histogram] = field(
         default_factory=_resync_histograms_by
     )
@@ -84,7 +84,7 @@ class EpisodeStats:
     readmission_duration: dict[Resource, Histogram] = field(default_factory=_readmission_histograms)
     readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
     balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
-    # Issue 17: the same by (result, reason), the rendered series
+    # the same by (result, reason), the rendered series
     balloon_resize_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
     balloon_resize_duration: Histogram = field(
         default_factory=lambda: Histogram(BALLOON_BUCKETS)

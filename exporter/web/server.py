@@ -7,7 +7,7 @@ made at start (exporter/web/selfsigned.py). /healthz answers without authenticat
 probe carries no credentials and learns only "ok"); it is still behind TLS and client
 certificates when those are configured.
 
-Built to stay up when anyone who can reach the port misbehaves (issue 16): one asyncio event
+Built to stay up when anyone who can reach the port misbehaves: one asyncio event
 loop holds every connection (tens of KiB each at most, not a thread), HTTP is parsed by h11
 with the request head bounded in size (MAX_HEADER_BYTES) and count (MAX_HEADERS) and in time
 (HEADER_TIMEOUT from the first byte; HANDSHAKE_TIMEOUT for TLS), connections are capped at

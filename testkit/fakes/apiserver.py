@@ -13,7 +13,7 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   HTTP 410 when `gone_as_http` is set; open watches are expired with the same ERROR event;
 - drop_watches() cuts every watch connection abruptly (a network failure, not a clean end);
 - set_delay(s) delays every response, set_forbidden(True) answers 403 with an RBAC Status;
-- hostile or broken servers (issue 16): set_silent(True) accepts connections and reads
+- hostile or broken servers: set_silent(True) accepts connections and reads
   requests but answers none until set_silent(False); hang_watches() makes open watches send no
   byte more (no event, no bookmark) while keeping the connection open; send_raw(bytes) writes
   bytes as they are into open watches (half an event line, a line of 10 MiB without a newline);
@@ -30,7 +30,7 @@ the exporter uses (/api/v1/nodes, /api/v1/pods):
   the review and its status; token_reviews / access_reviews count them; set_review_delay(s)
   holds every review answer for s seconds, set_review_error(code) answers them with a Status;
   ("create", "tokenreviews") in `denied` refuses our own account (403, as RBAC would).
-- recordings (issue 17): replay(path, step) publishes a raw watch stream recorded from a real
+- recordings: replay(path, step) publishes a raw watch stream recorded from a real
   kube-apiserver (tests/fixtures/kubelet-v1.36/) event by event, BOOKMARKs included;
   publish_recorded(event) publishes one.
 
@@ -66,7 +66,7 @@ _HANG = object()  # queue sentinel: send nothing more, keep the connection open 
 _RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
 KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
-# coordination.k8s.io/v1 Leases (issue 17: the node's, in kube-node-lease), served as a third
+# coordination.k8s.io/v1 Leases (the node's, in kube-node-lease), served as a third
 # collection next to /api/v1's two.
 _LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
                 "apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
@@ -636,7 +636,7 @@ class FakeApiServer:
                      "spec": spec}
             return self._store("leases", f"kube-node-lease/{node}", lease)
 
-    # ------------------------------------------------------------ recordings (issue 17)
+    # ------------------------------------------------------------ recordings
 
     def publish_recorded(self, event: dict) -> dict:
         """Publish one recorded watch event ({"type", "object"} as kube-apiserver sent it).

@@ -1,4 +1,4 @@
-"""Starts that used to crash (issue 16, second round): not root, a read-only root without a
+"""Starts that used to crash: not root, a read-only root without a
 writable /tmp, odd --path.sysfs / --path.procfs trees, a FIFO where a checkpoint should be.
 Each is a real `run` or `check` process: it must degrade (the rest runs, the reason said once)
 or exit 2 with the fix, and never print a traceback or hang."""

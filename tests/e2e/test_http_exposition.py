@@ -1,4 +1,4 @@
-"""/metrics through prometheus_client's exposition (issue 15 item 5): OpenMetrics on request,
+"""/metrics through prometheus_client's exposition: OpenMetrics on request,
 gzip, HEAD, process_* and python_*, the telemetry path; one rendering per state version and
 format shared by concurrent scrapes. A real MetricsServer on loopback, real HTTP clients."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """scripts/gen-monitoring.py: the committed rules, inhibit rules, dashboards and PrometheusRule
 are what it generates; its parameters reach every file; the outputs pass promtool and amtool;
-the dashboards follow the rules issue 12 sets (windows valid at any scrape interval, a cluster
+the dashboards follow the project's rules (windows valid at any scrape interval, a cluster
 variable, recording rules where they exist, one panel per operator question) and drop into a
 Grafana as they are: the job is a variable, every panel says what it answers, the fleet view
 stays readable at 1,000 nodes and links a node to its own dashboard."""

@@ -1,4 +1,4 @@
-"""Issue 17: the real kubelet v1.36.2 sequences of tests/fixtures/kubelet-v1.36/ (its README says
+"""the real kubelet v1.36.2 sequences of tests/fixtures/kubelet-v1.36/ (its README says
 what happened in each), replayed event by event through the list/watch test server into the
 exporter's real watch sources, correlator and metrics sink (testkit/kube_replay.py), with the
 exact metrics the exporter must show after each event.
@@ -235,7 +235,7 @@ def test_readmission_rejects_both_pods_outofcpu(api):
         assert s.value("node_resize_readmission_duration_seconds_sum", resource="cpu") == 32
 
 
-# ---------------------------------------------------------------- balloons (issue 17 items 1-3)
+# ---------------------------------------------------------------- balloons
 
 
 def balloon(s, view, resource="cpu"):

@@ -215,7 +215,7 @@ BAD_ENV = [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
      "OTEL_EXPORTER_OTLP_PROTOCOL='http/json': accepted values are http/protobuf, grpc"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4318"}, "OTEL_EXPORTER_OTLP_ENDPOINT='c:4318'"),
-    # Issue 16 item 11: these two were a traceback and exit 1 (the SDK's bare ValueError).
+    # these two were a traceback and exit 1 (the SDK's bare ValueError).
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_BSP_MAX_QUEUE_SIZE": "-5"},
      "OTEL_BSP_MAX_QUEUE_SIZE='-5': accepted values are whole numbers of at least 1"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"},
@@ -257,7 +257,7 @@ def test_bad_config_names_the_variable(otel_env, env, words):
 @pytest.mark.parametrize("name, value", [("OTEL_BSP_MAX_QUEUE_SIZE", "-5"),
                                          ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")])
 def test_run_exits_2_with_the_fix_not_a_traceback(name, value):
-    # The real command, as issue 16 ran it: exit 2 and one line naming the variable.
+    # The real command: exit 2 and one line naming the variable.
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", name: value})
     with socket.socket() as s:  # a free loopback port, should it get as far as listening

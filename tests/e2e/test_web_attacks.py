@@ -1,4 +1,4 @@
-"""Issue 16 items 2 and 8: attacks on a real `run` over loopback.
+"""attacks on a real `run` over loopback.
 
 Each test reproduces an attack from the adversarial run (slowloris, unfinished requests with
 huge headers, clients vanishing mid-request) and asserts the bound: threads, descriptors and
@@ -145,7 +145,7 @@ def test_clients_vanishing_mid_request_log_one_line_per_kind(exporter):
 
 
 def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
-    """Issue 16 item 10: 16 clients guessing passwords ran 16 bcrypt checks at once. Now at most
+    """16 clients guessing passwords ran 16 bcrypt checks at once. Now at most
     two run, the rest wait briefly for a slot and get 429; a scraper whose password was checked
     in the last minute needs no bcrypt and is answered meanwhile."""
     import base64

@@ -337,7 +337,7 @@ def test_default_is_plain_http_without_auth():
     ("tls_server_confg: {}\n", ["unknown key tls_server_confg"]),
     ("- a list\n", ["must be a mapping"]),
     ("tls_server_config: [\n", ["not valid YAML"]),
-    # issue 16 item 8: these passed the check, then printed a traceback on every request
+    # these passed the check, then printed a traceback on every request
     ("basic_auth_users:\n  prometheus: '$2b$99$" + "a" * 53 + "'\n",
      ["basic_auth_users.prometheus", "cost 99 is outside 4..31"]),
     ("basic_auth_users:\n  prometheus: '$2b$03$" + "a" * 53 + "'\n",
@@ -380,7 +380,7 @@ def test_min_version_is_tls12_by_default(pki):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "cert-fifo"])
 def test_a_web_config_that_is_not_a_small_regular_file_exits_2(pki, tmp_path, kind):
-    """Issue 16 item 11: a FIFO hung start-up; /dev/zero reached 1.17 GiB RSS in a second."""
+    """a FIFO hung start-up; /dev/zero reached 1.17 GiB RSS in a second."""
     import os
     config = tmp_path / "web.yml"
     if kind == "fifo":
@@ -441,7 +441,7 @@ def _tls12_suites_accepted(server_ctx: ssl.SSLContext) -> set[str]:
 
 
 def test_tls12_offers_only_forward_secret_aead_suites_by_default(pki):
-    """Issue 16 item 10: 13 suites were accepted, 6 without forward secrecy, some CBC/SHA-1."""
+    """13 suites were accepted, 6 without forward secrecy, some CBC/SHA-1."""
     config = load_web_config(str(write_config(
         pki.dir, "default.yml",
         "tls_server_config: {cert_file: server.crt, key_file: server.key}")))
@@ -532,7 +532,7 @@ def test_a_scraper_that_keeps_scraping_needs_bcrypt_once():
 
 
 def test_an_unknown_user_costs_a_check_of_the_same_cost():
-    """Issue 16 item 10: the dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
+    """the dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
     seen = []
 
     def checkpw(password: bytes, hashed: bytes) -> bool:
@@ -548,7 +548,7 @@ def test_an_unknown_user_costs_a_check_of_the_same_cost():
 
 
 def test_concurrent_bcrypt_checks_are_bounded():
-    """Issue 16 item 10: 16 password guessers ran 16 bcrypt checks at once (174% CPU)."""
+    """16 password guessers ran 16 bcrypt checks at once (174% CPU)."""
     lock, running, peak = threading.Lock(), [0], [0]
 
     def checkpw(password: bytes, hashed: bytes) -> bool:

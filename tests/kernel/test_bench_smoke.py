@@ -1,4 +1,4 @@
-"""Each benchmark of bench/ for a few iterations, so it keeps working (issue 7).
+"""Each benchmark of bench/ for a few iterations, so it keeps working.
 
 No timed assertions: only that every benchmark ran on the real kernel and produced well-formed
 numbers (finite, non-negative, counts that add up). node_exporter (Debian's

@@ -1,4 +1,4 @@
-"""Faults the exporter must survive (issue 8 item 1): the ones that need no Kubernetes pieces.
+"""Faults the exporter must survive: the ones that need no Kubernetes pieces.
 
 - BPF unavailable at start, three ways, made for the child process only so the machine (other
   tests need BPF) is untouched: tracefs unmounted and kernel headers hidden in a private mount

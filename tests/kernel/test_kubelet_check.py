@@ -1,4 +1,4 @@
-"""`check` says whether a kubelet restart now would fail, and what to do (issue 13)."""
+"""`check` says whether a kubelet restart now would fail, and what to do."""
 from __future__ import annotations
 
 import json

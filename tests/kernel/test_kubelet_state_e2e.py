@@ -1,6 +1,6 @@
-"""Issue 13 end to end on the real kernel: a running exporter reads a static-policy CPU manager
-checkpoint naming CPUs 0-1 (the one a real kubelet v1.36 wrote) and a real kubepods cpuset
-cgroup; cpu1 goes offline and comes back."""
+"""The kubelet's local state end to end on the real kernel: a running exporter reads a
+static-policy CPU manager checkpoint naming CPUs 0-1 (the one a real kubelet v1.36 wrote)
+and a real kubepods cpuset cgroup; cpu1 goes offline and comes back."""
 from __future__ import annotations
 
 import json

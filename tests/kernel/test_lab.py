@@ -1,4 +1,4 @@
-"""The QEMU hotplug lab, end to end: real DIMM and vCPU hotplug in a guest kernel (issue 6).
+"""The QEMU hotplug lab, end to end: real DIMM and vCPU hotplug in a guest kernel.
 
 One guest for the module (boot ~8 s, bcc compile in the guest ~14 s under TCG); the scenario
 tests run in file order on it (the DIMM added first is removed later). QEMU is stopped by the

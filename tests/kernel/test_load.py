@@ -1,4 +1,4 @@
-"""Load (issue 8 item 3): 50 concurrent scrapers during a cpu1 flap storm and a burst of Pod
+"""Load: 50 concurrent scrapers during a cpu1 flap storm and a burst of Pod
 watch events, three storms in a row: zero failed scrapes, zero lost episodes, memory flat.
 
 Each storm lasts 60 s under CI=true; NRE_LOAD_SECONDS shortens it for a local run (default 10).

@@ -1,4 +1,4 @@
-"""Episode ids (issue 12): short and human, unique, the same on every replay; the old form
+"""Episode ids: short and human, unique, the same on every replay; the old form
 from journals written before still reads."""
 from __future__ import annotations
 

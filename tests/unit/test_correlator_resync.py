@@ -327,7 +327,7 @@ def test_resume_an_open_episode_then_complete_it():
     second.at(50.0)
     second.resume([kept])
     assert [e.id for e in second.open_episodes()] == [kept.id]
-    # Counted by the process that opened it, not again here (issue 16, item 14).
+    # Counted by the process that opened it, not again here.
     assert second.stats.resync_requests == {} and second.stats.episodes_open == 1
     second.snapshot(50.0, cpus=3)
     second.node(50.5, cpu=2)

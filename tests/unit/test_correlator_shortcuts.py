@@ -1,4 +1,4 @@
-"""The correlator's shortcuts for events that change little (issue 14's replay target) keep
+"""The correlator's shortcuts for events that change little (for replay speed) keep
 every value a full recomputation gives: a kernel-phase episode's kernel_after read when it goes
 out rather than rewritten on every snapshot, an ended episode handed out uncopied, drift
 bookkeeping skipped when neither side's capacity moved, resync bookkeeping skipped while no

@@ -1,7 +1,7 @@
 """Property-based tests of every parser of outside input: none may fail with anything but its
 documented error, and well-formed input must come out right.
 
-Examples per test: 10,000 under CI=true (issue 8), a few hundred locally. The profiles are
+Examples per test: 10,000 under CI=true, a few hundred locally. The profiles are
 applied per test (not loaded globally) so other hypothesis tests keep their own settings.
 Deadlines are off: a slow machine must not turn into a failure (no timed assertions).
 """
@@ -222,7 +222,7 @@ def test_quantity_integer_suffix(n, suffix):
              "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
              "e3": 10**3, "E-2": Decimal("1e-2"), "e+9": 10**9}[suffix]
-    # lightkube rounds up to thousandths; past 2^63 no node holds it (issue 16).
+    # lightkube rounds up to thousandths; past 2^63 no node holds it.
     with localcontext(prec=80):
         expected = (Decimal(n) * scale).quantize(Decimal("0.001"), rounding=ROUND_UP)
     if expected > 2**63 - 1:
@@ -247,7 +247,7 @@ def test_quantity_garbage_is_value_error(value):
     except ValueError:
         return
     assert isinstance(out, float)
-    assert math.isfinite(out) and 0 <= out <= 2**63  # issue 16: no node holds anything else
+    assert math.isfinite(out) and 0 <= out <= 2**63  # no node holds anything else
 
 
 # ------------------------------------------------------------------ Node and Pod JSON
@@ -260,7 +260,7 @@ _JSON = st.recursive(
     max_leaves=8)
 _QUANTITY = st.one_of(st.sampled_from(["2", "1500m", "8Gi", "129e6", "0.5", "", "-1", "1e99",
                                        "10Qi", "NaN", "-4", "1" * 400]), _JSON,
-                      st.integers(min_value=10**18, max_value=10**400))  # issue 16 item 6
+                      st.integers(min_value=10**18, max_value=10**400))
 _RESOURCE_LIST = st.one_of(_JSON, st.dictionaries(
     st.sampled_from(["cpu", "memory", "hugepages-2Mi", "hugepages-1Gi", "pods", "x"]),
     _QUANTITY, max_size=5))

@@ -1,4 +1,4 @@
-"""Odd trees under --path.sysfs, --path.procfs and --kubelet-root-dir (issue 16, second round):
+"""Odd trees under --path.sysfs, --path.procfs and --kubelet-root-dir:
 FIFOs where files should be, garbage, oversized and furiously rewritten checkpoints. Real files
 and FIFOs in a temporary directory; each must be refused, counted or degraded, never hang."""
 from __future__ import annotations

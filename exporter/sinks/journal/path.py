@@ -1,4 +1,4 @@
-"""Where the journal may live: checked before SQLite touches anything (issue 16, item 3).
+"""Where the journal may live: checked before SQLite touches anything.
 
 The exporter runs as root and makes the journal 0600. A journal path that is a symbolic link
 would make it chmod (and then overwrite) whatever the link points at, an empty target would

@@ -7,7 +7,7 @@ OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME. This module only decides whether
 OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL names, and checks the values the SDK would reject with a
 traceback or quietly replace by its default, so a bad one exits 2 naming the variable and the fix.
 
-Files and limits too (issue 16, second round): every OTEL_* certificate or key file must be a
+Files and limits too: every OTEL_* certificate or key file must be a
 readable regular file of at most FILE_MAX bytes (a gRPC exporter given /dev/zero read it whole,
 2.5 GiB in 1.8 s; a FIFO hung start-up), the span limits whole numbers in range (-1 was a
 traceback), and the headers what the spec's grammar allows with values an HTTP request or gRPC

@@ -3,7 +3,7 @@
 Each episode is exported once: the journal's exported flag survives a restart, so a resumed
 episode is not traced twice. What to export to is env.py's; the span tree is spans.py's.
 
-Shutdown is bounded (issue 16, second round): the SDK's force_flush ignores its timeout and an
+Shutdown is bounded: the SDK's force_flush ignores its timeout and an
 OTLP export retries for up to OTEL_EXPORTER_OTLP_TIMEOUT, so a collector that never answers made
 SIGTERM take 57 s, past Kubernetes' 30 s grace period. close() flushes and shuts down in a
 helper thread for at most CLOSE_TIMEOUT seconds; traces still queued then are counted in

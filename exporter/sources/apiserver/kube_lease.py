@@ -1,5 +1,5 @@
 """This node's Lease (coordination.k8s.io/v1, namespace kube-node-lease, named after the node),
-from a list/watch: the kubelet's heartbeat (issue 17).
+from a list/watch: the kubelet's heartbeat.
 
 A kubelet renews its Lease every 10 s (a quarter of leaseDurationSeconds, 40 s), while it posts
 the Node's status only on a change and at least every 5 minutes (nodeStatusReportFrequency). A

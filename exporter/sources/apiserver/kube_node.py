@@ -4,7 +4,7 @@ Only this node is watched (fieldSelector metadata.name=NODE): a DaemonSet of wat
 node object would cost the API server O(nodes^2). A NodeStatus is emitted when capacity or
 allocatable actually change (the first delivery always), not on every heartbeat update, and
 not again after a relist that finds the same values; a heartbeat that moved without them is a
-NodeHeartbeat (issue 17: a dead kubelet is told by its heartbeat's age).
+NodeHeartbeat (a dead kubelet is told by its heartbeat's age).
 
 A Node deleted (a DELETED event, or missing from a relist) is a NodeStatus with no capacity and
 no allocatable: downstream there is then no kubelet capacity to show or to judge drift against,
@@ -33,7 +33,7 @@ class KubeNodeSource(OneObjectSource):
         super().__init__(clock, node_name=node_name, **kwargs)
         self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
         self._beat: float | None = None  # the Ready heartbeat last emitted
-        self._configured = CapacityConfiguredFilter()  # issue 13: KEP-3953's condition
+        self._configured = CapacityConfiguredFilter()  # KEP-3953's condition
 
     def describe(self) -> str:
         return f"Node {self.node_name!r}"
@@ -49,7 +49,7 @@ class KubeNodeSource(OneObjectSource):
 
     def deliver(self, obj: dict, emit: Emit) -> None:
         now = self.clock.now()
-        problems: list[str] = []  # issue 13: KEP-3953's CapacityConfigured, when it changes
+        problems: list[str] = []  # KEP-3953's CapacityConfigured, when it changes
         configured = self._configured.feed(obj, now, problems)
         if configured is not None:
             for problem in problems:

@@ -21,7 +21,7 @@ What we add here:
 - a dropped or dead connection: re-watch from the last RV after a jittered exponential backoff;
 - 401/403 and an unreachable server: SourceStatus down with a reason an operator can act on,
   retry with backoff, SourceStatus up when a list or watch succeeds again (no restart needed);
-- a silent server (issue 16): a list not answered within `request_timeout`, or a watch with no
+- a silent server: a list not answered within `request_timeout`, or a watch with no
   byte (event or bookmark) for longer than its own timeout (`server_timeout` + `watch_grace`),
   or a watch line stalled mid-event, is down, and the source relists: the Node may have
   changed meanwhile;

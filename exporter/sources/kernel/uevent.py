@@ -5,8 +5,7 @@ a transition completed. Works on every kernel and needs no BPF, but knows nothin
 or refusals (a refused offline sends no uevent at all).
 
 Anyone with CAP_NET_ADMIN can send to that group too, and root can make the kernel itself send
-a synthetic uevent by writing to a device's `uevent` file (issue 16, item 9: 100 forged
-`offline@.../cpu1` were counted while cpu1 stayed online). So, as udev does, a datagram counts
+a synthetic uevent by writing to a device's `uevent` file. So, as udev does, a datagram counts
 only when its sender is the kernel (netlink port id 0), and not when it is synthetic (the kernel
 marks those with SYNTH_UUID); both are MalformedInput. A CPU or memory-block transition is also
 checked against sysfs before it counts. One the kernel's state contradicts (cpu1 "offline"
@@ -58,13 +57,13 @@ class Uevent:
     env: dict[str, str]
 
 
-# Why not pyudev (issue 15): tried on this host, pyudev 0.24.5's
+# Why not pyudev: tried on this host, pyudev 0.24.5's
 # Monitor.from_netlink(Context(), source="kernel") works without udevd (no /run/udev) and takes
 # kernel-group messages only; libudev even drops one sent from user space (sender port id not 0).
 # It is not used because libudev drops every message it rejects (forged, malformed, wrong
 # credentials) inside its C receive path with no count or reason we can see, while this
 # project's rule is that hostile input is counted (`_malformed_total`) and the uevent source's
-# hardening (issue 16 item 9) must report what it refused; and the bytes -> event step must stay
+# hardening must report what it refused; and the bytes -> event step must stay
 # a pure function the unit and fuzz tests feed datagrams to (tests/unit/test_fuzz_parsers.py). It
 # would also add libudev1, a C library loaded through ctypes, to the image, for a wire format
 # (lib/kobject_uevent.c: a header, then NUL-separated KEY=VALUE) that takes 20 lines here.
@@ -113,7 +112,7 @@ class UeventSource(Source):
         self.unconfirmed = 0  # kernel transitions sysfs contradicted (skipped)
         # (resource, unit) -> (SEQNUM, transition) that sysfs contradicted when it arrived
         self._held: dict[tuple[Resource, int], tuple[int, Transition]] = {}
-        self._waker: Waker | None = None  # issue 14: sleep until a uevent or stop(), no timer
+        self._waker: Waker | None = None  # sleep until a uevent or stop(), no timer
 
     def leave_cpu_transitions_to_bpf(self) -> bool:
         """Stop being woken for CPU online/offline uevents: the BPF source reports every CPU
@@ -149,7 +148,7 @@ class UeventSource(Source):
             raise SourceUnavailable(f"cannot join the kernel uevent group: {e}",
                                     "run in the host network namespace (hostNetwork: true); "
                                     "uevents are not delivered into other namespaces") from e
-        try:  # issue 14: not woken for devices we ignore (cpuid, msr: in the online window)
+        try:  # not woken for devices we ignore (cpuid, msr: in the online window)
             _uevent_filter.attach(sock)
         except OSError as e:  # a sandbox without socket filters: we still see every uevent
             self.log.info("uevent socket filter refused (%s): waking for every device", e)

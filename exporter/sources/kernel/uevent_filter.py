@@ -1,5 +1,5 @@
 """A classic BPF socket filter that keeps the kernel from waking the uevent source for devices
-it does not watch (issue 14).
+it does not watch.
 
 Every CPU online sends two uevents on x86: `add@/devices/virtual/cpuid/cpu1` and
 `online@/devices/system/cpu/cpu1` (msr, machinecheck and cache devices add more on some

@@ -43,7 +43,7 @@ CPU_STATE = "cpu_manager_state"
 MEMORY_STATE = "memory_manager_state"
 # A real checkpoint is tens of bytes per pinned container (tests/fixtures/kubelet-v1.36: 67 and
 # 130 bytes); 128 KiB holds well over a thousand. A bigger file is not one, and parsing it with
-# its checksum cost ~2 s of CPU per MiB: it is refused unread (issue 16, second round).
+# its checksum cost ~2 s of CPU per MiB: it is refused unread.
 MAX_BYTES = 128 * 1024
 # At most one read per this many seconds however often the files are rewritten (inotify) or the
 # agent pokes: a writer renaming 720 times a second costs one read a second, not 720.

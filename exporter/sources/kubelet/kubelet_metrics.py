@@ -8,7 +8,7 @@ Two questions, answered from one scrape every `interval` seconds:
 The kubelet's /metrics usually needs a bearer token with get on nodes/metrics; the service
 account token is used when present.
 
-The URL is hostile territory for that token (issue 16, item 4): only https://, or http:// to a
+The URL is hostile territory for that token: only https://, or http:// to a
 loopback address (the read-only port on this host), is accepted, checked at start-up (exit 2);
 no file:// or other scheme (urllib followed them and logged /etc/shadow's first line); no
 credentials inside the URL; redirects are never followed (a 302 to another host took the
@@ -110,7 +110,7 @@ class KubeletMetricsSource(Source):
         self.insecure_skip_verify = insecure_skip_verify
         self._up: bool | None = None
         self._last: KubeletFeatures | None = None
-        self._last_start: float | None = None  # issue 13
+        self._last_start: float | None = None
         self._client: httpx.Client | None = None
 
     def loop(self, emit: Emit) -> None:
@@ -145,7 +145,7 @@ class KubeletMetricsSource(Source):
             emit(MalformedInput(self.name, f"{self.url} is not Prometheus text: {e}", now))
             return
         self._set_up(emit, True, f"scraping {self.url}")
-        # Issue 13: the kubelet's start time, for restarts where psutil cannot see it (no hostPID)
+        # the kubelet's start time, for restarts where psutil cannot see it (no hostPID)
         start = start_time_from_metrics(body)
         if start is not None and start != self._last_start:
             self._last_start = start

@@ -1,4 +1,4 @@
-"""The kubelet process and its start time, to see kubelet restarts (issue 13).
+"""The kubelet process and its start time, to see kubelet restarts.
 
 Restarting the kubelet is today's only way to make it resync capacity after a hotplug (no
 released kubelet resyncs live), and a restart can fail (see kubelet_checkpoint.py). The kubelet

@@ -7,8 +7,7 @@ path not mounted): that is SourceStatus down with the reason, and we keep pollin
 source comes up by itself when the socket appears. An answer that does not parse as the proto
 is MalformedInput. An event is emitted when the answer changes (and again after an outage).
 
-A hostile or broken kubelet must not be amplified (issue 16, item 5: 1M changing CPU ids grew
-the journal 162 MiB in 30 s; 100k negative ids made 272k events in 20 s): an answer is at most
+A hostile or broken kubelet must not be amplified: an answer is at most
 MAX_ANSWER_BYTES (gRPC refuses more), CPU ids are kept only when the kernel can have them
 (/sys/devices/system/cpu/possible), memory entries are bounded, and what was dropped is one
 MalformedInput per distinct bad answer, never one per id.
