@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import http.client
 import ssl
-import threading
 import time
 
+from testkit.clients import ClientThreads
 from testkit.exporter_proc import RunningExporter
 
 QUICK = ("--source", "uevent", "--kubernetes", "off")  # no BPF compile: these tests are HTTP
@@ -71,18 +71,17 @@ class KubeAuthExporter(RunningExporter):
         return isinstance(got, tuple) and got[0] == 200
 
 
-class BearerFlood:
+class BearerFlood(ClientThreads):
     """`connections` kept-alive HTTPS connections sending GET /metrics back to back, each with
     a bearer token from `tokens(i)` (i counts requests): statuses counted by code."""
+
+    join_timeout = 15.0
 
     def __init__(self, port: int, tokens, connections: int = 8):
         self.port, self.tokens, self.connections = port, tokens, connections
         self.statuses: dict[int | str, int] = {}
         self.sent = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True)
-                         for _ in range(connections)]
+        super().__init__(connections, lambda i: self._run())
 
     def _run(self) -> None:
         conn = None
@@ -113,14 +112,11 @@ class BearerFlood:
 
     def __enter__(self) -> "BearerFlood":
         self.started = time.monotonic()
-        for t in self._threads:
-            t.start()
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(15)
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
         self.elapsed = time.monotonic() - self.started
 
 

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testkit.clients import ClientThreads
+
 
 def raise_fd_limit(want: int) -> None:
     """The attacks hold thousands of sockets: lift this process's soft limit (not past hard)."""
@@ -124,7 +126,7 @@ class Slowloris:
             s.close()
 
 
-class BigHeaders:
+class BigHeaders(ClientThreads):
     """`n` connections, each sending a request line and `headers` headers of `size` bytes, and
     then holding the request open unfinished (no blank line)."""
 
@@ -132,9 +134,7 @@ class BigHeaders:
         self.port, self.n, self.headers, self.size = port, n, headers, size
         self.refused = 0  # connections the server cut (or answered 431) before we were done
         self.answers: list[bytes] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._one, daemon=True) for _ in range(n)]
+        super().__init__(n, lambda i: self._one())
 
     def _one(self) -> None:
         try:
@@ -155,16 +155,6 @@ class BigHeaders:
                 with self._lock:
                     self.refused += 1
                     self.answers.append(answer)
-
-    def __enter__(self) -> "BigHeaders":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
 
 
 def vanish_mid_request(port: int, n: int, path: str = "/metrics") -> None:
@@ -242,11 +232,13 @@ class Scraper:
         return times[min(len(times) - 1, int(q * len(times)))] if times else float("nan")
 
 
-class AcceptVariants:
+class AcceptVariants(ClientThreads):
     """`n` clients scraping back to back on kept-alive connections, client i asking for
     OpenMetrics with its own `version=1.0.i` (valid, all meaning 1.0): before the rendering
     cache was keyed by the negotiated format, each was a rendering of its own. `answered`
     counts 200s."""
+
+    join_timeout = 35.0
 
     def __init__(self, port: int, n: int, accept: str = "application/openmetrics-text; "
                  "version=1.0.{i}", connection: type = http.client.HTTPConnection,
@@ -254,10 +246,7 @@ class AcceptVariants:
         self.port, self.n, self.accept = port, n, accept
         self.connection, self.kwargs = connection, kwargs or {}
         self.answered = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._one, args=(i,), daemon=True)
-                         for i in range(n)]
+        super().__init__(n, self._one)
 
     def _one(self, i: int) -> None:
         headers = {"Accept": self.accept.format(i=i)}
@@ -278,16 +267,6 @@ class AcceptVariants:
                 self._stop.wait(0.1)
         if conn is not None:
             conn.close()
-
-    def __enter__(self) -> "AcceptVariants":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(35)
 
 
 def half_client_hello(claimed: int = 131_000, sent: int = 1000) -> bytes:

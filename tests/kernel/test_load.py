@@ -8,13 +8,13 @@ exporter's resident memory is compared across storms, with a bound for allocator
 from __future__ import annotations
 
 import os
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from testkit.clients import ClientThreads
 from testkit.exporter_proc import RunningExporter, free_port
 from testkit.fakes.apiserver import FakeApiServer
 
@@ -43,17 +43,16 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-class Scrapers:
+class Scrapers(ClientThreads):
     """SCRAPERS threads scraping /metrics back to back, each on a new connection."""
+
+    join_timeout = 60.0
 
     def __init__(self, url: str):
         self.url = url + "/metrics"
         self.ok = 0
         self.failed: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True)
-                         for _ in range(SCRAPERS)]
+        super().__init__(SCRAPERS, lambda i: self._run())
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -68,16 +67,6 @@ class Scrapers:
                     self.ok += 1
                 else:
                     self.failed.append(body[:200].decode(errors="replace"))
-
-    def __enter__(self) -> "Scrapers":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
 
 
 def test_fifty_scrapers_through_three_storms(cpu1, tmp_path):
