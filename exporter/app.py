@@ -288,6 +288,9 @@ def serve(options: Options) -> int:
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))
+    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
+    from exporter.sinks.forecast_collector import ForecastCollector
+    registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         # wake(): the agent sleeps untimed while no episode is open (issue 14)

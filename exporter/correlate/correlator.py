@@ -17,9 +17,11 @@ from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate
+from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, UpdateKind
 from exporter.correlate.node_view import NodeView
+from exporter.correlate.readmission_forecast import Forecast, ReadmissionForecast
 from exporter.events import (
+    CpuManagerCheckpoint,
     Event,
     KernelSnapshot,
     KubeletProcess,
@@ -34,7 +36,8 @@ from exporter.events import (
 
 class Correlator:
     def __init__(self, config: CorrelatorConfig, clock: Clock,
-                 ledger: KernelLedger | None = None, view: NodeView | None = None) -> None:
+                 ledger: KernelLedger | None = None, view: NodeView | None = None,
+                 forecast: ReadmissionForecast | None = None) -> None:
         self._clock = clock
         self._ledger = KernelLedger() if ledger is None else ledger
         self._view = NodeView(config, clock) if view is None else view
@@ -50,8 +53,15 @@ class Correlator:
             PodResourcesAllocatable: self._podresources,
             KubeletProcess: self._kubelet_process,
             NodeHeartbeat: self._heartbeat,
+            CpuManagerCheckpoint: self._cpu_manager,
         }
         self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
+        # The readmission forecast (what a kubelet restart would reject), and per open episode
+        # not yet resynced the forecast it carries: refreshed after every event until the
+        # episode resyncs, then frozen (the verdict as it stood before the restart).
+        self.forecast = ReadmissionForecast() if forecast is None else forecast
+        self._forecast_for: dict[str, Forecast | None] = {}
+        self._forecast_open: set[str] = set()
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -75,17 +85,21 @@ class Correlator:
             now = self._clock.now()
             upto = float(when) if when < now else now
             if due[0][0] <= upto:
-                return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
+                return self._finish(self._tracker.advance(upto) + apply(event))
         updates = apply(event)
-        return self._mark_resynced_by(updates) if updates else updates
+        if updates:
+            return self._finish(updates)
+        if self._forecast_open:  # episodes waiting for a resync carry the forecast
+            self._refresh_forecasts()
+        return updates
 
     def tick(self) -> list[EpisodeUpdate]:
-        return self._mark_resynced_by(self._tracker.advance(self._clock.now()))
+        return self._finish(self._tracker.advance(self._clock.now()))
 
     def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
         """Re-open the episodes a journal kept open across a restart. Every sink must see the
         RESUMED updates returned (the metrics sink counts their requests)."""
-        return self._tracker.resume(episodes, self._clock.now())
+        return self._finish(self._tracker.resume(episodes, self._clock.now()))
 
     def episodes_open(self) -> int:
         return self._tracker.episodes_open
@@ -105,18 +119,26 @@ class Correlator:
     def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
         previous = self._view.snapshot
         self._view.on_snapshot(snap)
+        self.forecast.on_snapshot(snap)
         return self._tracker.on_snapshot(previous is not None and snap.time < previous.time)
 
     def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
         self._view.on_node(node)
+        self.forecast.on_node(node)
         return self._tracker.on_node()
 
     def _pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
         prev = self._view.on_pod(pod)
+        self.forecast.on_pod(pod)
         return self._tracker.on_pod(pod, prev)
 
     def _relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
         self._view.on_relist(relist)
+        self.forecast.on_relist(relist.uids, relist.time)
+        return []
+
+    def _cpu_manager(self, checkpoint: CpuManagerCheckpoint) -> list[EpisodeUpdate]:
+        self.forecast.on_cpu_manager(checkpoint)  # static policy: whole CPUs are checked too
         return []
 
     def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
@@ -132,6 +154,39 @@ class Correlator:
         if start is not None and isfinite(start) and start not in self._kubelet_starts:
             self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
         return []
+
+    def _finish(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+        self._mark_resynced_by(updates)
+        self._stamp_forecasts(updates)
+        return updates
+
+    def _stamp_forecasts(self, updates: list[EpisodeUpdate]) -> None:
+        """Each episode carries the forecast of what a kubelet restart would reject, as it
+        stood before the event that resynced (or ended) it: refreshed while the episode waits
+        for its resync, frozen from then on."""
+        carried, waiting = self._forecast_for, self._forecast_open
+        for update in updates:
+            ep = update.episode
+            if update.kind is UpdateKind.OPENED or update.kind is UpdateKind.RESUMED:
+                carried.setdefault(ep.id, ep.forecast)
+                if ep.resynced is None and ep.outcome is None:
+                    waiting.add(ep.id)
+            elif ep.resynced is not None or ep.outcome is not None:
+                waiting.discard(ep.id)  # keeps what it had before this event
+        if waiting:
+            self._refresh_forecasts()
+        for update in updates:
+            ep = update.episode
+            if ep.id in carried:
+                ep.forecast = carried[ep.id]
+            if update.kind is UpdateKind.ENDED:
+                carried.pop(ep.id, None)
+                waiting.discard(ep.id)
+
+    def _refresh_forecasts(self) -> None:
+        forecast = self.forecast.result()
+        for ep_id in self._forecast_open:
+            self._forecast_for[ep_id] = forecast
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         """Issue 13: a resynced episode says what resynced it: a kubelet that started after the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from exporter.correlate.readmission_forecast import Forecast
 from exporter.events import Change, Resource, Transition
 
 
@@ -73,6 +74,9 @@ class Episode:
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+    # What a kubelet restart would have done with the node's pods, as last forecast before the
+    # resync (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
+    forecast: Forecast | None = None
 
     @property
     def kernel_seconds(self) -> float | None:

@@ -42,6 +42,8 @@ def strategy(tp):
         return st.frozensets(strategy(args[0]), max_size=5)
     if origin is list:
         return st.lists(strategy(args[0]), max_size=3)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(strategy(args[0]), max_size=3).map(tuple)
     if origin in (Mapping, dict):
         return st.dictionaries(strategy(args[0]), strategy(args[1]), max_size=4)
     if dataclasses.is_dataclass(tp):
