@@ -358,3 +358,48 @@ def test_a_relist_event_reaches_the_forecast_through_the_correlator():
     assert c.forecast.result().rejected_total == 1
     c.handle(PodsRelisted(T + 1, frozenset()))
     assert c.forecast.result().rejected_total == 0
+
+
+# ---------------------------------------------------------------- the episode's forecast shown
+
+
+def _episode_with_forecast():
+    import dataclasses
+
+    from exporter.correlate.readmission_forecast import Forecast, ForecastRejection
+    from testkit.postmortem_samples import cpu_offline_episode
+
+    said = Forecast(T, pods=3, rejected_total=2, by_reason={OUT_OF_CPU: 2},
+                    rejected=(ForecastRejection("default", "sleeper-1", "u1", OUT_OF_CPU),
+                              ForecastRejection("default", "sleeper-2", "u2", OUT_OF_CPU)))
+    return dataclasses.replace(cpu_offline_episode(), forecast=said)
+
+
+def test_trace_text_and_picture_carry_the_forecast():
+    import dataclasses
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from exporter.report import figure
+    from exporter.report.text import timeline
+    from exporter.report.timeline import build
+    from exporter.sinks.traces.spans import build_trace
+
+    ep = _episode_with_forecast()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    build_trace(provider.get_tracer("test"), ep)
+    [root] = [s for s in exporter.get_finished_spans() if s.name.startswith("episode ")]
+    assert root.attributes["node_resize.forecast.rejected"] == 2
+    assert list(root.attributes["node_resize.forecast.rejected_pods"]) == [
+        "default/sleeper-1:OutOfcpu", "default/sleeper-2:OutOfcpu"]
+    line = ("forecast before the resync: a kubelet restart would reject 2 of 3 pods: "
+            "default/sleeper-1 OutOfcpu, default/sleeper-2 OutOfcpu")
+    assert f"  {line}" in timeline(ep).splitlines()
+    tl = build(ep)
+    assert tl.forecast == line
+    assert line in [t.get_text() for t in figure.draw(tl).texts]
+    assert "forecast" not in timeline(dataclasses.replace(ep, forecast=None))
