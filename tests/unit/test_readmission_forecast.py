@@ -403,3 +403,17 @@ def test_trace_text_and_picture_carry_the_forecast():
     assert tl.forecast == line
     assert line in [t.get_text() for t in figure.draw(tl).texts]
     assert "forecast" not in timeline(dataclasses.replace(ep, forecast=None))
+
+
+def test_the_check_line_names_the_pods_and_the_fix():
+    from exporter.cli.check import forecast_check
+
+    node_obj, pods = _recorded_before_restart()
+    snap = snapshot(1, 24684084 * 1024)
+    check = forecast_check(forecaster(node_obj, snap, pods), snap.cpus_offline)
+    assert check.status == "fail"
+    assert check.detail == ("a kubelet restart now would reject 2 of 2 pods: "
+                            "default/sleeper-1 (OutOfcpu), default/sleeper-2 (OutOfcpu)")
+    assert check.fix.startswith("drain these, or restore cpu 1, before restarting the kubelet")
+    fine = forecast_check(forecaster(node_obj, snapshot(2, 24684084 * 1024), pods), frozenset())
+    assert (fine.status, fine.detail) == ("ok", "a kubelet restart now would readmit all 2 pods")
