@@ -17,7 +17,7 @@ from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, UpdateKind
+from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, Outcome, UpdateKind
 from exporter.correlate.node_view import NodeView
 from exporter.correlate.readmission_forecast import Forecast, ReadmissionForecast
 from exporter.events import (
@@ -32,6 +32,10 @@ from exporter.events import (
     PodStatus,
     Transition,
 )
+
+# Episodes that ended waiting for a kubelet: a restart would still have judged the pods.
+_RESTART_JUDGED = frozenset({Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH})
+_OPENED, _RESUMED, _ENDED = UpdateKind.OPENED, UpdateKind.RESUMED, UpdateKind.ENDED
 
 
 class Correlator:
@@ -56,12 +60,14 @@ class Correlator:
             CpuManagerCheckpoint: self._cpu_manager,
         }
         self._kubelet_starts: list[float] = []  # issue 13: kubelet start times seen, newest last
-        # The readmission forecast (what a kubelet restart would reject), and per open episode
-        # not yet resynced the forecast it carries: refreshed after every event until the
-        # episode resyncs, then frozen (the verdict as it stood before the restart).
+        # The readmission forecast (what a kubelet restart would reject). An episode carries
+        # it as it stood just before the event that resynced the episode (or ended it waiting
+        # for a resync): computed then, once per episode, never per event (a flap storm's
+        # episodes end superseded and never need it).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
-        self._forecast_for: dict[str, Forecast | None] = {}
-        self._forecast_open: set[str] = set()
+        self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
+        self._forecast_open: set[str] = set()  # ids of episodes waiting for their resync
+        self._forecast_before: object = None  # the forecast's inputs before this event
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -77,6 +83,9 @@ class Correlator:
         if not isinstance(when, (int, float)) or not isfinite(when):
             self.malformed_events += 1
             return []
+        # An event that can resync a waiting episode may also change the forecast's inputs:
+        # note them first (references, no work) for the episode to carry the forecast before.
+        self._forecast_before = self.forecast.inputs() if self._forecast_open else None
         # Deadlines that fell due before this event are decided first, on the state before it.
         # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
         # every open episode. The heap's head says whether anything is due at all.
@@ -87,13 +96,10 @@ class Correlator:
             if due[0][0] <= upto:
                 return self._finish(self._tracker.advance(upto) + apply(event))
         updates = apply(event)
-        if updates:
-            return self._finish(updates)
-        if self._forecast_open:  # episodes waiting for a resync carry the forecast
-            self._refresh_forecasts()
-        return updates
+        return self._finish(updates) if updates else updates
 
     def tick(self) -> list[EpisodeUpdate]:
+        self._forecast_before = None  # no input changes on a tick
         return self._finish(self._tracker.advance(self._clock.now()))
 
     def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
@@ -161,32 +167,30 @@ class Correlator:
         return updates
 
     def _stamp_forecasts(self, updates: list[EpisodeUpdate]) -> None:
-        """Each episode carries the forecast of what a kubelet restart would reject, as it
-        stood before the event that resynced (or ended) it: refreshed while the episode waits
-        for its resync, frozen from then on."""
+        """An episode carries the forecast of what a kubelet restart would reject, as it stood
+        before the event that resynced it, or that ended it still waiting (resync_timeout,
+        mismatch: the restart never came, the forecast still says what it would do). Episodes
+        that end otherwise (superseded, kernel_failed, kernel_only) carry none."""
         carried, waiting = self._forecast_for, self._forecast_open
-        for update in updates:
+        for update in updates:  # on every update: written for the common case, no forecast
             ep = update.episode
-            if update.kind is UpdateKind.OPENED or update.kind is UpdateKind.RESUMED:
-                carried.setdefault(ep.id, ep.forecast)
+            kind = update.kind
+            if kind is _OPENED or kind is _RESUMED:
+                if ep.forecast is not None:  # resumed from the journal with one
+                    carried[ep.id] = ep.forecast
                 if ep.resynced is None and ep.outcome is None:
                     waiting.add(ep.id)
-            elif ep.resynced is not None or ep.outcome is not None:
-                waiting.discard(ep.id)  # keeps what it had before this event
-        if waiting:
-            self._refresh_forecasts()
-        for update in updates:
-            ep = update.episode
-            if ep.id in carried:
-                ep.forecast = carried[ep.id]
-            if update.kind is UpdateKind.ENDED:
-                carried.pop(ep.id, None)
+            if waiting and ep.id in waiting and (ep.resynced is not None
+                                                 or ep.outcome is not None):
                 waiting.discard(ep.id)
-
-    def _refresh_forecasts(self) -> None:
-        forecast = self.forecast.result()
-        for ep_id in self._forecast_open:
-            self._forecast_for[ep_id] = forecast
+                if ep.resynced is not None or ep.outcome in _RESTART_JUDGED:
+                    carried[ep.id] = self.forecast.result_with(self._forecast_before)
+            if carried and ep.id in carried:
+                ep.forecast = carried[ep.id]
+                if kind is _ENDED:
+                    del carried[ep.id]
+            if kind is _ENDED and waiting:
+                waiting.discard(ep.id)
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         """Issue 13: a resynced episode says what resynced it: a kubelet that started after the

@@ -39,10 +39,11 @@ answer; pods created in the same second are ordered here by name; the kubelet's
 configuration may change with the restart (the reservations are the old ones).
 
 Pure: events in, a Forecast out; no I/O, no clock (each Forecast is dated by its inputs).
-Cheap: pods are kept with their requests as integers (milli-CPU, bytes), in readmission order
-(insertion by bisection), with running totals; when everything fits (the common case) the
-answer is O(1), otherwise one pass over the pods. Recomputed lazily, only after an input
-changed.
+Cheap: on the correlator's per-event path an input is only noted (a reference); when a result
+is asked for (a scrape, an episode's resync) the pods noted since are applied, kept with their
+requests as integers (milli-CPU, bytes) in readmission order (insertion by bisection) with
+running totals; when everything fits (the common case) the answer is O(1), otherwise one pass
+over the pods; nothing is recomputed when no input changed (bench/forecast.py).
 """
 from __future__ import annotations
 
@@ -64,10 +65,9 @@ REASON_RESOURCE: Mapping[str, str] = {
     OUT_OF_HUGEPAGES_2MI: "hugepages-2Mi", OUT_OF_HUGEPAGES_1GI: "hugepages-1Gi",
     CPU_MANAGER: "cpu",
 }
+_PENDING_MAX = 4096  # pod events noted before they are applied without being asked
 LISTED_MAX = 20  # rejected pods named one by one (metrics, journal); the rest are counted
 
-# The slots of _Pod.need, in fitsRequest's order after the pod count.
-_CPU, _MEM, _HP2, _HP1 = 0, 1, 2, 3
 _ORDERED = ((Resource.CPU, OUT_OF_CPU), (Resource.MEMORY, OUT_OF_MEMORY),
             (Resource.HUGEPAGES_2MI, OUT_OF_HUGEPAGES_2MI),
             (Resource.HUGEPAGES_1GI, OUT_OF_HUGEPAGES_1GI))
@@ -97,31 +97,41 @@ class Forecast:
         return self.rejected_total - len(self.rejected)
 
 
-@dataclass(frozen=True)
-class _Pod:
-    key: tuple[float, str, str, str]  # (creation time, namespace, name, uid): the order
-    need: tuple[int, int, int, int]  # milli-CPU, memory, hugepages-2Mi, hugepages-1Gi bytes
-    exclusive: int  # whole CPUs the static CPU manager pins
+# One pod as the forecast keeps it: (creation time, namespace, name, uid) -- its readmission
+# order, uid unique so a comparison never goes further -- then its requests (milli-CPU,
+# memory, hugepages-2Mi, hugepages-1Gi bytes) and the whole CPUs the static CPU manager pins.
+# A plain tuple, kept sorted in one list: the pass over 10,000 pods unpacks it in place.
+_Pod = tuple[float, str, str, str, int, int, int, int, int]
+
+
+_R_CPU, _R_MEM, _R_HP2, _R_HP1 = (Resource.CPU, Resource.MEMORY, Resource.HUGEPAGES_2MI,
+                                  Resource.HUGEPAGES_1GI)
+_INF = float("inf")
 
 
 def _milli(cores: float) -> int:
-    """Cores -> milli-CPU rounded up, as resource.Quantity.MilliValue (0.1 is 100, not 101)."""
-    return ceil(round(cores * 1000.0, 3))
+    """Cores -> milli-CPU rounded up, as resource.Quantity.MilliValue; the float error of
+    a decimal quantity (0.1 * 1000 = 100.00000000000001) is not a milli-CPU more."""
+    return ceil(cores * 1000.0 - 1e-6)
 
 
 def _bytes(value: float) -> int:
-    return ceil(round(value, 3))
+    return ceil(value - 1e-6)
 
 
 def _need(requests: Mapping[Resource, float]) -> tuple[int, int, int, int] | None:
-    """The pod's requests as integers; None when one is not a finite, non-negative number."""
-    values = []
-    for resource, _ in _ORDERED:
-        value = requests.get(resource, 0.0)
-        if not isinstance(value, (int, float)) or not isfinite(value) or value < 0:
+    """The pod's requests as integers; None when one is not a finite, non-negative number.
+    On every pod event: written out, one comparison chain for all four."""
+    get = requests.get
+    try:
+        cpu, mem, hp2, hp1 = get(_R_CPU, 0.0), get(_R_MEM, 0.0), get(_R_HP2, 0.0), \
+            get(_R_HP1, 0.0)
+        if not (0.0 <= cpu < _INF and 0.0 <= mem < _INF and 0.0 <= hp2 < _INF
+                and 0.0 <= hp1 < _INF):  # NaN fails every comparison
             return None
-        values.append(value)
-    return (_milli(values[0]), _bytes(values[1]), _bytes(values[2]), _bytes(values[3]))
+        return _milli(cpu), _bytes(mem), _bytes(hp2), _bytes(hp1)
+    except TypeError:  # not a number at all (a hand-made event)
+        return None
 
 
 class ReadmissionForecast:
@@ -131,32 +141,35 @@ class ReadmissionForecast:
 
     def __init__(self) -> None:
         self._pods: dict[str, _Pod] = {}
-        self._order: list[tuple[float, str, str, str]] = []  # sorted keys of _pods
-        self._sums = [0, 0, 0, 0]
-        self._exclusive = 0
+        self._order: list[_Pod] = []  # the values of _pods, in readmission order
+        self._sums = (0, 0, 0, 0, 0)  # the requests of every pod kept, summed (as in _Pod)
         self._skipped: set[str] = set()  # uids of pods whose requests are unusable
         self._kernel: tuple[int, int, Mapping[Resource, int]] | None = None
         self._node: NodeStatus | None = None
         self._static = False  # the CPU manager's policy is static
+        # Inputs arrive on the correlator's per-event path and are only noted there (a
+        # reference each); they are applied when a result is asked for.
+        self._snap_in: KernelSnapshot | None = None
+        self._node_in: NodeStatus | None = None
+        self._pods_in: dict[str, PodStatus] = {}  # the latest event of each pod, not applied
         self._time = 0.0
         self._cached: Forecast | None = None
         self._dirty = True
         self.recomputed = 0  # how often result() did the work (tests, bench)
 
-    # ------------------------------------------------------------ inputs
+    # ------------------------------------------------------------ inputs (noted, not applied)
 
     def on_snapshot(self, snap: KernelSnapshot) -> None:
-        kernel = (len(snap.cpus_online), snap.mem_total_bytes, snap.hugepages_bytes)
-        if kernel != self._kernel:
-            self._kernel = kernel
-            self._changed(snap.time)
+        self._snap_in = snap
 
     def on_node(self, node: NodeStatus) -> None:
-        old = self._node
-        self._node = node
-        if (old is None or old.capacity != node.capacity or old.allocatable != node.allocatable
-                or old.max_pods != node.max_pods):
-            self._changed(node.time)
+        self._node_in = node
+
+    def on_pod(self, pod: PodStatus) -> None:
+        pending = self._pods_in
+        pending[pod.uid] = pod
+        if len(pending) > _PENDING_MAX:  # nobody asked for a while (no scrape): apply now,
+            self._apply_pods()  # so pods deleted meanwhile are not held
 
     def on_cpu_manager(self, checkpoint: CpuManagerCheckpoint) -> None:
         static = checkpoint.present and not checkpoint.error and checkpoint.policy == "static"
@@ -164,7 +177,73 @@ class ReadmissionForecast:
             self._static = static
             self._changed(checkpoint.time)
 
-    def on_pod(self, pod: PodStatus) -> None:
+    def on_relist(self, uids: frozenset[str], when: float) -> None:
+        """A relist: pods not in `uids` are gone."""
+        self._apply_pods()
+        gone = [uid for uid in self._pods if uid not in uids]
+        gone_skipped = [uid for uid in self._skipped if uid not in uids]
+        for uid in gone:
+            self._remove(uid)
+        self._skipped.difference_update(gone_skipped)
+        if gone or gone_skipped:
+            self._changed(when)
+
+    # ------------------------------------------------------------ output
+
+    def result(self) -> Forecast | None:
+        self._apply()
+        if self._dirty:
+            self._cached = self._compute()
+            self._dirty = False
+            self.recomputed += 1
+        return self._cached
+
+    def inputs(self) -> object:
+        """A token of the node-side inputs now (the latest snapshot, Node and CPU manager
+        policy; references, no work): `result_with(token)` later answers as if they had not
+        changed since, with the pods as they are then."""
+        return (self._snap_in, self._node_in, self._static)
+
+    def result_with(self, token: object) -> Forecast | None:
+        if (not isinstance(token, tuple) or len(token) != 3
+                or (token[0] is self._snap_in and token[1] is self._node_in
+                    and token[2] == self._static)):
+            return self.result()
+        self.result()  # everything applied, the pods included
+        now = (self._snap_in, self._node_in, self._static)
+        self._snap_in, self._node_in, self._static = token
+        self._apply()
+        try:
+            return self._compute()
+        finally:
+            self._snap_in, self._node_in, self._static = now
+            self._apply()
+            self._dirty = True  # the cached result is of the current inputs: recomputed
+
+    # ------------------------------------------------------------ applying the inputs
+
+    def _apply(self) -> None:
+        snap, node = self._snap_in, self._node_in
+        if snap is not None:
+            kernel = (len(snap.cpus_online), snap.mem_total_bytes, snap.hugepages_bytes)
+            if kernel != self._kernel:
+                self._kernel = kernel
+                self._changed(snap.time)
+        old = self._node
+        if node is not None and node is not old:
+            self._node = node
+            if (old is None or old.capacity != node.capacity
+                    or old.allocatable != node.allocatable or old.max_pods != node.max_pods):
+                self._changed(node.time)
+        if self._pods_in:
+            self._apply_pods()
+
+    def _apply_pods(self) -> None:
+        pending, self._pods_in = self._pods_in, {}
+        for pod in pending.values():
+            self._apply_pod(pod)
+
+    def _apply_pod(self, pod: PodStatus) -> None:
         uid = pod.uid
         if pod.deleted or pod.phase in TERMINAL:  # holds nothing at a restart
             removed = self._remove(uid)
@@ -188,38 +267,16 @@ class ReadmissionForecast:
             return
         created = pod.created if pod.created is not None and isfinite(pod.created) \
             else pod.time
-        entry = _Pod((created, pod.namespace, pod.name, uid), need, pod.exclusive_cpus)
+        entry: _Pod = (created, pod.namespace, pod.name, uid, *need, pod.exclusive_cpus)
         old = self._pods.get(uid)
         if old == entry and uid not in self._skipped:
             return
         self._skipped.discard(uid)
         self._remove(uid)
         self._pods[uid] = entry
-        bisect.insort(self._order, entry.key)
-        sums = self._sums
-        for i, value in enumerate(need):
-            sums[i] += value
-        self._exclusive += entry.exclusive
+        bisect.insort(self._order, entry)
+        self._sum(entry, 1)
         self._changed(pod.time)
-
-    def on_relist(self, uids: frozenset[str], when: float) -> None:
-        """A relist: pods not in `uids` are gone."""
-        gone = [uid for uid in self._pods if uid not in uids]
-        gone_skipped = [uid for uid in self._skipped if uid not in uids]
-        for uid in gone:
-            self._remove(uid)
-        self._skipped.difference_update(gone_skipped)
-        if gone or gone_skipped:
-            self._changed(when)
-
-    # ------------------------------------------------------------ output
-
-    def result(self) -> Forecast | None:
-        if self._dirty:
-            self._cached = self._compute()
-            self._dirty = False
-            self.recomputed += 1
-        return self._cached
 
     # ------------------------------------------------------------ internals
 
@@ -233,13 +290,14 @@ class ReadmissionForecast:
         if old is None:
             return False
         order = self._order
-        i = bisect.bisect_left(order, old.key)
-        del order[i]
-        sums = self._sums
-        for j, value in enumerate(old.need):
-            sums[j] -= value
-        self._exclusive -= old.exclusive
+        del order[bisect.bisect_left(order, old)]
+        self._sum(old, -1)
         return True
+
+    def _sum(self, entry: _Pod, sign: int) -> None:
+        cpu, mem, hp2, hp1, exclusive = self._sums
+        self._sums = (cpu + sign * entry[4], mem + sign * entry[5], hp2 + sign * entry[6],
+                      hp1 + sign * entry[7], exclusive + sign * entry[8])
 
     def allocatable(self) -> tuple[tuple[int, int, int, int], int | None, int] | None:
         """What a restarted kubelet would offer: (milli-CPU, memory, hugepages-2Mi and -1Gi
@@ -288,46 +346,43 @@ class ReadmissionForecast:
         (a_cpu, a_mem, a_hp2, a_hp1), max_pods, pool = offered
         by_reason = dict.fromkeys(self.possible_reasons(), 0)
         pods = len(self._pods)
-        sums = self._sums
+        cpu, mem, hp2, hp1, exclusive = self._sums
         static = self._static
-        if ((max_pods is None or pods <= max_pods) and sums[_CPU] <= a_cpu
-                and sums[_MEM] <= a_mem and sums[_HP2] <= a_hp2 and sums[_HP1] <= a_hp1
-                and (not static or self._exclusive <= pool)):
+        if ((max_pods is None or pods <= max_pods) and cpu <= a_cpu and mem <= a_mem
+                and hp2 <= a_hp2 and hp1 <= a_hp1 and (not static or exclusive <= pool)):
             # Everything fits together, so each pod fits at its turn: nobody is rejected.
             return Forecast(self._time, pods, 0, by_reason, (), len(self._skipped))
-        limit = pods + 1 if max_pods is None else max_pods
-        admitted = used_cpu = used_mem = used_hp2 = used_hp1 = used_x = 0
+        # One pass in readmission order, what is left of each resource kept as a number
+        # (never below 0, so a request of 0 always fits, as in fitsRequest).
+        room = pods if max_pods is None else max_pods
+        free_cpu, free_mem, free_hp2, free_hp1, free_x = a_cpu, a_mem, a_hp2, a_hp1, pool
         rejected: list[ForecastRejection] = []
         total = 0
-        entries = self._pods
-        for key in self._order:
-            entry = entries[key[3]]
-            cpu, mem, hp2, hp1 = entry.need
-            exclusive = entry.exclusive
-            if static and exclusive and exclusive > pool - used_x:
+        for _, namespace, name, uid, cpu, mem, hp2, hp1, exclusive in self._order:
+            if exclusive and static and exclusive > free_x:
                 reason = CPU_MANAGER
-            elif admitted + 1 > limit:
+            elif room <= 0:
                 reason = OUT_OF_PODS
-            elif cpu > 0 and cpu > a_cpu - used_cpu:
+            elif cpu > free_cpu:
                 reason = OUT_OF_CPU
-            elif mem > 0 and mem > a_mem - used_mem:
+            elif mem > free_mem:
                 reason = OUT_OF_MEMORY
-            elif hp2 > 0 and hp2 > a_hp2 - used_hp2:
+            elif hp2 > free_hp2:
                 reason = OUT_OF_HUGEPAGES_2MI
-            elif hp1 > 0 and hp1 > a_hp1 - used_hp1:
+            elif hp1 > free_hp1:
                 reason = OUT_OF_HUGEPAGES_1GI
             else:
-                admitted += 1
-                used_cpu += cpu
-                used_mem += mem
-                used_hp2 += hp2
-                used_hp1 += hp1
+                room -= 1
+                free_cpu -= cpu
+                free_mem -= mem
+                free_hp2 -= hp2
+                free_hp1 -= hp1
                 if static:
-                    used_x += exclusive
+                    free_x -= exclusive
                 continue
             total += 1
             by_reason[reason] = by_reason.get(reason, 0) + 1
             if len(rejected) < LISTED_MAX:
-                rejected.append(ForecastRejection(key[1], key[2], key[3], reason))
+                rejected.append(ForecastRejection(namespace, name, uid, reason))
         return Forecast(self._time, pods, total, by_reason, tuple(rejected),
                         len(self._skipped))
