@@ -67,7 +67,6 @@ class Correlator:
         self.forecast = ReadmissionForecast() if forecast is None else forecast
         self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
         self._forecast_open: set[str] = set()  # ids of episodes waiting for their resync
-        self._forecast_before: object = None  # the forecast's inputs before this event
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -83,9 +82,6 @@ class Correlator:
         if not isinstance(when, (int, float)) or not isfinite(when):
             self.malformed_events += 1
             return []
-        # An event that can resync a waiting episode may also change the forecast's inputs:
-        # note them first (references, no work) for the episode to carry the forecast before.
-        self._forecast_before = self.forecast.inputs() if self._forecast_open else None
         # Deadlines that fell due before this event are decided first, on the state before it.
         # Not past now: a stamp from the future (a source's bad clock) must not fast-forward
         # every open episode. The heap's head says whether anything is due at all.
@@ -94,12 +90,11 @@ class Correlator:
             now = self._clock.now()
             upto = float(when) if when < now else now
             if due[0][0] <= upto:
-                return self._finish(self._tracker.advance(upto) + apply(event))
+                return self._finish(self._tracker.advance(upto) + apply(event), event)
         updates = apply(event)
-        return self._finish(updates) if updates else updates
+        return self._finish(updates, event) if updates else updates
 
     def tick(self) -> list[EpisodeUpdate]:
-        self._forecast_before = None  # no input changes on a tick
         return self._finish(self._tracker.advance(self._clock.now()))
 
     def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
@@ -161,12 +156,13 @@ class Correlator:
             self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
         return []
 
-    def _finish(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+    def _finish(self, updates: list[EpisodeUpdate], event: object = None
+                ) -> list[EpisodeUpdate]:
         self._mark_resynced_by(updates)
-        self._stamp_forecasts(updates)
+        self._stamp_forecasts(updates, event)
         return updates
 
-    def _stamp_forecasts(self, updates: list[EpisodeUpdate]) -> None:
+    def _stamp_forecasts(self, updates: list[EpisodeUpdate], event: object) -> None:
         """An episode carries the forecast of what a kubelet restart would reject, as it stood
         before the event that resynced it, or that ended it still waiting (resync_timeout,
         mismatch: the restart never came, the forecast still says what it would do). Episodes
@@ -184,7 +180,7 @@ class Correlator:
                                                  or ep.outcome is not None):
                 waiting.discard(ep.id)
                 if ep.resynced is not None or ep.outcome in _RESTART_JUDGED:
-                    carried[ep.id] = self.forecast.result_with(self._forecast_before)
+                    carried[ep.id] = self.forecast.result_before(event)
             if carried and ep.id in carried:
                 ep.forecast = carried[ep.id]
                 if kind is _ENDED:

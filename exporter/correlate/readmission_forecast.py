@@ -151,6 +151,8 @@ class ReadmissionForecast:
         # reference each); they are applied when a result is asked for.
         self._snap_in: KernelSnapshot | None = None
         self._node_in: NodeStatus | None = None
+        self._snap_before: KernelSnapshot | None = None  # the one before _snap_in
+        self._node_before: NodeStatus | None = None
         self._pods_in: dict[str, PodStatus] = {}  # the latest event of each pod, not applied
         self._time = 0.0
         self._cached: Forecast | None = None
@@ -160,10 +162,10 @@ class ReadmissionForecast:
     # ------------------------------------------------------------ inputs (noted, not applied)
 
     def on_snapshot(self, snap: KernelSnapshot) -> None:
-        self._snap_in = snap
+        self._snap_before, self._snap_in = self._snap_in, snap
 
     def on_node(self, node: NodeStatus) -> None:
-        self._node_in = node
+        self._node_before, self._node_in = self._node_in, node
 
     def on_pod(self, pod: PodStatus) -> None:
         pending = self._pods_in
@@ -198,25 +200,22 @@ class ReadmissionForecast:
             self.recomputed += 1
         return self._cached
 
-    def inputs(self) -> object:
-        """A token of the node-side inputs now (the latest snapshot, Node and CPU manager
-        policy; references, no work): `result_with(token)` later answers as if they had not
-        changed since, with the pods as they are then."""
-        return (self._snap_in, self._node_in, self._static)
-
-    def result_with(self, token: object) -> Forecast | None:
-        if (not isinstance(token, tuple) or len(token) != 3
-                or (token[0] is self._snap_in and token[1] is self._node_in
-                    and token[2] == self._static)):
+    def result_before(self, event: object) -> Forecast | None:
+        """The Forecast as it was before `event`, when `event` is the latest kernel snapshot
+        or Node status noted (the one that resynced an episode); else result()."""
+        snap, node = self._snap_in, self._node_in
+        if event is None or (event is not snap and event is not node):
             return self.result()
         self.result()  # everything applied, the pods included
-        now = (self._snap_in, self._node_in, self._static)
-        self._snap_in, self._node_in, self._static = token
-        self._apply()
+        if event is snap:
+            self._snap_in = self._snap_before
+        else:
+            self._node_in = self._node_before
         try:
+            self._apply()
             return self._compute()
         finally:
-            self._snap_in, self._node_in, self._static = now
+            self._snap_in, self._node_in = snap, node
             self._apply()
             self._dirty = True  # the cached result is of the current inputs: recomputed
 

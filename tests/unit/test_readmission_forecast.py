@@ -417,3 +417,29 @@ def test_the_check_line_names_the_pods_and_the_fix():
     assert check.fix.startswith("drain these, or restore cpu 1, before restarting the kubelet")
     fine = forecast_check(forecaster(node_obj, snapshot(2, 24684084 * 1024), pods), frozenset())
     assert (fine.status, fine.detail) == ("ok", "a kubelet restart now would readmit all 2 pods")
+
+
+def test_the_episode_keeps_the_forecast_from_before_the_resyncing_node_status():
+    """The Node update that resyncs the episode may change what the forecast sees (here the
+    restarted kubelet reserves nothing): the episode carries the verdict from before it."""
+    clock = FakeClock(T)
+    c = Correlator(config(kubernetes=True, readmission_settle=10), clock)
+    c.handle(snapshot(2, when=T))
+    c.handle(node_status(node(cpu="2", allocatable_cpu="1500m"), T).event)
+    for name, second in (("a", "01"), ("b", "02")):
+        c.handle(pod_status(pod(name, {"cpu": "300m"}, created=f"08:00:{second}"), T, None).event)
+    off = T + 10
+    clock.t = off
+    c.handle(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS, off,
+                        off - 0.0078125))
+    c.handle(snapshot(1, when=off))
+    clock.t = T + 20
+    c.tick()
+    clock.t = T + 30
+    updates = c.handle(node_status(node(cpu="1", allocatable_cpu="1"), T + 30).event)
+    [resynced] = [u.episode for u in updates if u.kind is UpdateKind.RESYNCED]
+    assert rejected(resynced.forecast) == [("b", OUT_OF_CPU)]
+    assert c.forecast.result().rejected_total == 0  # the live forecast, with the new Node
+    clock.t = T + 45
+    [ended] = [u.episode for u in c.tick() if u.kind is UpdateKind.ENDED]
+    assert rejected(ended.forecast) == [("b", OUT_OF_CPU)]
