@@ -35,7 +35,7 @@ from exporter.events import (
 
 # Episodes that ended waiting for a kubelet: a restart would still have judged the pods.
 _RESTART_JUDGED = frozenset({Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH})
-_OPENED, _RESUMED, _ENDED = UpdateKind.OPENED, UpdateKind.RESUMED, UpdateKind.ENDED
+_RESYNCED, _ENDED = UpdateKind.RESYNCED, UpdateKind.ENDED
 
 
 class Correlator:
@@ -66,7 +66,6 @@ class Correlator:
         # episodes end superseded and never need it).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
         self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
-        self._forecast_open: set[str] = set()  # ids of episodes waiting for their resync
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -166,27 +165,18 @@ class Correlator:
         """An episode carries the forecast of what a kubelet restart would reject, as it stood
         before the event that resynced it, or that ended it still waiting (resync_timeout,
         mismatch: the restart never came, the forecast still says what it would do). Episodes
-        that end otherwise (superseded, kernel_failed, kernel_only) carry none."""
-        carried, waiting = self._forecast_for, self._forecast_open
-        for update in updates:  # on every update: written for the common case, no forecast
-            ep = update.episode
+        that end otherwise (superseded, kernel_failed, kernel_only) carry none; one resumed
+        from the journal keeps what it had. Runs on every update: nothing to do is cheap."""
+        carried = self._forecast_for
+        for update in updates:
             kind = update.kind
-            if kind is _OPENED or kind is _RESUMED:
-                if ep.forecast is not None:  # resumed from the journal with one
-                    carried[ep.id] = ep.forecast
-                if ep.resynced is None and ep.outcome is None:
-                    waiting.add(ep.id)
-            if waiting and ep.id in waiting and (ep.resynced is not None
-                                                 or ep.outcome is not None):
-                waiting.discard(ep.id)
-                if ep.resynced is not None or ep.outcome in _RESTART_JUDGED:
-                    carried[ep.id] = self.forecast.result_before(event)
-            if carried and ep.id in carried:
-                ep.forecast = carried[ep.id]
-                if kind is _ENDED:
-                    del carried[ep.id]
-            if kind is _ENDED and waiting:
-                waiting.discard(ep.id)
+            if kind is _RESYNCED or (kind is _ENDED and update.episode.resynced is None
+                                     and update.episode.outcome in _RESTART_JUDGED):
+                carried[update.episode.id] = self.forecast.result_before(event)
+            if carried:
+                ep = update.episode
+                if ep.id in carried:
+                    ep.forecast = carried.pop(ep.id) if kind is _ENDED else carried[ep.id]
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         """Issue 13: a resynced episode says what resynced it: a kubelet that started after the
