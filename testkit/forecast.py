@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.correlate.readmission_forecast import Forecast, ReadmissionForecast
-from exporter.events import CpuManagerCheckpoint, KernelSnapshot, Resource
+from exporter.events import CpuManagerCheckpoint, KernelSnapshot, NodeStatus, Resource
 from exporter.kube.convert import node_status, pod_status
 
 GiB = 2**30
@@ -87,8 +87,8 @@ def forecaster(node_obj: dict[str, Any], snap: KernelSnapshot, pods: list[dict[s
     f = ReadmissionForecast()
     f.on_snapshot(snap)
     converted = node_status(node_obj, T).event
-    assert converted is not None and not isinstance(converted, type(None))
-    f.on_node(converted)  # type: ignore[arg-type]
+    assert isinstance(converted, NodeStatus)
+    f.on_node(converted)
     if static:
         f.on_cpu_manager(static_policy())
     for obj in pods:
