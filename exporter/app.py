@@ -301,6 +301,9 @@ def serve(options: Options) -> int:
     # own sink and Collector, poking the running-pods source after CPU and memory events.
     from exporter.sinks.running_pods import RunningPodsSink
     registry_.register(RunningPodsSink.attach(agent))
+    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
+    from exporter.sinks.forecast_collector import ForecastCollector
+    registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
     stop = threading.Event()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

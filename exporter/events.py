@@ -176,6 +176,9 @@ class NodeStatus:
     # the Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
     # A dead kubelet sends no Node update at all, so this is what ages while Ready stays True.
     heartbeat: float | None = None
+    # The readmission forecast: status.allocatable.pods (else status.capacity.pods), the
+    # kubelet's maxPods. None: not reported (an event from an older journal).
+    max_pods: int | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,15 @@ class PodStatus:
     # condition's lastTransitionTime). `time` is when the watch delivered it: a relist or a
     # watch burst delivers many pods at one time. None: the object does not say.
     status_time: float | None = None
+    # The readmission forecast (correlate/readmission_forecast.py): what the kubelet admits the
+    # pod against when it restarts (component-helpers PodRequests over what it allocated: init
+    # containers, sidecars, pod-level resources and overhead included), whole CPUs the static
+    # CPU manager would pin for it (Guaranteed QoS, integer CPU requests; 0 otherwise), and
+    # metadata.creationTimestamp (the kubelet readmits pods oldest first). None: not known (an
+    # event from an older journal).
+    admission_requests: Mapping[Resource, float] | None = None
+    exclusive_cpus: int = 0
+    created: float | None = None
 
 
 @dataclass(frozen=True)

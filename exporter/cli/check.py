@@ -6,12 +6,15 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.config.options import Options
 from exporter.privileges import CAPS, capabilities
 from exporter.sources import registry
 from exporter.sources.base import SourceUnavailable
+
+if TYPE_CHECKING:
+    from exporter.correlate.readmission_forecast import ReadmissionForecast
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = CAPS["CAP_SYS_ADMIN"], CAPS["CAP_PERFMON"], CAPS["CAP_BPF"]
 
@@ -343,11 +346,106 @@ def kubernetes_checks(options: Options) -> list[Check]:
     checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
     checks.append(check_rbac(config))
     checks.append(check_node(config, node))
+    checks.append(check_readmission_forecast(options))
     if options.podresources_socket:
         checks.append(check_podresources(options.podresources_socket))
     if options.kubelet_metrics_url:
         checks.append(check_kubelet_metrics(options.kubelet_metrics_url))
     return checks
+
+
+FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
+FORECAST_PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
+
+
+def check_readmission_forecast(options: Options) -> Check:
+    """Which pods a kubelet restart now would reject: the exporter's own forecast
+    (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
+    pods, the kernel now, and the CPU manager's policy from its checkpoint."""
+    import itertools
+
+    from exporter.app import resolve_node_name
+    from exporter.correlate.readmission_forecast import ReadmissionForecast
+    from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+    from exporter.kube.convert import node_status, pod_status
+    from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
+    from exporter.sources.kernel.sysfs import SysfsReader
+    from exporter.sources.kubelet.kubelet_checkpoint import read_cpu_manager_state
+    name = "readmission forecast"
+    node = resolve_node_name(options)
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    try:
+        config = load_config(options.kubeconfig)
+    except KubeUnavailable as e:
+        return Check(name, "warn", f"not checked: {e.reason}", e.fix)
+    client, transport = make_client(config, request_timeout=10.0)
+    try:
+        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
+                                              chunk_size=1)]
+        pods = [dict(o) for o in itertools.islice(
+            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
+                        chunk_size=500), FORECAST_PODS_MAX)]
+    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
+        return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
+                     f"{str(e)[:200] or type(e).__name__}",
+                     "check the API server address, the credentials and list on nodes and pods")
+    finally:
+        transport.close()
+    if not nodes:
+        return Check(name, "warn", f"not checked: no Node named {node}",
+                     "pass --node-name (or $NODE_NAME) as the kubelet registered it")
+    forecast = ReadmissionForecast()
+    forecast.on_snapshot(snap)
+    converted = node_status(nodes[0], 0.0).event
+    if converted is None or not hasattr(converted, "allocatable"):
+        return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
+    forecast.on_node(converted)  # type: ignore[arg-type]
+    if options.kubelet_root_dir:
+        try:
+            forecast.on_cpu_manager(read_cpu_manager_state(options.kubelet_root_dir, 0.0))
+        except OSError:
+            pass  # the kubelet restart line says why; judged without the CPU manager here
+    for obj in pods:
+        event = pod_status(obj, 0.0, None).event
+        if event is not None:
+            forecast.on_pod(event)  # type: ignore[arg-type]
+    return forecast_check(forecast, snap.cpus_offline & snap.cpus_present)
+
+
+def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Check:
+    """The check line for a ReadmissionForecast: the pods it would reject and the fix."""
+    from exporter.correlate.kubelet_view import cpu_list
+    from exporter.correlate.readmission_forecast import REASON_RESOURCE
+    name = "readmission forecast"
+    result = forecast.result()
+    if result is None:
+        return Check(name, "warn", "not checked: no Node status or kernel snapshot", "")
+    skipped = f" ({result.skipped} pods with unusable requests left out)" if result.skipped \
+        else ""
+    if not result.rejected_total:
+        return Check(name, "ok", f"a kubelet restart now would readmit all {result.pods} pods"
+                     + skipped)
+    named = ", ".join(f"{r.namespace}/{r.name} ({r.reason})"
+                      for r in result.rejected[:FORECAST_NAMED])
+    more = result.rejected_total - min(FORECAST_NAMED, len(result.rejected))
+    if more:
+        named += f" and {more} more"
+    resources = {REASON_RESOURCE.get(reason, "") for reason, n in result.by_reason.items() if n}
+    restore = []
+    if "cpu" in resources and offline:
+        restore.append(f"restore {cpu_list(offline).replace('cpu', 'cpu ')}")
+    if resources & {"memory", "hugepages-2Mi", "hugepages-1Gi"}:
+        restore.append("restore the memory taken away")
+    if "pods" in resources:
+        restore.append("raise the kubelet's maxPods")
+    fix = "drain these" + (", or " + " and ".join(restore) if restore else "") + \
+        ", before restarting the kubelet (docs/runbooks.md: Before you restart the kubelet)"
+    return Check(name, "fail", f"a kubelet restart now would reject {result.rejected_total} "
+                 f"of {result.pods} pods: {named}" + skipped, fix)
 
 
 # (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).

@@ -17,9 +17,11 @@ from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate
+from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, Outcome, UpdateKind
 from exporter.correlate.node_view import NodeView
+from exporter.correlate.readmission_forecast import Forecast, ReadmissionForecast
 from exporter.events import (
+    CpuManagerCheckpoint,
     Event,
     KernelSnapshot,
     KubeletProcess,
@@ -31,10 +33,15 @@ from exporter.events import (
     Transition,
 )
 
+# Episodes that ended waiting for a kubelet: a restart would still have judged the pods.
+_RESTART_JUDGED = frozenset({Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH})
+_RESYNCED, _ENDED = UpdateKind.RESYNCED, UpdateKind.ENDED
+
 
 class Correlator:
     def __init__(self, config: CorrelatorConfig, clock: Clock,
-                 ledger: KernelLedger | None = None, view: NodeView | None = None) -> None:
+                 ledger: KernelLedger | None = None, view: NodeView | None = None,
+                 forecast: ReadmissionForecast | None = None) -> None:
         self._clock = clock
         self._ledger = KernelLedger() if ledger is None else ledger
         self._view = NodeView(config, clock) if view is None else view
@@ -50,8 +57,15 @@ class Correlator:
             PodResourcesAllocatable: self._podresources,
             KubeletProcess: self._kubelet_process,
             NodeHeartbeat: self._heartbeat,
+            CpuManagerCheckpoint: self._cpu_manager,
         }
         self._kubelet_starts: list[float] = []  # kubelet start times seen, newest last
+        # The readmission forecast (what a kubelet restart would reject). An episode carries
+        # it as it stood just before the event that resynced the episode (or ended it waiting
+        # for a resync): computed then, once per episode, never per event (a flap storm's
+        # episodes end superseded and never need it).
+        self.forecast = ReadmissionForecast() if forecast is None else forecast
+        self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -75,17 +89,17 @@ class Correlator:
             now = self._clock.now()
             upto = float(when) if when < now else now
             if due <= upto:
-                return self._mark_resynced_by(self._tracker.advance(upto) + apply(event))
+                return self._finish(self._tracker.advance(upto) + apply(event), event)
         updates = apply(event)
-        return self._mark_resynced_by(updates) if updates else updates
+        return self._finish(updates, event) if updates else updates
 
     def tick(self) -> list[EpisodeUpdate]:
-        return self._mark_resynced_by(self._tracker.advance(self._clock.now()))
+        return self._finish(self._tracker.advance(self._clock.now()))
 
     def resume(self, episodes: list[Episode]) -> list[EpisodeUpdate]:
         """Re-open the episodes a journal kept open across a restart. Every sink must see the
         RESUMED updates returned (the metrics sink counts their requests)."""
-        return self._tracker.resume(episodes, self._clock.now())
+        return self._finish(self._tracker.resume(episodes, self._clock.now()))
 
     def episodes_open(self) -> int:
         return self._tracker.episodes_open
@@ -105,18 +119,26 @@ class Correlator:
     def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
         previous = self._view.snapshot
         self._view.on_snapshot(snap)
+        self.forecast.on_snapshot(snap)
         return self._tracker.on_snapshot(previous is not None and snap.time < previous.time)
 
     def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
         self._view.on_node(node)
+        self.forecast.on_node(node)
         return self._tracker.on_node()
 
     def _pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
         prev = self._view.on_pod(pod)
+        self.forecast.on_pod(pod)
         return self._tracker.on_pod(pod, prev)
 
     def _relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
         self._view.on_relist(relist)
+        self.forecast.on_relist(relist.uids, relist.time)
+        return []
+
+    def _cpu_manager(self, checkpoint: CpuManagerCheckpoint) -> list[EpisodeUpdate]:
+        self.forecast.on_cpu_manager(checkpoint)  # static policy: whole CPUs are checked too
         return []
 
     def _podresources(self, alloc: PodResourcesAllocatable) -> list[EpisodeUpdate]:
@@ -132,6 +154,29 @@ class Correlator:
         if start is not None and isfinite(start) and start not in self._kubelet_starts:
             self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
         return []
+
+    def _finish(self, updates: list[EpisodeUpdate], event: object = None
+                ) -> list[EpisodeUpdate]:
+        self._mark_resynced_by(updates)
+        self._stamp_forecasts(updates, event)
+        return updates
+
+    def _stamp_forecasts(self, updates: list[EpisodeUpdate], event: object) -> None:
+        """An episode carries the forecast of what a kubelet restart would reject, as it stood
+        before the event that resynced it, or that ended it still waiting (resync_timeout,
+        mismatch: the restart never came, the forecast still says what it would do). Episodes
+        that end otherwise (superseded, kernel_failed, kernel_only) carry none; one resumed
+        from the journal keeps what it had. Runs on every update: nothing to do is cheap."""
+        carried = self._forecast_for
+        for update in updates:
+            kind = update.kind
+            if kind is _RESYNCED or (kind is _ENDED and update.episode.resynced is None
+                                     and update.episode.outcome in _RESTART_JUDGED):
+                carried[update.episode.id] = self.forecast.result_before(event)
+            if carried:
+                ep = update.episode
+                if ep.id in carried:
+                    ep.forecast = carried.pop(ep.id) if kind is _ENDED else carried[ep.id]
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         """a resynced episode says what resynced it: a kubelet that started after the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from exporter.correlate.readmission_forecast import Forecast
 from exporter.events import Change, Resource, Transition
 
 
@@ -68,6 +69,9 @@ class Episode:
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
+    # What a kubelet restart would have done with the node's pods, as last forecast before the
+    # resync (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
+    forecast: Forecast | None = None
     # Every transition that joined, by direction (0 and 0 in journals from before they were
     # counted). `transitions` keeps a sample when there are more than index.TRANSITIONS_KEPT.
     offline_transitions: int = 0
@@ -82,7 +86,7 @@ class Episode:
                        self.kernel_done, self.kernel_before, self.kernel_after,
                        self.kubelet_before, self.phase, self.resynced, self.kubelet_after,
                        self.resynced_by, self.readmission_settled, list(self.pods), self.outcome,
-                       self.ended, self.detail, self.offline_transitions,
+                       self.ended, self.detail, self.forecast, self.offline_transitions,
                        self.online_transitions)
 
     @property

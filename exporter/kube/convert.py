@@ -100,8 +100,23 @@ def _node_status(obj: Any, now: float) -> Converted:
         resource_version=_str(meta.get("resourceVersion")),
         heartbeat=_timestamp(ready.get("lastHeartbeatTime"), f"node {name} Ready heartbeat",
                              problems) if ready else None,
+        max_pods=_max_pods(status, f"node {name}", problems),
     )
     return Converted(event, problems)
+
+
+def _max_pods(status: Mapping[str, Any], where: str, problems: list[str]) -> int | None:
+    """status.allocatable.pods, else status.capacity.pods: the kubelet's maxPods (None when
+    the Node reports neither)."""
+    for field_ in ("allocatable", "capacity"):
+        raw = _dict(status.get(field_)).get("pods")
+        if raw is None:
+            continue
+        try:
+            return int(parse_quantity(raw))
+        except ValueError as e:
+            problems.append(f"{where} status.{field_}.pods: {e}")
+    return None
 
 
 def _timestamp(raw: Any, where: str, problems: list[str]) -> float | None:
@@ -256,6 +271,7 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
 
     conditions = _conditions(status)
     scheduler, kubelet = _views(spec, status, conditions, where, problems)
+    admission, exclusive = _admission(spec, status)
     ready_cond = conditions.get("Ready")
     balloon = is_balloon(obj, selector, priority_classes)
     has_resize_signal = ("PodResizePending" in conditions or "PodResizeInProgress" in conditions
@@ -281,6 +297,10 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         node_critical=_str(spec.get("priorityClassName")) == NODE_CRITICAL_CLASS,
         containers=_sizings(spec, status, where),
         status_time=_status_written(meta, status, ready_cond, where, problems),
+        admission_requests=admission,
+        exclusive_cpus=exclusive,
+        created=_timestamp(meta.get("creationTimestamp"), f"{where} creationTimestamp",
+                           problems),
     )
     return Converted(event, problems)
 
@@ -404,3 +424,74 @@ def _views(spec: Mapping[str, Any], status: Mapping[str, Any], conditions: Mappi
         _add(kubelet, allocated if allocated is not None
              else actual if actual is not None else wanted)
     return scheduler, kubelet
+
+
+# Pod-level resources (spec.resources, KEP-2837) replace the containers' sum for these only.
+_POD_LEVEL = (Resource.CPU, Resource.MEMORY)
+
+
+def _admission(spec: Mapping[str, Any], status: Mapping[str, Any]
+               ) -> tuple[dict[Resource, float], int]:
+    """What the kubelet admits the pod against when it (re)starts, and the whole CPUs its
+    static CPU manager would pin for it.
+
+    Requests: k8s.io/component-helpers/resource PodRequests (v1.36) over what the kubelet
+    allocated (its allocation manager readmits a pod with its allocated resources, not a
+    pending resize's spec: a container's allocatedResources where reported, else its spec):
+    the app containers' sum plus every restartable init container (sidecar); the largest of
+    that and each regular init container plus the sidecars started before it; pod-level
+    requests (spec.resources) replace cpu and memory; spec.overhead added.
+    Exclusive CPUs: only for status.qosClass Guaranteed, per container an integer CPU request
+    (pkg/kubelet/cm/cpumanager policy_static.go guaranteedCPUs), combined the same way (init
+    containers' CPUs are reused by the containers after them).
+    Quantities that do not parse were reported by the caller's own pass: skipped quietly."""
+    quiet: list[str] = []
+    guaranteed = _str(status.get("qosClass")) == "Guaranteed"
+    allocated: dict[str, dict[Resource, float]] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in _list(status.get(key)):
+            cs = _dict(cs)
+            if isinstance(cs.get("allocatedResources"), dict):
+                allocated[_str(cs.get("name"))] = resources(cs.get("allocatedResources"), "",
+                                                            quiet)
+
+    def held(container: dict) -> tuple[dict[Resource, float], int]:
+        name = _str(container.get("name"))
+        req = allocated.get(name)
+        if req is None:
+            req = resources(_dict(container.get("resources")).get("requests"), "", quiet)
+        cpu = req.get(Resource.CPU, 0.0)
+        whole = int(cpu) if guaranteed and cpu >= 1 and cpu == int(cpu) else 0
+        return req, whole
+
+    total: dict[Resource, float] = {}
+    total_x = 0
+    for container in _list(spec.get("containers")):
+        req, whole = held(_dict(container))
+        _add(total, req)
+        total_x += whole
+    sidecars: dict[Resource, float] = {}
+    sidecars_x = 0
+    init: dict[Resource, float] = {}
+    init_x = 0
+    for container in _list(spec.get("initContainers")):
+        container = _dict(container)
+        req, whole = held(container)
+        if _str(container.get("restartPolicy")) == "Always":
+            _add(total, req)
+            _add(sidecars, req)
+            total_x += whole
+            sidecars_x += whole
+            step, step_x = dict(sidecars), sidecars_x
+        else:
+            step, step_x = dict(req), whole + sidecars_x
+            _add(step, sidecars)
+        init = _max(init, step)
+        init_x = max(init_x, step_x)
+    total = _max(total, init)
+    pod_level = resources(_dict(spec.get("resources")).get("requests"), "", quiet)
+    for resource in _POD_LEVEL:
+        if resource in pod_level:
+            total[resource] = pod_level[resource]
+    _add(total, resources(spec.get("overhead"), "", quiet))
+    return total, max(total_x, init_x)

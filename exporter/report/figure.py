@@ -75,7 +75,8 @@ def draw(tl: Timeline):
     pods = _pod_lines(tl)
     title = _wrap(tl.title)
     header_in, axis_in = 0.9 + 0.25 * title.count("\n"), 0.75
-    height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0)
+    height = header_in + ROW_IN * rows + axis_in + (LINE_IN * (len(pods) + 1) if pods else 0) \
+        + (LINE_IN * 1.5 if tl.forecast else 0)
     fig = Figure(figsize=(WIDTH_IN, height), dpi=100)
     FigureCanvasAgg(fig)
     top = 1 - header_in / height
@@ -124,6 +125,10 @@ def draw(tl: Timeline):
         labels.append(_draw_instant(ax, m))
 
     y = bottom - axis_in / height
+    if tl.forecast:  # what the exporter said a restart would reject, before it happened
+        fig.text(0.01, y, _elide(tl.forecast, 150), fontsize=9, style="italic", va="top",
+                 color="#333333")
+        y -= LINE_IN * 1.5 / height
     if pods:
         fig.text(0.01, y, "Pods judged at readmission:", fontsize=9, weight="bold", va="top")
         for k, (line, kind) in enumerate(pods, 1):

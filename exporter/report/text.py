@@ -6,8 +6,9 @@ from typing import Iterable
 
 from exporter import codec
 from exporter.correlate.model import Episode, PodVerdict
+from exporter.correlate.readmission_forecast import LISTED_MAX
 from exporter.events import Resource, Result
-from exporter.report.timeline import headline, seconds, unit_name
+from exporter.report.timeline import forecast_words, headline, seconds, unit_name
 
 COLUMNS = ("ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC", "READMISSION", "OUTCOME")
 
@@ -64,6 +65,8 @@ def timeline(ep: Episode) -> str:
              f"{capacity(ep.resource, ep.kubelet_after)}"]
     if ep.detail:
         lines.append(f"  detail: {ep.detail}")
+    if ep.forecast is not None:
+        lines.append(f"  {forecast_words(ep, named=LISTED_MAX)}")
     lines.append("")
     entries: list[tuple[float, int, str, str]] = []  # (time, order, lane, words)
     for t in ep.transitions:

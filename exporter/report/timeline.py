@@ -53,6 +53,7 @@ class Timeline:
     instants: list[Marker] = field(default_factory=list)
     subtitle: str = ""  # node, resource and change, episode id, UTC start
     bad: bool = False  # the headline reports harm: drawn in red
+    forecast: str = ""  # what a kubelet restart would reject, as forecast before the resync
 
 
 def utc(t: float, date: bool = True) -> str:
@@ -186,6 +187,21 @@ def seconds(s: float) -> str:
     return f"{tenths // 600}m{tenths % 600 / 10:04.1f}s"
 
 
+def forecast_words(ep: Episode, named: int = 4) -> str:
+    """The episode's readmission forecast in one line ("" when it has none): what a kubelet
+    restart would have rejected, as the exporter said before the resync."""
+    f = ep.forecast
+    if f is None:
+        return ""
+    head = "forecast before the resync: a kubelet restart would reject "
+    if not f.rejected_total:
+        return head + f"none of {f.pods} pods"
+    pods = ", ".join(f"{r.namespace}/{r.name} {r.reason}" for r in f.rejected[:named])
+    more = f.rejected_total - min(named, len(f.rejected))
+    return (head + f"{f.rejected_total} of {f.pods} pods: {pods}"
+            + (f" and {more} more" if more else ""))
+
+
 def build(ep: Episode, node: str | None = None) -> Timeline:
     """Lay the episode out: one row per kernel unit (cpu1, memory60), then resync (only when
     Kubernetes was watched), then readmission. Every episode draws something: a transition
@@ -196,7 +212,8 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
     change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
     subtitle = (f"node {node or '(unknown: no Node status recorded)'}  |  {ep.resource.value} "
                 f"{change}  |  episode {ep.id}  |  opened {utc(t0)}")
-    tl = Timeline(title=words, origin=t0, length=0.0, subtitle=subtitle, bad=bad)
+    tl = Timeline(title=words, origin=t0, length=0.0, subtitle=subtitle, bad=bad,
+                  forecast=forecast_words(ep))
     latest = [0.0]
 
     def rel(t: float) -> float:

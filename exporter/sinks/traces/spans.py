@@ -80,6 +80,11 @@ def build_trace(tracer: trace.Tracer, ep: Episode) -> None:
                        ("node_resize.readmission.seconds", ep.readmission_seconds)):
         if value is not None:
             root_attrs[key] = value
+    if ep.forecast is not None:  # what a kubelet restart would reject, said before the resync
+        root_attrs["node_resize.forecast.pods"] = ep.forecast.pods
+        root_attrs["node_resize.forecast.rejected"] = ep.forecast.rejected_total
+        root_attrs["node_resize.forecast.rejected_pods"] = [
+            f"{r.namespace}/{r.name}:{r.reason}" for r in ep.forecast.rejected]
     root = tracer.start_span(f"episode {ep.resource.value} {ep.change.value}",
                              attributes=root_attrs, start_time=_ns(ep.opened))
     if ep.outcome is not None and ep.outcome not in GOOD_OUTCOMES:
