@@ -2,9 +2,11 @@
 # Installs what node-resize-exporter needs on a Debian 12 machine, as root. Idempotent: a second
 # run checks and says nothing. Usage: scripts/setup.sh run|test|bench|lab
 #   run   bcc (python3-bpfcc), kernel headers for bcc, tracefs, the venv with the project
-#   test  run + pytest deps, Debian's prometheus/promtool (also what bench/fleet.py runs), alertmanager and node_exporter (the
-#         peer bench/ measures against), the QEMU lab's packages and guest kernel (unpacked in a
-#         cache, not installed), cpio (the lab's initramfs check), perf (bench/profile.py), the
+#   test  run + pytest deps; Debian's prometheus/promtool (also what bench/fleet.py runs),
+#         alertmanager and node_exporter (the peer bench/ measures against); the QEMU lab's
+#         packages and guest kernel (unpacked in a cache, not installed); cpio (the lab's
+#         initramfs check), perf (bench/profile.py), gcc (bench/listeners.py's C listener),
+#         python3-fusepy (the slow-disk journal test), curl (the runbook commands' test); the
 #         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
 #         checks that every program the tests, lab and benchmarks run is installed here.
 #   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
@@ -121,7 +123,7 @@ case "$mode" in
   test|bench) base
         # curl: tests/e2e/test_runbook_commands.py runs the runbooks' scrape command as written.
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl
+          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl gcc
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;

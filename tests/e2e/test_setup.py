@@ -10,6 +10,7 @@ system (Essential or Priority required).
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -62,16 +63,22 @@ def _setup_packages() -> set[str]:
     return words
 
 
-def _package_of(path: str) -> str:
-    real = str(Path(path).resolve())
+def _packages_of(path: str) -> list[str]:
+    """The Debian packages that ship `path` and each link it goes through (/usr/bin/cc ->
+    /etc/alternatives/cc -> /usr/bin/gcc -> gcc-12: `gcc` ships the /usr/bin/gcc link)."""
+    hops, seen = [path], set()
+    while os.path.islink(hops[-1]) and hops[-1] not in seen:
+        seen.add(hops[-1])
+        hops.append(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1])))
+    hops.append(str(Path(path).resolve()))
     # Debian 12 merged /usr: dpkg may know /bin/tar where the path is /usr/bin/tar.
-    merged = [p.removeprefix("/usr") for p in (real, path) if p.startswith("/usr/")]
-    for candidate in (real, path, *merged):
+    hops += [h.removeprefix("/usr") for h in hops if h.startswith("/usr/")]
+    found = []
+    for candidate in hops:
         out = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if not ln.startswith("diversion")]
-        if out.returncode == 0 and lines:
-            return lines[0].split(":")[0].split(",")[0].strip()
-    return ""
+        found += [ln.split(":")[0].split(",")[0].strip() for ln in out.stdout.splitlines()
+                  if out.returncode == 0 and not ln.startswith("diversion")]
+    return found
 
 
 def _always_there(package: str) -> bool:
@@ -96,7 +103,7 @@ def test_every_program_the_tests_run_is_installed_by_setup(program):
     path = shutil.which(program)
     assert path, f"{program} (run by {sorted(programs()[program])}) is not installed: " \
                  "add its Debian package to scripts/setup.sh"
-    package = _package_of(path)
-    assert package, f"{program} at {path} belongs to no Debian package: install it from one"
-    assert package in _setup_packages() or _always_there(package), \
-        f"{program} comes from {package}, which scripts/setup.sh does not install"
+    packages = _packages_of(path)
+    assert packages, f"{program} at {path} belongs to no Debian package: install it from one"
+    assert any(p in _setup_packages() or _always_there(p) for p in packages), \
+        f"{program} comes from {packages}, none of which scripts/setup.sh installs"
