@@ -5,8 +5,9 @@
 #   test  run + pytest deps; Debian's prometheus/promtool (also what bench/fleet.py runs),
 #         alertmanager and node_exporter (the peer bench/ measures against); the QEMU lab's
 #         packages and guest kernel (unpacked in a cache, not installed); cpio (the lab's
-#         initramfs check), perf (bench/profile.py), gcc (bench/listeners.py's C listener),
-#         python3-fusepy (the slow-disk journal test), curl (the runbook commands' test); the
+#         initramfs check), perf (bench/profile.py), gcc (gcc-12 here: bench/listeners.py
+#         builds its C listener), python3-fusepy (the slow-disk journal test), curl (the
+#         runbook commands' test); the
 #         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
 #         checks that every program the tests, lab and benchmarks run is installed here.
 #   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
