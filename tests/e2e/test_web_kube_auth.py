@@ -151,10 +151,17 @@ def test_api_errors_fail_the_scrape_not_the_exporter(api, exporter, fresh):
     # Not cached: once the API answers again, so does the exporter.
     api.set_review_error(None)
     assert _status(_answered(exporter.port, fresh)) == 200
-    scrape = Scrape(bearer_get(exporter.port, token=fresh)[2].decode())
-    # "failed" (the 500), or "timeout" when a loaded machine made the review slower than that
-    assert sum(scrape.value("node_resize_exporter_web_auth_reviews_total", 0.0, review="token",
-                            result=r) for r in ("failed", "timeout")) >= 1
+
+    def failures(scrape: Scrape) -> float:
+        # "failed" (the 500), or "timeout" when a loaded machine made the review slower
+        return sum(scrape.value("node_resize_exporter_web_auth_reviews_total", 0.0,
+                                review="token", result=r) for r in ("failed", "timeout"))
+
+    # A rendering is shared for up to a second (web/exposition.py max_age): read until the
+    # counters of the refused scrape are on the page.
+    scrape = poll_until(lambda: Scrape(bearer_get(exporter.port, token=fresh)[2].decode()),
+                        lambda s: failures(s) >= 1, 10, 0.2,
+                        lambda s: AssertionError("the failed review was never counted"))
     assert scrape.total("node_resize_exporter_web_auth_total", result="unavailable") >= 1
 
 
