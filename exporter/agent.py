@@ -22,11 +22,11 @@ from exporter.sources.kernel.sysfs import SysfsSource
 
 log = logging.getLogger("exporter.agent")
 TICK_SECONDS = 0.25
-# with no episode open no deadline can fall due, so the loop sleeps until an event
+# With no episode open no deadline can fall due, so the loop sleeps until an event
 # (or wake()) instead of ticking 4 times a second; the bound only guards a caller that sets
 # its stop event without wake().
 IDLE_SECONDS = 30.0
-# a thread woken by an event waits for the GIL at most this long while another runs
+# A thread woken by an event waits for the GIL at most this long while another runs
 # Python (a scrape rendering, a sysfs read); CPython's default of 5 ms bounds the detection
 # tail far above the 1 ms target. Forced switches happen only while a thread waits; 0.5 ms
 # cost ~20% more CPU in a flap storm (source threads woken by one uevent take turns).

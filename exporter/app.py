@@ -293,7 +293,7 @@ def serve(options: Options) -> int:
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
     registry_.register(built.metrics)
-    # the kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
+    # The kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
     from exporter.sinks.kubelet_collector import KubeletSink
     registry_.register(KubeletSink.attach(agent))
@@ -305,7 +305,6 @@ def serve(options: Options) -> int:
     from exporter.sinks.forecast_collector import ForecastCollector
     registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
     stop = threading.Event()
-
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()

@@ -173,7 +173,7 @@ class NodeStatus:
     capacity: Mapping[Resource, float]  # cores or bytes
     allocatable: Mapping[Resource, float]
     resource_version: str = ""
-    # the Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
+    # The Ready condition's lastHeartbeatTime (wall seconds; None: not reported).
     # A dead kubelet sends no Node update at all, so this is what ages while Ready stays True.
     heartbeat: float | None = None
     # The readmission forecast: status.allocatable.pods (else status.capacity.pods), the
@@ -190,7 +190,7 @@ class ContainerResize:
     in_progress_error: bool = False  # PodResizeInProgress reason Error
     desired: Mapping[Resource, float] = field(default_factory=dict)  # spec requests
     applied: Mapping[Resource, float] = field(default_factory=dict)  # status resources
-    # the PodResizePending (or InProgress Error) condition's message, bounded; the
+    # The PodResizePending (or InProgress Error) condition's message, bounded; the
     # metrics sink reads a bounded reason from it (cpu_manager_static, capacity, other).
     message: str = ""
 
@@ -224,7 +224,7 @@ class PodStatus:
     requests: Mapping[Resource, float] = field(default_factory=dict)  # sum over containers
     resize: ContainerResize | None = None
     resource_version: str = ""
-    # what the pod holds in the scheduler's accounting (KEP-1287: max of spec,
+    # What the pod holds in the scheduler's accounting (KEP-1287: max of spec,
     # allocated and actual requests per container; allocated and actual only once the resize
     # is Infeasible) and in the kubelet's (what it allocated). None: not known (an event from
     # an older journal): `requests` stands in.
@@ -279,7 +279,7 @@ class KubeletFeatures:
 
 
 # ---------------------------------------------------------------- the kubelet's local state
-# (what a kubelet restart would find on this node; read from files, not the API)
+# (What a kubelet restart would find on this node; read from files, not the API)
 
 
 @dataclass(frozen=True)
@@ -356,7 +356,7 @@ class NodeCapacityConfigured:
 
 @dataclass(frozen=True)
 class NodeHeartbeat:
-    """a sign of life of the kubelet: via "node_status", the Node's Ready
+    """A sign of life of the kubelet: via "node_status", the Node's Ready
     lastHeartbeatTime moved while its capacity did not (not a NodeStatus: no capacity changed);
     via "lease", its node Lease's renewTime moved."""
 

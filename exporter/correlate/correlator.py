@@ -59,7 +59,7 @@ class Correlator:
             NodeHeartbeat: self._heartbeat,
             CpuManagerCheckpoint: self._cpu_manager,
         }
-        self._kubelet_starts: list[float] = []  # kubelet start times seen, newest last
+        self._kubelet_starts: list[float] = []  # Kubelet start times seen, newest last
         # The readmission forecast (what a kubelet restart would reject). An episode carries
         # it as it stood just before the event that resynced the episode (or ended it waiting
         # for a resync): computed then, once per episode, never per event (a flap storm's
@@ -146,7 +146,7 @@ class Correlator:
         return []
 
     def _heartbeat(self, beat: NodeHeartbeat) -> list[EpisodeUpdate]:
-        self._view.on_heartbeat(beat)  # a gauge only, no episode reads it
+        self._view.on_heartbeat(beat)  # A gauge only, no episode reads it
         return []
 
     def _kubelet_process(self, process: KubeletProcess) -> list[EpisodeUpdate]:
@@ -179,7 +179,7 @@ class Correlator:
                     ep.forecast = carried.pop(ep.id) if kind is _ENDED else carried[ep.id]
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
-        """a resynced episode says what resynced it: a kubelet that started after the
+        """A resynced episode says what resynced it: a kubelet that started after the
         kernel was done and by the resync (a restart, today's only remedy), else the running one.
         Set on each update's copy, so a restart seen late still reaches the ENDED update."""
         for update in updates:

@@ -13,7 +13,7 @@ from exporter.events import ContainerResize, NodeStatus, PodStatus, Resource
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
-# whose accounting a balloon's requests are read in. KEP-1287's scheduler counts
+# Whose accounting a balloon's requests are read in. KEP-1287's scheduler counts
 # max(spec, allocated, actual) (no spec while a resize is Infeasible); the kubelet what it
 # allocated. They differ while a resize is pending or in progress.
 VIEWS = ("scheduler", "kubelet")

@@ -29,7 +29,7 @@ class Outcome(str, enum.Enum):
     KERNEL_ONLY = "kernel_only"
 
 
-# what resynced an episode: a kubelet (re)started after the kernel was done, or the
+# What resynced an episode: a kubelet (re)started after the kernel was done, or the
 # kubelet that was already running (no released kubelet does that yet).
 RESYNCED_BY = ("kubelet_live", "kubelet_restart")
 
@@ -63,7 +63,7 @@ class Episode:
     phase: Phase = Phase.KERNEL
     resynced: float | None = None  # watch delivery time of the matching Node update
     kubelet_after: float | None = None  # the Node capacity it settled on (match or mismatch)
-    resynced_by: str = ""  # one of RESYNCED_BY once resynced (the Correlator sets it)
+    resynced_by: str = ""  # One of RESYNCED_BY once resynced (the Correlator sets it)
     readmission_settled: float | None = None
     pods: list[PodOutcome] = field(default_factory=list)
     outcome: Outcome | None = None

@@ -36,7 +36,7 @@ class NodeView:
         self._podresources: frozenset[int] | None = None
         self._drift_since: dict[Resource, float] = {}
         self._drift_inputs: tuple[object, object] | None = None  # see _note_drift
-        # the kubelet's last heartbeat by where it was read (HEARTBEAT_VIA)
+        # The kubelet's last heartbeat by where it was read (HEARTBEAT_VIA)
         self._heartbeat: dict[str, float] = {}
 
     # ------------------------------------------------------------ fed by the Correlator

@@ -70,7 +70,7 @@ def _add(total: dict[Resource, float], more: Mapping[Resource, float]) -> None:
 
 # What a converter could still raise on an object no test imagined (a value of an odd type deep
 # inside, a recursion limit): the object is reported as a problem and skipped, never raised
-# out of the watch (one poison object relisted 89 times in 45 s).
+# out of the watch (One poison object relisted 89 times in 45 s).
 _UNEXPECTED = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError)
 
 

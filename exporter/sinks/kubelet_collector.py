@@ -25,7 +25,7 @@ from exporter.events import DeviceChange, Event, Resource, Transition
 from exporter.sinks import SelfDescribing
 
 # Sources that re-read when poked (by name, from the registry), and the kernel events that
-# can change what they read: a re-read after any other is a wasted wake-up (in a CPU
+# can change what they read: a re-read after any other is a wasted wake-up (In a CPU
 # flap storm each one lands in the online window).
 POKED: dict[str, frozenset[Resource]] = {
     "kubelet_checkpoint": frozenset({Resource.CPU, Resource.MEMORY}),  # CPU and memory managers

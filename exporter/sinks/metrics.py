@@ -392,7 +392,7 @@ class MetricsSink(SelfDescribing):
 
 
 def _heartbeats(view: NodeView) -> Iterable[Metric]:
-    """the kubelet's last sign of life, via the Node's Ready condition (posted on a
+    """The kubelet's last sign of life, via the Node's Ready condition (posted on a
     change and at least every 5 min) and its Lease (renewed every 10 s)."""
     stamp = GaugeMetricFamily(
         "node_resize_kubelet_heartbeat_timestamp_seconds",

@@ -75,7 +75,7 @@ class EpisodeStats:
     resync_duration: dict[tuple[Resource, Change], Histogram] = field(
         default_factory=_resync_histograms
     )
-    # the same durations by what resynced the episode (the rendered series)
+    # The same durations by what resynced the episode (the rendered series)
     resync_duration_by: dict[tuple[Resource, Change, str], Histogram] = field(
         default_factory=_resync_histograms_by
     )
@@ -84,7 +84,7 @@ class EpisodeStats:
     readmission_duration: dict[Resource, Histogram] = field(default_factory=_readmission_histograms)
     readmission_pods: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, reason)
     balloon_resizes: Counter[str] = field(default_factory=Counter)  # applied|deferred|...
-    # the same by (result, reason), the rendered series
+    # The same by (result, reason), the rendered series
     balloon_resize_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
     balloon_resize_duration: Histogram = field(
         default_factory=lambda: Histogram(BALLOON_BUCKETS)

@@ -66,7 +66,7 @@ _HANG = object()  # queue sentinel: send nothing more, keep the connection open 
 _RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
 KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
-# coordination.k8s.io/v1 Leases (the node's, in kube-node-lease), served as a third
+# coordination.k8s.io/v1 Leases (The node's, in kube-node-lease), served as a third
 # collection next to /api/v1's two.
 _LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
                 "apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")

@@ -1,4 +1,4 @@
-"""balloon pods as they exist today, on the recorded objects of a real kubelet v1.36.2
+"""Balloon pods as they exist today, on the recorded objects of a real kubelet v1.36.2
 (tests/fixtures/kubelet-v1.36/): the two views of what a balloon holds, the bounded reason of a
 resize that did not happen, --balloon-priority-class, and the Node's heartbeat.
 

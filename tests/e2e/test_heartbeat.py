@@ -1,4 +1,4 @@
-"""a dead kubelet is not a healthy one. The Node watch gives no event at all while the
+"""A dead kubelet is not a healthy one. The Node watch gives no event at all while the
 kubelet is dead after a failed restart (recorded: tests/fixtures/kubelet-v1.36/), and Ready
 stays True until the node lifecycle controller notices; the drift gauge then shows a stale
 value that never moves. The kubelet's heartbeat ages instead: via the Node's Ready condition

@@ -283,7 +283,7 @@ def test_full_disk_is_logged_once_counted_and_recovers(tiny_mount, caplog):
     r.close()
 
 
-# ------------------------------------------------------------ the journal's path
+# ------------------------------------------------------------ The journal's path
 
 
 def test_a_symlink_journal_is_refused_and_its_target_untouched(tmp_path):
@@ -504,7 +504,7 @@ def test_a_named_journal_that_cannot_be_created_is_refused(where):
 
 
 def test_the_kernel_state_the_last_process_knew(tmp_path):
-    """the last snapshot plus the transitions journaled after it; what sysfs
+    """The last snapshot plus the transitions journaled after it; what sysfs
     says at the next start is compared with that."""
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
     from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition

@@ -260,7 +260,7 @@ def test_started_without_open_opens_itself(api, monkeypatch):
     assert not down.up and "no Kubernetes API configuration" in down.reason
 
 
-# ------------------------------------------------------------ silent, hostile servers
+# ------------------------------------------------------------ Silent, hostile servers
 
 
 def test_silent_api_from_start_is_down_naming_the_silence_then_up(api, running):

@@ -116,7 +116,7 @@ def test_parse_features_text_without_type_lines():
     assert features.native_metrics == {"kubelet_node_resize_errors_total"}
 
 
-# ------------------------------------------------------------ hostile URLs
+# ------------------------------------------------------------ Hostile URLs
 
 
 

@@ -60,7 +60,7 @@ def test_it_runs_whatever_source_list_is_chosen():
 
 
 def test_only_the_kernel_events_that_can_change_a_source_poke_it():
-    """a CPU transition does not wake the auto_online_blocks reader, nor a memory one
+    """A CPU transition does not wake the auto_online_blocks reader, nor a memory one
     the kubepods cpuset reader; the checkpoint reader (CPU and memory managers) takes both."""
     from exporter.events import Direction, Resource, Result, Transition
     from exporter.sinks.kubelet_collector import KubeletSink

@@ -111,7 +111,7 @@ def test_runs_as_a_thread_and_stops(sock, servers):
     assert not source._thread.is_alive()
 
 
-# ------------------------------------------------------------ amplification
+# ------------------------------------------------------------ Amplification
 
 
 def _possible(tmp_path, text: str = "0-3") -> str:

@@ -1,4 +1,4 @@
-"""the real kubelet v1.36.2 sequences of tests/fixtures/kubelet-v1.36/ (its README says
+"""The real kubelet v1.36.2 sequences of tests/fixtures/kubelet-v1.36/ (its README says
 what happened in each), replayed event by event through the list/watch test server into the
 exporter's real watch sources, correlator and metrics sink (testkit/kube_replay.py), with the
 exact metrics the exporter must show after each event.

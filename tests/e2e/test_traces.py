@@ -215,7 +215,7 @@ BAD_ENV = [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
      "OTEL_EXPORTER_OTLP_PROTOCOL='http/json': accepted values are http/protobuf, grpc"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4318"}, "OTEL_EXPORTER_OTLP_ENDPOINT='c:4318'"),
-    # these two were a traceback and exit 1 (the SDK's bare ValueError).
+    # These two were a traceback and exit 1 (the SDK's bare ValueError).
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_BSP_MAX_QUEUE_SIZE": "-5"},
      "OTEL_BSP_MAX_QUEUE_SIZE='-5': accepted values are whole numbers of at least 1"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0"},

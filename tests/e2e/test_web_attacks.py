@@ -1,4 +1,4 @@
-"""attacks on a real `run` over loopback.
+"""Attacks on a real `run` over loopback.
 
 Each test reproduces an attack from the adversarial run (slowloris, unfinished requests with
 huge headers, clients vanishing mid-request) and asserts the bound: threads, descriptors and

@@ -337,7 +337,7 @@ def test_default_is_plain_http_without_auth():
     ("tls_server_confg: {}\n", ["unknown key tls_server_confg"]),
     ("- a list\n", ["must be a mapping"]),
     ("tls_server_config: [\n", ["not valid YAML"]),
-    # these passed the check, then printed a traceback on every request
+    # These passed the check, then printed a traceback on every request
     ("basic_auth_users:\n  prometheus: '$2b$99$" + "a" * 53 + "'\n",
      ["basic_auth_users.prometheus", "cost 99 is outside 4..31"]),
     ("basic_auth_users:\n  prometheus: '$2b$03$" + "a" * 53 + "'\n",
@@ -380,7 +380,7 @@ def test_min_version_is_tls12_by_default(pki):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "cert-fifo"])
 def test_a_web_config_that_is_not_a_small_regular_file_exits_2(pki, tmp_path, kind):
-    """a FIFO hung start-up; /dev/zero reached 1.17 GiB RSS in a second."""
+    """A FIFO hung start-up; /dev/zero reached 1.17 GiB RSS in a second."""
     import os
     config = tmp_path / "web.yml"
     if kind == "fifo":
@@ -532,7 +532,7 @@ def test_a_scraper_that_keeps_scraping_needs_bcrypt_once():
 
 
 def test_an_unknown_user_costs_a_check_of_the_same_cost():
-    """the dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
+    """The dummy hash had cost 4 (4 ms) against the users' 12 (240 ms)."""
     seen = []
 
     def checkpw(password: bytes, hashed: bytes) -> bool:

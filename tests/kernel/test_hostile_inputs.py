@@ -1,4 +1,4 @@
-"""hostile and broken inputs, each against a real running exporter (`run` as a child
+"""Hostile and broken inputs, each against a real running exporter (`run` as a child
 process) where the issue found it that way; the API server is testkit/fakes/apiserver.py speaking
 the real list/watch protocol on loopback."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""the recorded Node watch of a real kubelet v1.36.2 across a cpu1 hot-unplug and the
+"""The recorded Node watch of a real kubelet v1.36.2 across a cpu1 hot-unplug and the
 restarts that followed (tests/fixtures/kubelet-v1.36/node-watch-cpu1-unplug-restart.jsonl),
 replayed by the list/watch test server into a running exporter while cpu1 is offlined and
 onlined for real, where the recording says the kernel changed (under the hotplug lock).

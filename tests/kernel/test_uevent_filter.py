@@ -1,4 +1,4 @@
-"""the uevent source's socket filter. The kernel drops uevents for devices the source
+"""The uevent source's socket filter. The kernel drops uevents for devices the source
 ignores (cpuid, msr, nodes...) before they wake its thread; CPU and memory-block uevents, and
 anything that is not a kernel header at all, still arrive."""
 from __future__ import annotations

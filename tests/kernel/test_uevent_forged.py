@@ -1,4 +1,4 @@
-"""forged uevents. A process with CAP_NET_ADMIN (root here) can send to the
+"""Forged uevents. A process with CAP_NET_ADMIN (root here) can send to the
 kernel's uevent multicast group, and root can make the kernel send a synthetic uevent by writing
 to a device's `uevent` file. Neither is a transition; a real cpu1 flap still is."""
 from __future__ import annotations

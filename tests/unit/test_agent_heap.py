@@ -1,4 +1,4 @@
-"""the running agent takes its start-up heap out of the garbage collector's walks, so
+"""The running agent takes its start-up heap out of the garbage collector's walks, so
 a full collection (9-13 ms over the ~46k start-up objects) cannot land on a kernel event."""
 from __future__ import annotations
 

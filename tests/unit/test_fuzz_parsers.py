@@ -247,7 +247,7 @@ def test_quantity_garbage_is_value_error(value):
     except ValueError:
         return
     assert isinstance(out, float)
-    assert math.isfinite(out) and 0 <= out <= 2**63  # no node holds anything else
+    assert math.isfinite(out) and 0 <= out <= 2**63  # No node holds anything else
 
 
 # ------------------------------------------------------------------ Node and Pod JSON

@@ -41,7 +41,7 @@ def test_garbage_raises_value_error(text):
         parse_quantity(text)
 
 
-# a Node whose capacity was "-4", a 400-digit string or a bare 400-digit JSON
+# A Node whose capacity was "-4", a 400-digit string or a bare 400-digit JSON
 # integer got through (the last as an OverflowError outside the malformed-input path).
 @pytest.mark.parametrize("value, words", [
     ("-4", "must not be negative: '-4'"),

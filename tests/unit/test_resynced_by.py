@@ -1,4 +1,4 @@
-"""what resynced an episode (kubelet_restart or kubelet_live), on the episode, in the
+"""What resynced an episode (kubelet_restart or kubelet_live), on the episode, in the
 resync histogram's label, in the trace and in the journal."""
 from __future__ import annotations
 

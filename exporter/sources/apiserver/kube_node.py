@@ -4,7 +4,7 @@ Only this node is watched (fieldSelector metadata.name=NODE): a DaemonSet of wat
 node object would cost the API server O(nodes^2). A NodeStatus is emitted when capacity or
 allocatable actually change (the first delivery always), not on every heartbeat update, and
 not again after a relist that finds the same values; a heartbeat that moved without them is a
-NodeHeartbeat (a dead kubelet is told by its heartbeat's age).
+NodeHeartbeat (A dead kubelet is told by its heartbeat's age).
 
 A Node deleted (a DELETED event, or missing from a relist) is a NodeStatus with no capacity and
 no allocatable: downstream there is then no kubelet capacity to show or to judge drift against,

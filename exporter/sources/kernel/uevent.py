@@ -112,7 +112,7 @@ class UeventSource(Source):
         self.unconfirmed = 0  # kernel transitions sysfs contradicted (skipped)
         # (resource, unit) -> (SEQNUM, transition) that sysfs contradicted when it arrived
         self._held: dict[tuple[Resource, int], tuple[int, Transition]] = {}
-        self._waker: Waker | None = None  # sleep until a uevent or stop(), no timer
+        self._waker: Waker | None = None  # Sleep until a uevent or stop(), no timer
 
     def leave_cpu_transitions_to_bpf(self) -> bool:
         """Stop being woken for CPU online/offline uevents: the BPF source reports every CPU
@@ -148,7 +148,7 @@ class UeventSource(Source):
             raise SourceUnavailable(f"cannot join the kernel uevent group: {e}",
                                     "run in the host network namespace (hostNetwork: true); "
                                     "uevents are not delivered into other namespaces") from e
-        try:  # not woken for devices we ignore (cpuid, msr: in the online window)
+        try:  # Not woken for devices we ignore (cpuid, msr: in the online window)
             _uevent_filter.attach(sock)
         except OSError as e:  # a sandbox without socket filters: we still see every uevent
             self.log.info("uevent socket filter refused (%s): waking for every device", e)
