@@ -13,16 +13,13 @@ The composition root wires it (exporter/app.py):
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.correlate.kubelet_view import KubeletView
-from exporter.correlate.model import EpisodeUpdate
-from exporter.events import DeviceChange, Event, Resource, Transition
-from exporter.sinks import SelfDescribing
+from exporter.events import Event, Resource
+from exporter.sinks import PokingSink
 
 # Sources that re-read when poked (by name, from the registry), and the kernel events that
 # can change what they read: a re-read after any other is a wasted wake-up (In a CPU
@@ -34,37 +31,17 @@ POKED: dict[str, frozenset[Resource]] = {
 }
 
 
-class KubeletSink(SelfDescribing):
+class KubeletSink(PokingSink):
+    POKED = POKED
+
     def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
                  ) -> None:
+        super().__init__(pokes)
         self.view = KubeletView()
-        self.lock = threading.Lock()
-        self._pokes = list(pokes)
         self.errors = 0  # shown as node_resize_exporter_sink_errors_total{sink="kubelet"}
 
-    @classmethod
-    def attach(cls, agent: Any) -> "KubeletSink":
-        """Built for a running agent: pokes its re-reading sources, and is one of its sinks."""
-        sink = cls([(POKED[s.name], s.poke) for s in agent.sources if s.name in POKED])
-        agent.add_sink(sink)
-        return sink
-
-    # ------------------------------------------------------------ Sink
-
-    def on_event(self, event: Event) -> None:
-        with self.lock:
-            self.view.handle(event)
-        # A kernel event, not the sysfs snapshot that follows each one: one re-read per event.
-        if isinstance(event, (Transition, DeviceChange)):
-            for resources, poke in self._pokes:
-                if event.resource in resources:
-                    poke()
-
-    def on_update(self, update: EpisodeUpdate) -> None:
-        pass  # nothing here depends on episodes
-
-    def close(self) -> None:
-        pass
+    def feed(self, event: Event) -> None:
+        self.view.handle(event)
 
     # ------------------------------------------------------------ Collector
 

@@ -14,48 +14,27 @@ The composition root wires it (exporter/app.py):
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.running_pods import KINDS, RunningPodsView
-from exporter.events import DeviceChange, Event, Resource, Transition
-from exporter.sinks import SelfDescribing
+from exporter.events import Event, Resource
+from exporter.sinks import PokingSink
 
 SOURCE = "running_pods"
-POKED = frozenset({Resource.CPU, Resource.MEMORY})
 
 
-class RunningPodsSink(SelfDescribing):
-    def __init__(self, pokes: Iterable[Callable[[], None]] = ()) -> None:
+class RunningPodsSink(PokingSink):
+    POKED = {SOURCE: frozenset({Resource.CPU, Resource.MEMORY})}
+
+    def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
+                 ) -> None:
+        super().__init__(pokes)
         self.view = RunningPodsView()
-        self.lock = threading.Lock()
-        self._pokes = list(pokes)
 
-    @classmethod
-    def attach(cls, agent: Any) -> "RunningPodsSink":
-        """Built for a running agent: pokes its running-pods source, and is one of its sinks."""
-        sink = cls([s.poke for s in agent.sources if s.name == SOURCE])
-        agent.add_sink(sink)
-        return sink
-
-    # ------------------------------------------------------------ Sink
-
-    def on_event(self, event: Event) -> None:
-        with self.lock:
-            self.view.handle(event)
-        if isinstance(event, (Transition, DeviceChange)) and event.resource in POKED:
-            for poke in self._pokes:
-                poke()
-
-    def on_update(self, update: EpisodeUpdate) -> None:
-        pass  # judged from the kernel's truth now, not from episodes
-
-    def close(self) -> None:
-        pass
+    def feed(self, event: Event) -> None:
+        self.view.handle(event)
 
     # ------------------------------------------------------------ Collector
 

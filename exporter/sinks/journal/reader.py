@@ -16,13 +16,14 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from exporter import codec
 from exporter.correlate.model import Episode
 from exporter.events import Event, Transition
 from exporter.sinks.journal.schema import SCHEMA_VERSION, JournalError, StoredEvent
 
+T = TypeVar("T")
 log = logging.getLogger("exporter.sinks.journal.reader")
 
 
@@ -38,6 +39,19 @@ def has_transitions_table(conn: sqlite3.Connection) -> bool:
                         "name='transitions'").fetchone() is not None
 
 
+def _decoded(text: str, kind: type[T], what: str, bad: Malformed) -> T | None:
+    """The row's JSON as a `kind`, or None: a row that is not one is counted and skipped."""
+    try:
+        obj = codec.loads(text)
+        if not isinstance(obj, kind):
+            raise codec.CodecError(f"holds a {type(obj).__name__}")
+    except codec.CodecError as e:
+        bad.count += 1
+        log.warning("journal: %s skipped: %s", what, e)
+        return None
+    return obj
+
+
 def load_episodes(conn: sqlite3.Connection, where: str, args: tuple[Any, ...],
                   bad: Malformed) -> list[Episode]:
     rows = conn.execute(f"SELECT id, json FROM episodes WHERE {where} ORDER BY opened, id",
@@ -45,13 +59,8 @@ def load_episodes(conn: sqlite3.Connection, where: str, args: tuple[Any, ...],
     split = has_transitions_table(conn)
     out = []
     for episode_id, text in rows:
-        try:
-            ep = codec.loads(text)
-            if not isinstance(ep, Episode):
-                raise codec.CodecError(f"holds a {type(ep).__name__}")
-        except codec.CodecError as e:
-            bad.count += 1
-            log.warning("journal: episode %s skipped: %s", episode_id, e)
+        ep = _decoded(text, Episode, f"episode {episode_id}", bad)
+        if ep is None:
             continue
         if split:
             rows_t = conn.execute("SELECT idx, json FROM transitions WHERE episode=? "
@@ -65,13 +74,8 @@ def load_episodes(conn: sqlite3.Connection, where: str, args: tuple[Any, ...],
 def _transitions(episode_id: str, rows: list[tuple[int, str]], bad: Malformed) -> list[Transition]:
     out = []
     for idx, text in rows:
-        try:
-            t = codec.loads(text)
-            if not isinstance(t, Transition):
-                raise codec.CodecError(f"holds a {type(t).__name__}")
-        except codec.CodecError as e:
-            bad.count += 1
-            log.warning("journal: transition %d of episode %s skipped: %s", idx, episode_id, e)
+        t = _decoded(text, Transition, f"transition {idx} of episode {episode_id}", bad)
+        if t is None:
             continue
         out.append(t)
     return out
