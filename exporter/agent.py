@@ -20,7 +20,7 @@ from exporter.sinks.episode_log import EpisodeLog
 from exporter.sources.base import Source
 from exporter.sources.kernel.sysfs import SysfsSource
 
-log = logging.getLogger("exporter.agent")
+log = logging.getLogger(__name__)
 TICK_SECONDS = 0.25
 # With no episode open no deadline can fall due, so the loop sleeps until an event
 # (or wake()) instead of ticking 4 times a second; the bound only guards a caller that sets

@@ -37,7 +37,7 @@ from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kernel.sysfs import SysfsSource
 from exporter.sources.kernel.uevent import share_cpu_transitions
 
-log = logging.getLogger("exporter")
+log = logging.getLogger(__name__)
 
 
 class StartupError(Exception):

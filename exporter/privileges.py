@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("exporter.privileges")
+log = logging.getLogger(__name__)
 
 CAPS = {"CAP_DAC_OVERRIDE": 1, "CAP_SETPCAP": 8, "CAP_NET_BIND_SERVICE": 10,
         "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
@@ -60,11 +60,17 @@ def kernel_version(release: str | None = None) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+def bpf_capabilities_after_start(release: str | None = None) -> frozenset[str]:
+    """What a running BPF source still needs: reading its maps (the lost-records counter)
+    before Linux 6.5 (the BPF source declares this as its `capabilities_after_start`)."""
+    if kernel_version(release) < (6, 5):
+        return frozenset({"CAP_BPF"} if kernel_version(release) >= (5, 8) else {"CAP_SYS_ADMIN"})
+    return frozenset()
+
+
 def needed_after_start(bpf_running: bool, release: str | None = None) -> set[str]:
     """Capabilities the running agent still needs once everything is open and bound."""
-    if bpf_running and kernel_version(release) < (6, 5):
-        return {"CAP_BPF"} if kernel_version(release) >= (5, 8) else {"CAP_SYS_ADMIN"}
-    return set()
+    return set(bpf_capabilities_after_start(release)) if bpf_running else set()
 
 
 def capabilities(tid: int | str = "self", which: str = "CapEff") -> int:

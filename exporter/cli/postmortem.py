@@ -27,7 +27,8 @@ from exporter.correlate.model import Episode, Outcome
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
 from exporter.sinks.journal.reader import JournalReader
-from exporter.sinks.journal.schema import JournalError, default_journal_path, event_time
+from exporter.sinks.journal.path import default_journal_path
+from exporter.sinks.journal.schema import JournalError, event_time
 
 PROGRESS_EVERY = 10_000
 LIST_LIMIT = 50  # `episodes list` shows the newest this many unless --limit says otherwise

@@ -16,7 +16,7 @@ from typing import Callable
 
 from exporter.correlate.model import Episode, EpisodeUpdate, UpdateKind
 
-log = logging.getLogger("exporter.episodes")
+log = logging.getLogger(__name__)
 
 LINES_PER_MINUTE = 10
 WINDOW_SECONDS = 60.0

@@ -33,7 +33,7 @@ from typing import Any, Callable, Protocol
 from exporter.correlate.model import EpisodeUpdate, Outcome, UpdateKind
 from exporter.events import Change, Resource
 
-log = logging.getLogger("exporter.sinks.kube_events")
+log = logging.getLogger(__name__)
 
 NAMESPACE = "default"
 COMPONENT = "node-resize-exporter"

@@ -1,14 +1,28 @@
 """The source registry, as node_exporter registers collectors.
 
-A source module declares itself, and the options only it reads, at its end:
+A source module declares itself at its end: its options and its roles (traits), which the rest
+of the exporter reads instead of its name:
 
     register(SourceSpec("uevent", KERNEL, "kernel uevents over netlink", lambda ctx: ...,
-                        options=(Opt("uevent_x", ("--uevent.x",), 1, "..."),)))
+                        options=(Opt("uevent_x", ("--uevent.x",), 1, "..."),),
+                        lossy=True, poked_by=frozenset({Resource.CPU})))
 
-and nothing else lists the sources: the `--source` choices, the order they start in, the flags,
-`check` and the composition root (exporter/app.py) all read this registry. `load()` imports
-every module under exporter/sources/ (kernel/, apiserver/, kubelet/, ...): the ones that call
-register() are the sources, the rest are their helpers. So a new source is one new file.
+Nothing else lists the sources: the `--source` choices, the order they start in, the flags,
+`check`, the composition root (exporter/app.py), the agent's pokes, the capabilities kept after
+start and the series that exist at 0 all read this registry. `load()` imports every module under
+exporter/sources/ (kernel/, apiserver/, kubelet/, ...): the ones that call register() are the
+sources, the rest are their helpers.
+
+A new source, step by step:
+1. One module under exporter/sources/ with a `Source` subclass (exporter/sources/base.py):
+   `open()` raises SourceUnavailable with the fix, `loop(emit)` emits typed events
+   (exporter/events.py) until `stopping` is set; `poke(resource)` if it re-reads when the kernel
+   changes (`poked_by`); `check()` if opening it is not the whole test of whether it can run.
+2. At the module's end, `register(SourceSpec(...))` with its group, options and traits.
+3. Its test beside the others (tests/unit/test_source_registry.py registers a toy source
+   in one file and sees it opened, poked, counted and checked).
+What the correlator makes of a new kind of event is the correlator's business: a source that
+emits only the existing event types needs nothing more.
 """
 from __future__ import annotations
 
@@ -21,7 +35,9 @@ import click
 
 import exporter.sources as package
 from exporter.clock import MonotonicWallClock
+from exporter.checks import Check
 from exporter.config.options import Opt, Options, declare
+from exporter.events import Resource
 from exporter.sources.base import Source
 
 KERNEL = "kernel"  # chosen with --source (auto: every one that opens)
@@ -51,6 +67,34 @@ class SourceSpec:
     # sysfs reconciler): it is not an event source to choose.
     selectable: bool = True
     options: tuple[Opt, ...] = ()  # the flags only this source reads
+    # Its roles, read by the agent, the composition root, metrics, privileges and `check`:
+    # The kernel events after which it re-reads (the agent calls `poke(resource)` after each
+    # CPU or memory event of another source): the kernel changes what it reads (a cpuset, a
+    # checkpoint's meaning, the CPU lists) without telling anyone.
+    poked_by: frozenset[Resource] = frozenset()
+    # The kernel's truth (the sysfs gauges): always opened, before every other source, whatever
+    # --source says (a failure is a start-up error); the journal is checked against it.
+    reconciles: bool = False
+    # It can lose events (a ring buffer full, netlink ENOBUFS): events_lost_total exists at 0.
+    lossy: bool = False
+    # Capabilities it still needs once started (privileges.drop_capabilities keeps them); a
+    # function because the answer can depend on the kernel (exporter/privileges.py).
+    capabilities_after_start: Callable[[], frozenset[str]] = lambda: frozenset()
+    # When its CPU programs are attached it reports every CPU transition; it says whether they
+    # are after open(), through `reports_cpu_transitions()`.
+    reports_cpu_transitions: bool = False
+    # It leaves CPU transitions to such a source when one runs (`leave_cpu_transitions()`):
+    # one wake-up per transition, not two.
+    defers_cpu_transitions: bool = False
+    # Whether it can start here, for `check`, when opening it is not the whole answer (BPF:
+    # the host's requirements line by line, then the programs it attached); else its
+    # Source.check() opens and closes it.
+    check: Callable[[Source], list[Check]] | None = None
+
+    def can_start(self, ctx: SourceContext) -> list[Check]:
+        """`check`'s question to this source, built as `run` builds it."""
+        source = self.factory(ctx)
+        return self.check(source) if self.check is not None else source.check(self.help)
 
 
 _REGISTRY: dict[str, SourceSpec] = {}
@@ -87,6 +131,19 @@ def specs(group: str | None = None) -> list[SourceSpec]:
 def spec(name: str) -> SourceSpec:
     load()
     return _REGISTRY[name]
+
+
+def reconciler() -> SourceSpec:
+    """The source that reconciles (the kernel's truth): exactly one is registered."""
+    found = [s for s in specs(KERNEL) if s.reconciles]
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} reconciling sources registered; exactly one must be")
+    return found[0]
+
+
+def lossy_names() -> frozenset[str]:
+    """The sources that can lose events."""
+    return frozenset(s.name for s in specs() if s.lossy)
 
 
 def kernel_source_names() -> tuple[str, ...]:

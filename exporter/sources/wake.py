@@ -11,7 +11,7 @@ import os
 import select
 
 from exporter.clock import Clock
-from exporter.events import SourceStatus
+from exporter.events import Resource, SourceStatus
 from exporter.sources.base import Emit, Source
 
 # s between re-reads when nothing pokes: files are also re-read on inotify and every kernel
@@ -87,7 +87,7 @@ class PokedSource(Source):
             self.read(emit)
             self.waker.wait(self.interval)
 
-    def poke(self) -> None:
+    def poke(self, resource: Resource | None = None) -> None:
         self.waker.poke()
 
     def stop(self, timeout: float = 5.0) -> None:

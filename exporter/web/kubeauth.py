@@ -41,7 +41,7 @@ from typing import Any, Callable, Protocol
 
 from exporter.web.ratelog import RateLimitedLog
 
-log = logging.getLogger("exporter.web.kubeauth")
+log = logging.getLogger(__name__)
 
 ALLOWED_TTL = 120.0  # the kubelet's authentication webhook cache (2 min): a revoked token stops
 DENIED_TTL = 30.0  # the kubelet's and kube-rbac-proxy's unauthorized cache

@@ -47,7 +47,7 @@ from exporter.web.ratelog import RateLimitedLog
 from exporter.web.routes import Routes
 from exporter.web.stream import Plain, Tls
 
-log = logging.getLogger("exporter.web.server")
+log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a client gets to finish the TLS handshake
 HEADER_TIMEOUT = 10.0  # seconds from a request's first byte (or the connection) to its last header

@@ -226,7 +226,7 @@ def tiny_mount(tmp_path):
 
 def test_read_only_disk_is_logged_once_counted_and_retried(tiny_mount, caplog):
     ro = tiny_mount("ro", "ro,size=1m,mode=0755")
-    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal.store")
+    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal")
     j = JournalSink(ro / "nre" / "journal.db", clock=FakeClock(T0))  # must not raise
     start = j.errors
     assert start >= 1
@@ -243,7 +243,7 @@ def test_read_only_disk_is_logged_once_counted_and_retried(tiny_mount, caplog):
 
 def test_full_disk_is_logged_once_counted_and_recovers(tiny_mount, caplog):
     disk = tiny_mount("full", "size=512k,mode=0700")
-    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal.store")
+    caplog.set_level(logging.DEBUG, logger="exporter.sinks.journal")
     j = JournalSink(disk / "journal.db", clock=FakeClock(T0), prune_every=10**9)
     j.on_event(lost(T0))
     assert j.flush(10)
@@ -348,7 +348,7 @@ def test_a_journal_of_a_newer_schema_is_left_untouched_and_the_sink_is_down(tmp_
         c.execute("INSERT INTO future VALUES (1)")
         c.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     before = path.read_bytes()
-    caplog.set_level(logging.INFO, logger="exporter.sinks.journal.store")
+    caplog.set_level(logging.INFO, logger="exporter.sinks.journal")
     j = JournalSink(path, clock=FakeClock(T0), must_open=True)  # not even a named path exits
     assert not j.up
     assert f"schema version {SCHEMA_VERSION + 1}, newer" in j.down_reason
@@ -477,7 +477,7 @@ def test_a_full_queue_drops_counts_and_logs_once_a_minute(tmp_path, caplog):
     """Without a writer (a disk stuck in D state looks the same to the agent), the queue fills:
     on_event returns at once, the rest is dropped and counted, one log line; what was queued
     is written when the writer runs."""
-    caplog.set_level(logging.INFO, logger="exporter.sinks.journal.store")
+    caplog.set_level(logging.INFO, logger="exporter.sinks.journal")
     path = tmp_path / "j.db"
     j = JournalSink(path, clock=FakeClock(T0), queue_size=100, start=False)
     for i in range(250):

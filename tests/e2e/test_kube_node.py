@@ -455,7 +455,7 @@ def test_every_watch_410_backs_off_to_the_cap_and_logs_once(api, running, caplog
     the cap (as client-go's reflector does), and the log says it once, not per relist."""
     api.set_node("n1", cpu="2")
     api.always_gone = True
-    caplog.set_level("INFO", logger="exporter.sources.kube_node")
+    caplog.set_level("INFO", logger="exporter.sources.apiserver.kube_node")
     source, log = running()
     wait_until(lambda: len(api.requests_for("nodes", watch=False)) >= 8, "8 lists")
     times = [t for (path, query), t in zip(api.requests, api.request_times)

@@ -52,7 +52,7 @@ def episode_lines(exp: RunningExporter, ended: int = 0) -> list[str]:
     """The episode lines of the log, once `ended` episodes have said they ended (the metrics
     may show an episode's end a moment before the agent thread has handed it to the log)."""
     def read() -> list[str]:
-        return [line for line in exp.logs().splitlines() if "exporter.episodes" in line]
+        return [line for line in exp.logs().splitlines() if "exporter.sinks.episode_log" in line]
     return poll_until(read, lambda lines: sum(" ended " in x for x in lines) >= ended, 10, 0.1,
                       lambda lines: AssertionError(f"episode lines: {lines}"))
 

@@ -12,11 +12,11 @@ CPU = Resource.CPU
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "exporter.episodes"]
+    return [r.getMessage() for r in caplog.records if r.name == "exporter.sinks.episode_log"]
 
 
 def test_single_episodes_say_when_they_open_and_end(caplog):
-    caplog.set_level(logging.INFO, logger="exporter.episodes")
+    caplog.set_level(logging.INFO, logger="exporter.sinks.episode_log")
     s = Stream(kubernetes=False)
     now = [0.0]
     log = EpisodeLog(clock=lambda: now[0])
@@ -33,7 +33,7 @@ def test_single_episodes_say_when_they_open_and_end(caplog):
 
 
 def test_many_episodes_in_a_minute_are_summed_up_in_one_line(caplog):
-    caplog.set_level(logging.INFO, logger="exporter.episodes")
+    caplog.set_level(logging.INFO, logger="exporter.sinks.episode_log")
     # No coalescing window: every transition is an episode of its own.
     s = Stream(kubernetes=False, coalesce_window=0.0)
     s.snapshot(0, cpus=2)
@@ -58,7 +58,7 @@ def test_many_episodes_in_a_minute_are_summed_up_in_one_line(caplog):
 
 
 def test_a_storm_says_opened_flapping_ended(caplog):
-    caplog.set_level(logging.INFO, logger="exporter.episodes")
+    caplog.set_level(logging.INFO, logger="exporter.sinks.episode_log")
     s = Stream(kubernetes=False)
     s.snapshot(0, cpus=2)
     for k in range(400):

@@ -1,4 +1,5 @@
-"""Where the journal may live: checked before SQLite touches anything.
+"""The journal's policy, in one place: where it lives by default, where it may live (checked
+before SQLite touches anything), the fix every refusal names, and `check`'s journal line.
 
 The exporter runs as root and makes the journal 0600. A journal path that is a symbolic link
 would make it chmod (and then overwrite) whatever the link points at, an empty target would
@@ -16,19 +17,44 @@ composition root turns it into exit 2.
 
 `cannot_create` answers "could `run` make the journal there?" by trying, not by reading mode
 bits: root passes every access() test, yet nothing can be created under /proc or /sys.
+
+A path the user named (--journal) must be creatable and open at start, or `run` exits 2 with
+the fix; the default path degrades instead (logged, counted, retried).
 """
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import stat
 import tempfile
 from pathlib import Path
 
-log = logging.getLogger("exporter.sinks.journal.store")
+from exporter.checks import FAIL, OK, Check
+from exporter.sinks.journal.schema import APP_DIR, NEWER_FIX, SCHEMA_VERSION
 
-APP_DIR = "node-resize-exporter"
+log = logging.getLogger(__name__)
+
 SIDE_FILES = ("", "-wal", "-shm")
+# The fix of every "cannot journal there" refusal.
+WRITABLE_FIX = "a writable path on a local filesystem (--journal PATH), or --no-journal"
+
+
+def default_journal_path() -> Path:
+    """/var/lib/node-resize-exporter/journal.db for root, the XDG state directory otherwise."""
+    if os.geteuid() == 0:
+        return Path("/var/lib") / APP_DIR / "journal.db"
+    state = os.environ.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / APP_DIR / "journal.db"
+
+
+def journal_path(named: str | os.PathLike[str] | None, off: bool = False) -> Path | None:
+    """Where the journal is: None when off (--no-journal), the named path, else the default."""
+    if off:
+        return None
+    return Path(named) if named else default_journal_path()
 
 
 class JournalPathError(Exception):
@@ -48,8 +74,8 @@ def _check_directory(directory: Path, path: Path) -> None:
     except FileNotFoundError:
         return  # the journal creates it 0700
     if not stat.S_ISDIR(st.st_mode):
-        raise JournalPathError(f"journal {path}: {directory} is not a directory. Fix: pass "
-                               "--journal PATH in a directory, or --no-journal")
+        raise JournalPathError(f"journal {path}: {directory} is not a directory. Fix: "
+                               f"{WRITABLE_FIX}")
     loose = stat.S_IMODE(st.st_mode) & 0o022
     if not loose:
         return
@@ -126,3 +152,37 @@ def cannot_create(path: Path) -> str:
         return f"cannot create {'files' if parent == path.parent else 'directories'} in " \
                f"{parent} ({e.strerror or e})"
     return ""
+
+
+def check_journal(path: Path | None) -> list[Check]:
+    """Can `run` journal where it would? A corrupt journal only costs a warning and a counter
+    at run time (journaling stays off), so `check` is where it is said plainly."""
+    if path is None:
+        return [Check("journal", OK, "off (--no-journal)")]
+    fix = (f"move it away (mv {path} {path}.corrupt): `run` starts a new one; until then "
+           "nothing is journaled and node_resize_exporter_sink_errors_total{sink=\"journal\"} "
+           "grows")
+    try:
+        check_journal_path(path)
+    except JournalPathError as e:
+        what, _, how = str(e).partition(". Fix: ")
+        return [Check("journal", FAIL, what, how)]
+    problem = cannot_create(path)  # tried, not guessed: root passes access() under /proc
+    if problem:
+        return [Check("journal", FAIL, f"{path}: {problem}", WRITABLE_FIX)]
+    if not path.exists():
+        return [Check("journal", OK, f"{path} does not exist yet; `run` creates it (0600)")]
+    try:
+        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5) as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            problems = [r[0] for r in c.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.Error as e:
+        return [Check("journal", FAIL, f"{path} is corrupt or not a journal: {e}", fix)]
+    if problems != ["ok"]:
+        return [Check("journal", FAIL, f"{path} is corrupt: {'; '.join(problems)[:300]}", fix)]
+    if version > SCHEMA_VERSION:
+        return [Check("journal", FAIL, f"{path} has schema {version}, newer than this "
+                      f"exporter's {SCHEMA_VERSION}: `run` leaves it untouched and runs without "
+                      "a journal (sink_up{sink=\"journal\"} 0)",
+                      NEWER_FIX.replace("move the file away", f"mv {path} {path}.newer"))]
+    return [Check("journal", OK, f"{path} readable, schema {version}, no corruption found")]

@@ -24,7 +24,7 @@ from exporter.events import Event, Transition
 from exporter.sinks.journal.schema import SCHEMA_VERSION, JournalError, StoredEvent
 
 T = TypeVar("T")
-log = logging.getLogger("exporter.sinks.journal.reader")
+log = logging.getLogger(__name__)
 
 
 class Malformed:

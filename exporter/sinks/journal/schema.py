@@ -13,7 +13,6 @@ Versions (PRAGMA user_version):
 """
 from __future__ import annotations
 
-import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,16 +76,6 @@ class JournalNewer(JournalRefused):
     """The journal was written by a newer exporter (a higher schema version). Not an exit: the
     journal is a hostPath, so a rolled-back DaemonSet would crash-loop on every node. The sink
     leaves the file untouched and reports itself down instead."""
-
-
-def default_journal_path() -> Path:
-    """/var/lib/node-resize-exporter/journal.db for root, the XDG state directory otherwise."""
-    if os.geteuid() == 0:
-        return Path("/var/lib") / APP_DIR / "journal.db"
-    state = os.environ.get("XDG_STATE_HOME", "")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / APP_DIR / "journal.db"
 
 
 def event_time(event: Event) -> float:

@@ -24,6 +24,7 @@ this leaves is in docs/reliability.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -37,19 +38,18 @@ from exporter.clock import Clock
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
 from exporter.events import Event, Transition
 from exporter.sinks.journal import reader
-from exporter.sinks.journal.path import cannot_create
+from exporter.sinks.journal.path import WRITABLE_FIX, cannot_create, default_journal_path
 from exporter.sinks.journal.schema import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_BYTES,
     DEFAULT_PRUNE_EVERY,
     JournalNewer,
     JournalRefused,
-    default_journal_path,
     event_time,
 )
 from exporter.sinks.journal.store import JournalStore
 
-log = logging.getLogger("exporter.sinks.journal.store")
+log = logging.getLogger(__name__)
 
 # Events waiting for the writer. ~1 KiB each at most: a bound of a few MiB, and at the agent's
 # measured peak (~20k events/s in a flap storm) seconds of a stalled disk before anything drops.
@@ -107,8 +107,7 @@ class JournalSink:
         if must_open:
             problem = cannot_create(self.path)
             if problem:
-                raise JournalRefused(f"--journal {self.path}: {problem}. Fix: a writable path "
-                                     "on a local filesystem, or --no-journal")
+                raise JournalRefused(f"--journal {self.path}: {problem}. Fix: {WRITABLE_FIX}")
         try:
             with self._db:
                 conn = self._store.connect()
@@ -121,9 +120,8 @@ class JournalSink:
             self._go_down(str(e))
         except OSError as e:  # the file itself cannot be made or opened
             if must_open:
-                raise JournalRefused(f"--journal {self.path}: cannot open it ({e}). Fix: a "
-                                     "writable path on a local filesystem, or --no-journal"
-                                     ) from None
+                raise JournalRefused(f"--journal {self.path}: cannot open it ({e}). Fix: "
+                                     f"{WRITABLE_FIX}") from None
             self._write_failed(e, 1)  # the default path: degrade, retry with every batch
         except sqlite3.Error as e:  # a corrupt file: counted, and `check` says what to do
             self._write_failed(e, 1)
@@ -404,9 +402,7 @@ class JournalSink:
             list[Transition]]:
         """The episode row (without its transitions), the transition rows that changed since
         the last write, a cut when the list got shorter, and the list now written."""
-        bare = object.__new__(Episode)
-        bare.__dict__.update(ep.__dict__)
-        bare.transitions = []
+        bare = dataclasses.replace(ep, transitions=[])
         row = (ep.id, ep.resource.value, ep.change.value, ep.opened, ep.ended,
                ep.outcome.value if ep.outcome else None, codec.dumps(bare))
         now = ep.transitions

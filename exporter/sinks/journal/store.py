@@ -32,7 +32,7 @@ from exporter.sinks.journal.schema import (
     refuse_newer_schema,
 )
 
-log = logging.getLogger("exporter.sinks.journal.store")
+log = logging.getLogger(__name__)
 
 
 class JournalStore:

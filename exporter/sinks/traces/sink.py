@@ -31,7 +31,7 @@ from exporter.sinks.traces.env import (
 )
 from exporter.sinks.traces.spans import build_trace
 
-log = logging.getLogger("exporter.sinks.traces")
+log = logging.getLogger(__name__)
 
 # Seconds close() waits for the last traces to go: well within a 30 s grace period, with the
 # journal's own flush before it (the agent closes the journal first).

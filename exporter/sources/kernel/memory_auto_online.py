@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.clock import Clock
-from exporter.events import MalformedInput, MemoryAutoOnline
+from exporter.events import MalformedInput, MemoryAutoOnline, Resource
 from exporter.sources.base import Emit
 from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceSpec, register
@@ -57,4 +57,4 @@ class MemoryAutoOnlineSource(PokedSource):
 register(SourceSpec(
     "memory_auto_online", KERNEL, "sysfs auto_online_blocks (hot-added memory policy)",
     lambda ctx: MemoryAutoOnlineSource(ctx.clock, ctx.options.sysfs_root), order=70,
-    selectable=False))
+    selectable=False, poked_by=frozenset({Resource.MEMORY})))

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from exporter.checks import OK, WARN, Check
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
@@ -319,6 +320,17 @@ class SysfsSource(Source):
         emit(snap)
 
 
+def _check(source: Source) -> list[Check]:
+    """Opens as `run` opens it; a kernel without memory hotplug in sysfs is said too."""
+    assert isinstance(source, SysfsSource)
+    found = source.check("sysfs/procfs, the truth at each read")
+    mem = source.reader.mem_dir / "block_size_bytes"
+    if found[0].status == OK and not mem.exists():
+        found.append(Check("sysfs", WARN, "no memory hotplug in sysfs",
+                           "a kernel with CONFIG_MEMORY_HOTPLUG to see memory blocks"))
+    return found
+
+
 def _sysfs(ctx: SourceContext) -> SysfsSource:
     # The reconciler always runs (it sets every gauge); it reports the transitions it sees
     # between reads only when sysfs is a chosen event source.
@@ -332,4 +344,5 @@ register(SourceSpec(
     "sysfs", KERNEL, "sysfs/procfs, the truth at each read", _sysfs, order=10,
     options=(Opt("sysfs_interval", ("--sysfs-interval",), 30.0,
                  "Seconds between sysfs/procfs re-reads (also re-read after every event).",
-                 Seconds()),)))
+                 Seconds()),),
+    reconciles=True, poked_by=frozenset(Resource), check=_check))

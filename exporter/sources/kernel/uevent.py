@@ -20,7 +20,6 @@ import errno
 import os
 import re
 import socket
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.clock import Clock
@@ -114,9 +113,9 @@ class UeventSource(Source):
         self._held: dict[tuple[Resource, int], tuple[int, Transition]] = {}
         self._waker: Waker | None = None  # Sleep until a uevent or stop(), no timer
 
-    def leave_cpu_transitions_to_bpf(self) -> bool:
-        """Stop being woken for CPU online/offline uevents: the BPF source reports every CPU
-        transition (its cpuhp programs are attached), so each of these would be a second copy
+    def leave_cpu_transitions(self) -> bool:
+        """Stop being woken for CPU online/offline uevents: another source (BPF, its cpuhp
+        programs attached) reports every CPU transition, so each of these would be a second copy
         that the ledger then drops, delivered in the online window where a wake-up costs most
         (bench/README.md, "Per-transition CPU"). CPU add/remove and memory blocks still come.
         False when the kernel refuses the filter (every uevent still comes)."""
@@ -250,24 +249,12 @@ class UeventSource(Source):
             self.sock = None
 
 
-def share_cpu_transitions(sources: Iterable[object]) -> bool:
-    """After the kernel sources opened: when the BPF source reports every CPU transition, the
-    uevent source is no longer woken for them (one wake-up per transition, not two). True when
-    that was arranged. Called by the composition root (exporter/app.py)."""
-    by_name = {getattr(s, "name", ""): s for s in sources}
-    bpf, uevent = by_name.get("bpf"), by_name.get("uevent")
-    if not isinstance(uevent, UeventSource) or bpf is None:
-        return False
-    reports = getattr(bpf, "reports_cpu_transitions", None)
-    if reports is None or not reports():
-        return False
-    return uevent.leave_cpu_transitions_to_bpf()
-
-
 def _seqnum(ev: Uevent) -> int | None:
     text = ev.env.get("SEQNUM", "")
     return int(text) if text.isdigit() and len(text) < 20 else None
 
 
 register(SourceSpec("uevent", KERNEL, "kernel uevents (netlink) for CPUs and memory blocks",
-                    lambda ctx: UeventSource(ctx.clock, ctx.options.sysfs_root), order=30))
+                    lambda ctx: UeventSource(ctx.clock, ctx.options.sysfs_root), order=30,
+                    lossy=True,  # netlink ENOBUFS
+                    defers_cpu_transitions=True))

@@ -31,6 +31,7 @@ from exporter.events import (
     CpuManagerCheckpoint,
     MalformedInput,
     MemoryManagerCheckpoint,
+    Resource,
     SourceStatus,
 )
 from exporter.sources.base import Emit
@@ -337,4 +338,6 @@ register(SourceSpec("kubelet_checkpoint", KUBERNETES,
                     options=(Opt("kubelet_root_dir", ("--kubelet-root-dir",), "/var/lib/kubelet",
                                  "The kubelet's --root-dir: where cpu_manager_state and "
                                  "memory_manager_state are (empty: do not read them).",
-                                 RootDir()),)))
+                                 RootDir()),),
+                    # the CPU and memory managers' checkpoints, judged against the kernel
+                    poked_by=frozenset({Resource.CPU, Resource.MEMORY})))

@@ -17,7 +17,7 @@ from pathlib import Path
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.config.types import RootDir
-from exporter.events import KubepodsCpuset, MalformedInput
+from exporter.events import KubepodsCpuset, MalformedInput, Resource
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
 from exporter.sources.readfile import read_text
@@ -79,4 +79,5 @@ register(SourceSpec(
     wanted=lambda options: bool(options.cgroup_root), order=61,
     options=(Opt("cgroup_root", ("--cgroup-root",), "/sys/fs/cgroup",
                  "Where the host's cgroup hierarchy is mounted (the kubepods cpuset is read "
-                 "there; empty: do not read it).", RootDir()),)))
+                 "there; empty: do not read it).", RootDir()),),
+    poked_by=frozenset({Resource.CPU})))  # the cpuset

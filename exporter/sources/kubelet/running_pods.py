@@ -40,7 +40,7 @@ import click
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
-from exporter.events import ContainerCgroup, MalformedInput, RunningContainers
+from exporter.events import ContainerCgroup, MalformedInput, Resource, RunningContainers
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
@@ -351,4 +351,5 @@ register(SourceSpec(
             "0: do not read the running containers).", click.IntRange(0, 1_000_000)),
         Opt("running_pods_min_interval", ("--running-pods.min-interval",), MIN_INTERVAL,
             "Seconds at least between two scans of the running containers, however many "
-            "kernel events ask for one.", Seconds()))))
+            "kernel events ask for one.", Seconds())),
+    poked_by=frozenset({Resource.CPU, Resource.MEMORY})))

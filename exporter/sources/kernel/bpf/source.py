@@ -19,6 +19,7 @@ import select
 import time
 from pathlib import Path
 
+from exporter import privileges
 from exporter.clock import MonotonicWallClock
 from exporter.config.options import Opt
 from exporter.config.types import PowerOfTwo
@@ -35,6 +36,7 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.kernel.bpf import libbpf
+from exporter.sources.kernel.bpf.check import bpf_check
 from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
@@ -343,5 +345,9 @@ register(
         _bpf,
         order=20,
         options=(RINGBUF_PAGES,),
+        lossy=True,  # the ring buffer full: counted by the kernel side
+        capabilities_after_start=privileges.bpf_capabilities_after_start,
+        reports_cpu_transitions=True,
+        check=bpf_check,
     )
 )
