@@ -13,8 +13,8 @@ import time
 import tracemalloc
 
 from bench.stats import Summary
-from exporter.app import correlator_config
 from exporter.clock import FakeClock
+from exporter.config.decide import correlator_config
 from exporter.config.options import Options
 from exporter.correlate.correlator import Correlator
 from exporter.correlate.ids import episode_id

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.app import correlator_config  # noqa: E402
 from exporter.clock import FakeClock  # noqa: E402
+from exporter.config.decide import correlator_config  # noqa: E402
 from exporter.config.options import Options  # noqa: E402
 from exporter.correlate.correlator import Correlator  # noqa: E402
 from exporter.events import Direction, Resource, Result, Transition  # noqa: E402

@@ -11,14 +11,21 @@ import logging
 import queue
 import sys
 import threading
+from collections.abc import Iterable
 
 from exporter.clock import Clock
 from exporter.correlate.correlator import Correlator
-from exporter.events import DeviceChange, Event, MalformedInput, SourceStatus, Transition
+from exporter.events import (
+    DeviceChange,
+    Event,
+    MalformedInput,
+    Resource,
+    SourceStatus,
+    Transition,
+)
 from exporter.sinks import Sink
 from exporter.sinks.episode_log import EpisodeLog
 from exporter.sources.base import Source
-from exporter.sources.kernel.sysfs import SysfsSource
 
 log = logging.getLogger(__name__)
 TICK_SECONDS = 0.25
@@ -40,18 +47,20 @@ class Agent:
     Everything it works with is built elsewhere (exporter/app.py) and handed in: the sources
     already opened, the correlator, the sinks in the order they must see each event (the
     journal first: an event is handed to its writer queue before it is acted on; the writer
-    thread commits it, so no sink call here waits for a disk), and the sysfs reconciler to
-    poke after every kernel event.
+    thread commits it, so no sink call here waits for a disk), and the sources to poke after a
+    kernel event of another source, each with the resources whose events concern it (their
+    `poked_by`: the sysfs reconciler after every one; a re-read after any other is a wasted
+    wake-up, in a CPU flap storm right in the online window).
     """
 
     def __init__(self, correlator: Correlator, sources: list[Source], sinks: list[Sink],
-                 clock: Clock, *, reconciler: SysfsSource | None = None,
+                 clock: Clock, *, pokes: Iterable[tuple[Source, frozenset[Resource]]] = (),
                  down: tuple[SourceStatus, ...] = ()) -> None:
         self.correlator = correlator
         self.sources = list(sources)
         self.sinks = list(sinks)
         self.clock = clock
-        self.reconciler = reconciler
+        self.pokes = [(source.name, resources, source.poke) for source, resources in pokes]
         # SimpleQueue (C, no Condition): half the per-event cost of queue.Queue in the storm
         # profile, and put() is reentrant, so wake() is safe from a signal handler.
         self.queue: queue.SimpleQueue[tuple[str, Event | None]] = queue.SimpleQueue()
@@ -154,10 +163,12 @@ class Agent:
             self._call(self.episode_log.on_update, update)
             for sink in self.sinks:
                 self._call(sink.on_update, update)
-        if (name != "sysfs" and isinstance(event, (Transition, DeviceChange))
-                and self.reconciler is not None):
-            # re-read the truth after every kernel event (after a CPU's: the CPU lists only)
-            self.reconciler.poke(event.resource)
+        if isinstance(event, (Transition, DeviceChange)):
+            # Re-read what the kernel may have changed without telling (never the source that
+            # told: the reconciler's own transitions come from its re-read).
+            for source, resources, poke in self.pokes:
+                if source != name and event.resource in resources:
+                    poke(event.resource)
 
     def _log_malformed(self, event: MalformedInput) -> None:
         # The first from each source at warning (someone must look), the rest at debug: a

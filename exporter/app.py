@@ -1,13 +1,18 @@
 """The composition root: the one place that builds the agent from Options and runs it.
 
-    sources (registry) -> Agent -> Correlator -> sinks (journal, metrics, traces)
-                                                   \\-> /metrics (http.py) renders the Collector
+    sources (registry) -> Agent -> Correlator -> sinks (journal, metrics, traces, Events)
+                                                   \\-> /metrics (exporter/web/) renders them
 
-Order matters and is written down here once: the journal opens first (it is handed each event
-before anything acts on it) and resumes open episodes; the sources open next (a named source
-that cannot start fails fast, exit 2); the port is bound; privileges are dropped; only then
-are threads started (they inherit the reduced capability set): the journal's writer, the
-sources', the trace sink's last among them.
+`serve` reads decide -> validate -> open -> collect -> run. Order matters and is written down
+here once: what the options ask of the environment is validated first (OTEL_* variables, the
+Kubernetes API, the right to post Events), then the journal opens (it is handed each event before
+anything acts on it) and resumes open episodes; the sources open next (a named source that
+cannot start fails fast, exit 2); the port is bound; privileges are dropped; only then are
+threads started (they inherit the reduced capability set): the journal's writer, the sources',
+the trace sink's last among them.
+
+`check` asks the same steps whether they can start (exporter/cli/check.py): each raises
+StartupError with the message `run` exits 2 with.
 """
 from __future__ import annotations
 
@@ -15,207 +20,313 @@ import errno
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from prometheus_client import CollectorRegistry
 
-from exporter import buildinfo
+from exporter import buildinfo, privileges
 from exporter.agent import Agent
+from exporter.checks import quoted
 from exporter.clock import MonotonicWallClock
+from exporter.config.decide import Decisions, decide
 from exporter.config.options import Options
-from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.correlator import Correlator
+from exporter.correlate.down_changes import changes_while_down, state_at_stop
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.node_view import NodeView
-from exporter.events import SourceStatus
+from exporter.events import Resource, SourceStatus
+from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
+from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks.journal.path import WRITABLE_FIX
+from exporter.sinks.journal.schema import JournalRefused
+from exporter.sinks.journal.sink import JournalSink
+from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
+from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
+from exporter.sinks.kubelet_collector import KubeletSink
+from exporter.sinks.metrics import MetricsSink
+from exporter.sinks.running_pods import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
-from exporter.sources.kernel.sysfs import SysfsSource
-from exporter.sources.kernel.uevent import share_cpu_transitions
+from exporter.web.server import MetricsServer
 
 log = logging.getLogger(__name__)
 
 
 class StartupError(Exception):
-    """The exporter cannot start as configured; the message says why and what to do."""
+    """The exporter cannot start as configured; the message says why and, after ". Fix: ",
+    what to do."""
 
 
-def kubernetes_enabled(options: Options, env: dict[str, str] | None = None) -> bool:
-    env = dict(os.environ) if env is None else env
-    if options.kubernetes == "auto":
-        return bool(options.kubeconfig or env.get("KUBERNETES_SERVICE_HOST"))
-    return options.kubernetes == "on"
+class AddressInUse(StartupError):
+    """--web.listen-address is taken (another exporter running?)."""
 
 
-def resolve_node_name(options: Options, env: dict[str, str] | None = None) -> str:
-    """--node-name (or $NODE_NAME, which click already read into it), else the hostname,
-    lower-cased as the kubelet does when it has no --hostname-override."""
-    env = dict(os.environ) if env is None else env
-    if options.node_name:
-        return options.node_name
-    return (env.get("NODE_NAME", "").strip() or socket.gethostname()).lower()
+# ---------------------------------------------------------------- validate
 
 
-def correlator_config(options: Options, kubernetes: bool) -> CorrelatorConfig:
-    """The correlator's settings from the options (their defaults are the option table's)."""
-    return CorrelatorConfig(coalesce_window=options.coalesce_window,
-                            resync_deadline=options.resync_deadline,
-                            readmission_settle=options.readmission_settle,
-                            memory_tolerance_bytes=options.memory_tolerance,
-                            kubernetes=kubernetes)
-
-
-@dataclass
-class OpenedSources:
-    running: list[Source]
-    reconciler: SysfsSource
-    down: list[SourceStatus] = field(default_factory=list)
-
-    def close(self) -> None:
-        for source in self.running:
-            source.close()
-
-
-def open_sources(ctx: registry.SourceContext, kubernetes: bool) -> OpenedSources:
-    """Open the kernel sources asked for (auto: every one that works, saying why the others
-    do not; a named one that cannot start is a StartupError with the fix), the sysfs
-    reconciler always, and the Kubernetes sources the options ask for."""
-    options = ctx.options
-    auto = options.sources == ("auto",)
-    reconciler = registry.spec("sysfs").factory(ctx)
-    assert isinstance(reconciler, SysfsSource)
+def trace_config(options: Options) -> Any:
+    """What OTEL_* asks for (None: traces off). StartupError names a bad variable."""
+    # Imported here, not at the top: the OpenTelemetry SDK is the dearest import of the
+    # exporter, and only start-up (run, check) reads the OTEL_* variables.
+    from exporter.sinks.traces.env import trace_config_from_env
     try:
-        reconciler.open()  # always: the gauges' truth, even when sysfs transitions are not wanted
-    except SourceUnavailable as e:
-        raise StartupError(f"sysfs/procfs unreadable: {e}") from e
-    opened = OpenedSources([reconciler], reconciler)
-    for spec in registry.specs(registry.KERNEL):
-        if spec.name == "sysfs" or not (auto or spec.name in options.sources
-                                        or not spec.selectable):
-            continue
-        source = spec.factory(ctx)
-        try:
-            try:
-                source.open()
-            except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
-                raise SourceUnavailable(f"cannot open: {e}",
-                                        "run `node-resize-exporter check` for what is "
-                                        "missing") from e
-        except SourceUnavailable as e:
-            if not auto and spec.selectable:
-                opened.close()
-                raise StartupError(f"--source {spec.name}: {e.reason}. Fix: {e.fix}") from e
-            log.warning("source %s unavailable: %s (fix: %s)", spec.name, e.reason, e.fix)
-            opened.down.append(SourceStatus(spec.name, False, ctx.clock.now(), e.reason))
-            continue
-        opened.running.append(source)
-    share_cpu_transitions(opened.running)  # with BPF's cpuhp attached, uevents skip CPUs
-    if kubernetes:
-        # Not opened here: they connect in their own threads and report up/down themselves, so
-        # an API server that is slow at start-up does not delay the kernel side.
-        opened.running += [spec.factory(ctx) for spec in registry.specs(registry.KUBERNETES)
-                           if spec.wanted(options)]
-        log.info("kubernetes: watching node %s", ctx.node_name)
-    return opened
-
-
-def open_journal(options: Options, clock: MonotonicWallClock) -> Any:
-    """The journal sink, its writer not started yet (serve() starts it after the privilege
-    drop). A path the user named must be creatable and open now, or it is an error with the
-    fix; the default path degrades instead (logged, counted, retried: a full disk may be
-    freed). A journal of a newer schema is not an error either: the sink reports itself down
-    and everything else runs (a rolled-back DaemonSet must not crash-loop on its hostPath)."""
-    if options.no_journal:
-        return None
-    from exporter.sinks.journal.schema import JournalRefused, default_journal_path
-    from exporter.sinks.journal.sink import JournalSink
-    path = options.journal or default_journal_path()
-    try:
-        return JournalSink(path, clock=clock,
-                           must_open=bool(options.journal), start=False)
-    except JournalRefused as e:  # a link, a FIFO, a loose directory, a path never creatable
+        return trace_config_from_env()
+    except (ValueError, OSError) as e:
         raise StartupError(str(e)) from None
-    except OSError as e:
-        if options.journal:
-            raise StartupError(f"--journal {options.journal}: {e.strerror or e}. Fix: a "
-                               "writable path on a local filesystem, or --no-journal") from None
-        # The default path (not root: under $HOME, which may be unwritable): degrade.
-        log.warning("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
-                    "keep episodes across restarts, or --no-journal", path, e.strerror or e)
-        return None
 
 
-def preflight_kubernetes(options: Options, node: str) -> None:
+def preflight_kubernetes(options: Options, decisions: Decisions) -> None:
     """Fail fast where the user asked for Kubernetes explicitly: a named kubeconfig must load,
     and `--kubernetes on` needs an API server that answers now. With `auto` and no kubeconfig
     the sources degrade instead (source_up 0 with the reason, retried)."""
-    if not (options.kubeconfig or options.kubernetes == "on"):
+    if not decisions.kubernetes or not (options.kubeconfig or options.kubernetes == "on"):
         return
-    from exporter.kube.client import KubeUnavailable, load_config
     try:
         config = load_config(options.kubeconfig)
     except KubeUnavailable as e:
         raise StartupError(f"{e.reason}. Fix: {e.fix}") from e
     if options.kubernetes != "on":
         return
-    from exporter.kube.client import probe_api
-    problem = probe_api(config, node)
+    problem = probe_api(config, decisions.node)
     if problem:
-        raise StartupError(f"--kubernetes on: {problem}. Fix: check the API server address "
-                           "and credentials in the kubeconfig (or the service account), or use "
-                           "--kubernetes auto to start without it")
+        raise StartupError(f"--kubernetes on: {quoted(problem, 300)}. Fix: check the API "
+                           "server address and credentials in the kubeconfig (or the service "
+                           "account), or use --kubernetes auto to start without it")
+
+
+def access_denied(config: Any, verb: str, group: str, resource: str,
+                  namespace: str | None = None, timeout: float = 5.0) -> str:
+    """"" when the API server allows this identity `verb` on `resource` (a
+    SelfSubjectAccessReview, as `kubectl auth can-i` asks), else why not. Raises when the API
+    server cannot be asked (unreachable, 401)."""
+    client, transport = make_client(config, request_timeout=timeout)
+    try:
+        review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
+            resourceAttributes=ResourceAttributes(verb=verb, group=group, resource=resource,
+                                                  namespace=namespace))))
+    finally:
+        transport.close()
+    status = review.status
+    if status is not None and status.allowed:
+        return ""
+    reason = quoted((status.reason if status is not None else "") or "no reason given")
+    return f"{verb} on {resource} denied ({reason})"
+
+
+def preflight_events(options: Options, decisions: Decisions,
+                     warn: Callable[[str], None] = log.warning) -> None:
+    """--kube-events needs create on Events in their namespace: a refusal is a StartupError
+    (every Event would be refused); an API server that cannot be asked now is not (it may come
+    back, and the sink counts what it cannot post): `warn` says so."""
+    if not (options.kube_events and decisions.kubernetes):
+        return
+    try:
+        denied = access_denied(load_config(options.kubeconfig), "create", "", "events",
+                               EVENTS_NAMESPACE)
+    except Exception as e:  # noqa: BLE001 - unreachable, 401, no configuration: say so, go on
+        warn(f"--kube-events: cannot ask the API server whether Events may be posted "
+             f"({quoted(e)}); posting them anyway")
+        return
+    if denied:
+        raise StartupError(f"--kube-events: {denied} in namespace {EVENTS_NAMESPACE}. Fix: "
+                           "apply deploy/components/kube-events (create and patch on events) "
+                           "to the exporter's service account, or drop --kube-events")
+
+
+def validate(options: Options, decisions: Decisions) -> Any:
+    """What the options ask of the environment, before anything opens. Returns the trace
+    configuration (None: off)."""
+    traces = trace_config(options)
+    preflight_kubernetes(options, decisions)
+    preflight_events(options, decisions)
+    return traces
+
+
+# ---------------------------------------------------------------- open
+
+
+def kernel_sources_asked(options: Options) -> list[registry.SourceSpec]:
+    """The kernel sources `run` opens besides the reconciler: every one with auto, else those
+    --source names and those that are not chosen (state readers such as auto_online_blocks)."""
+    auto = options.sources == ("auto",)
+    return [spec for spec in registry.specs(registry.KERNEL) if not spec.reconciles
+            and (auto or spec.name in options.sources or not spec.selectable)]
+
+
+def kubernetes_sources_asked(options: Options, decisions: Decisions
+                             ) -> list[registry.SourceSpec]:
+    if not decisions.kubernetes:
+        return []
+    return [spec for spec in registry.specs(registry.KUBERNETES) if spec.wanted(options)]
+
+
+@dataclass
+class OpenedSources:
+    running: list[tuple[registry.SourceSpec, Source]]
+    reconciler: Any  # the reconciling source (sysfs): its first read is `initial`
+    down: list[SourceStatus] = field(default_factory=list)
+
+    def sources(self) -> list[Source]:
+        return [source for _, source in self.running]
+
+    def close(self) -> None:
+        for source in self.sources():
+            source.close()
+
+    def pokes(self) -> list[tuple[Source, frozenset[Resource]]]:
+        return [(source, spec.poked_by) for spec, source in self.running if spec.poked_by]
+
+    def lossy(self) -> frozenset[str]:
+        return frozenset(spec.name for spec, _ in self.running if spec.lossy)
+
+    def capabilities_after_start(self) -> set[str]:
+        return set().union(*(spec.capabilities_after_start() for spec, _ in self.running))
+
+
+def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSources:
+    """Open the kernel sources asked for (auto: every one that works, saying why the others
+    do not; a named one that cannot start is a StartupError with the fix), the reconciler
+    always, and the Kubernetes sources the options ask for."""
+    spec = registry.reconciler()
+    reconciler = spec.factory(ctx)
+    try:
+        reconciler.open()  # always: the gauges' truth, even when its transitions are not wanted
+    except SourceUnavailable as e:
+        raise StartupError(f"sysfs/procfs unreadable: {e}") from e
+    opened = OpenedSources([(spec, reconciler)], reconciler)
+    for spec in kernel_sources_asked(ctx.options):
+        try:
+            opened.running.append((spec, open_kernel_source(spec, ctx)))
+        except SourceUnavailable as e:
+            if ctx.options.sources != ("auto",) and spec.selectable:
+                opened.close()
+                raise StartupError(f"--source {spec.name}: {e.reason}. Fix: {e.fix}") from e
+            log.warning("source %s unavailable: %s (fix: %s)", spec.name, e.reason, e.fix)
+            opened.down.append(SourceStatus(spec.name, False, ctx.clock.now(), e.reason))
+    share_cpu_transitions(opened)
+    # Not opened here: they connect in their own threads and report up/down themselves, so an
+    # API server that is slow at start-up does not delay the kernel side.
+    opened.running += [(spec, spec.factory(ctx))
+                       for spec in kubernetes_sources_asked(ctx.options, decisions)]
+    if decisions.kubernetes:
+        log.info("kubernetes: watching node %s", decisions.node)
+    return opened
+
+
+def open_kernel_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Source:
+    source = spec.factory(ctx)
+    try:
+        source.open()
+    except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
+        raise SourceUnavailable(f"cannot open: {e}", "run `node-resize-exporter check` for "
+                                "what is missing") from e
+    return source
+
+
+def share_cpu_transitions(opened: OpenedSources) -> bool:
+    """When a source reports every CPU transition (BPF with its cpuhp programs attached), the
+    sources that defer to it (uevent) are no longer woken for them: one wake-up per
+    transition, not two. True when that was arranged."""
+    if not any(spec.reports_cpu_transitions and source.reports_cpu_transitions()
+               for spec, source in opened.running):
+        return False
+    results = [source.leave_cpu_transitions() for spec, source in opened.running
+               if spec.defers_cpu_transitions]
+    return bool(results) and all(results)
+
+
+def open_journal(decisions: Decisions, clock: MonotonicWallClock) -> JournalSink | None:
+    """The journal sink, its writer not started yet (serve() starts it after the privilege
+    drop). A path the user named must be creatable and open now, or it is an error with the
+    fix; the default path degrades instead (logged, counted, retried: a full disk may be
+    freed). A journal of a newer schema is not an error either: the sink reports itself down
+    and everything else runs (a rolled-back DaemonSet must not crash-loop on its hostPath)."""
+    path = decisions.journal
+    if path is None:
+        return None
+    try:
+        return JournalSink(path, clock=clock, must_open=decisions.journal_named, start=False)
+    except JournalRefused as e:  # a link, a FIFO, a loose directory, a path never creatable
+        raise StartupError(str(e)) from None
+    except OSError as e:
+        if decisions.journal_named:
+            raise StartupError(f"--journal {path}: {e.strerror or e}. Fix: {WRITABLE_FIX}"
+                               ) from None
+        # The default path (not root: under $HOME, which may be unwritable): degrade.
+        log.warning("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
+                    "keep episodes across restarts, or --no-journal", path, e.strerror or e)
+        return None
+
+
+def open_server(options: Options, decisions: Decisions, metrics: CollectorRegistry,
+                healthy: Callable[[], bool] = lambda: True,
+                version: Callable[[], object] = lambda: None) -> MetricsServer:
+    """The endpoint, its web config read and checked and its port bound (not serving yet)."""
+    try:
+        return MetricsServer(options.listen_host, options.listen_port, metrics,
+                             healthy=healthy, web_config=options.web_config_file,
+                             version=version, telemetry_path=options.web_telemetry_path,
+                             auth=options.web_auth, node_name=decisions.node,
+                             kubeconfig=options.kubeconfig,
+                             token_audiences=tuple(options.web_auth_token_audience))
+    except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
+        raise StartupError(str(e)) from None
+    except OSError as e:
+        where = f"{options.listen_host}:{options.listen_port}"
+        if e.errno == errno.EADDRINUSE:
+            raise AddressInUse(f"--web.listen-address {where}: address already in use "
+                               "(another exporter running?). Fix: choose another port with "
+                               "--web.listen-address") from None
+        raise StartupError(f"--web.listen-address {where}: cannot listen: "
+                           f"{e.strerror or e}") from None
 
 
 @dataclass
 class Built:
-    """What build_agent made: the agent, the metrics sink /metrics renders, and the two
-    decisions taken once for every part (the node's name, whether Kubernetes is joined)."""
+    """What build_agent made: the agent, the metrics sink /metrics renders, and the
+    capabilities its sources still need once started."""
 
     agent: Agent
-    metrics: Any
-    node: str
-    kubernetes: bool
+    metrics: MetricsSink
+    keep: set[str]
 
 
 def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = None,
-                sinks: tuple[Any, ...] = (), node: str | None = None) -> Built:
+                sinks: tuple[Any, ...] = (), decisions: Decisions | None = None) -> Built:
     """The agent without the HTTP side: the correlator with its ledger and node view, the
     opened sources, the sinks (the journal first, then the metrics sink, then `sinks`), and the
     episodes the journal kept open, resumed through every sink. Raises StartupError."""
-    from exporter.sinks.metrics import MetricsSink
-    kubernetes = kubernetes_enabled(options)
-    node = node or resolve_node_name(options)
-    config = correlator_config(options, kubernetes)
-    ledger, view = KernelLedger(), NodeView(config, clock)
-    correlator = Correlator(config, clock, ledger=ledger, view=view)
-    ctx = registry.SourceContext(options, clock, node)
-    opened = open_sources(ctx, kubernetes)
-    agent = Agent(correlator, opened.running, [journal] if journal is not None else [], clock,
-                  reconciler=opened.reconciler, down=tuple(opened.down))
-    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks, kubernetes=kubernetes)
+    decisions = decisions or decide(options)
+    ledger, view = KernelLedger(), NodeView(decisions.correlator, clock)
+    correlator = Correlator(decisions.correlator, clock, ledger=ledger, view=view)
+    opened = open_sources(registry.SourceContext(options, clock, decisions.node), decisions)
+    agent = Agent(correlator, opened.sources(), [journal] if journal is not None else [], clock,
+                  pokes=opened.pokes(), down=tuple(opened.down))
+    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks,
+                          kubernetes=decisions.kubernetes, lossy=opened.lossy())
     agent.add_sink(metrics)
     for sink in sinks:
         agent.add_sink(sink)
     if journal is not None:
-        updates = correlator.resume(journal.open_episodes())
-        if updates:
-            log.info("resumed %d open episode(s) from the journal", len(updates))
-        for update in updates:
-            agent.episode_log.on_update(update)
-            for sink in agent.sinks:
-                sink.on_update(update)
-        _count_changes_while_down(journal, opened.reconciler, ledger)
-    return Built(agent, metrics, node, kubernetes)
+        _resume(agent, journal, opened.reconciler, ledger)
+    return Built(agent, metrics, opened.capabilities_after_start())
 
 
-def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
-                              ledger: KernelLedger) -> None:
-    """What sysfs says now against what the journal last knew."""
-    from exporter.correlate.down_changes import changes_while_down, state_at_stop
+def _resume(agent: Agent, journal: JournalSink, reconciler: Any, ledger: KernelLedger) -> None:
+    """The episodes the journal kept open, through every sink; what changed while no exporter
+    ran (what the reconciler reads now against what the journal last knew)."""
+    updates = agent.correlator.resume(journal.open_episodes())
+    if updates:
+        log.info("resumed %d open episode(s) from the journal", len(updates))
+    for update in updates:
+        agent.episode_log.on_update(update)
+        for sink in agent.sinks:
+            sink.on_update(update)
     if reconciler.initial is None:
         return
     changes = changes_while_down(state_at_stop(journal.last_kernel_events()), reconciler.initial)
@@ -223,6 +334,82 @@ def _count_changes_while_down(journal: Any, reconciler: SysfsSource,
     for (resource, direction), n in sorted(changes.items(), key=str):
         log.info("while the exporter was down: %d %s %s transition(s)", n, resource.value,
                  direction.value)
+
+
+# ---------------------------------------------------------------- run
+
+
+def serve(options: Options) -> int:
+    """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
+    clock = MonotonicWallClock()
+    decisions = decide(options)
+    log.info("node-resize-exporter %s (revision %s)", buildinfo.version(), buildinfo.revision())
+    metrics = CollectorRegistry()
+    try:
+        traces = validate(options, decisions)
+        journal = open_journal(decisions, clock)
+        built = build_agent(options, clock, journal=journal, decisions=decisions)
+    except StartupError as e:
+        return _fail(str(e))
+    agent = built.agent
+    try:
+        server = open_server(options, decisions, metrics, agent.alive.is_set,
+                             agent.state_version)
+    except StartupError as e:
+        agent.close_sources()
+        return _fail(str(e))
+    _drop_privileges(built.keep)
+    collect(options, decisions, agent, metrics, built.metrics, journal, traces)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: _stop(stop, agent))
+    server.start()
+    _log_started(agent, decisions, journal, traces)
+    try:
+        agent.run(stop)
+    finally:
+        server.stop()
+    log.info("stopped")
+    return 0
+
+
+def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
+            exposition: MetricsSink, journal: JournalSink | None, traces: Any) -> None:
+    """After the privilege drop, every thread that start-up leaves (the journal's writer, the
+    span processor's, the Events poster's) and the Collectors /metrics renders."""
+    if journal is not None:
+        journal.start()
+    if traces is not None:
+        agent.add_sink(_trace_sink(traces, journal, decisions.node))
+    if options.kube_events and decisions.kubernetes:
+        try:
+            agent.add_sink(KubeEventsSink(decisions.node,
+                                          lightkube_events_api(options.kubeconfig)))
+        except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
+            log.warning("--kube-events: cannot post Events (%s); continuing without them",
+                        quoted(e))
+    metrics.register(exposition)
+    # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
+    # running containers: sinks of the agent that see every event, each its own Collector.
+    metrics.register(KubeletSink.attach(agent))
+    metrics.register(RunningPodsSink.attach(agent))
+    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
+    metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+
+
+def _trace_sink(traces: Any, journal: JournalSink | None, node: str) -> Any:
+    from exporter.sinks.traces.sink import TraceSink  # the OpenTelemetry SDK: see trace_config
+    return TraceSink(traces, journal=journal, node_name=node)
+
+
+def _log_started(agent: Agent, decisions: Decisions, journal: JournalSink | None,
+                 traces: Any) -> None:
+    log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
+             ", ".join(s.name for s in agent.sources),
+             journal.path if journal is not None else "off",
+             f"on (node {decisions.node})" if decisions.kubernetes else "off",
+             "off" if traces is None else
+             f"{'+'.join(traces.exporters)} ({traces.protocol})")
 
 
 def _stop(stop: threading.Event, agent: Agent) -> None:
@@ -237,99 +424,13 @@ def _fail(message: str) -> int:
     return 2
 
 
-def serve(options: Options) -> int:
-    """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
-    from exporter.sinks.traces.env import trace_config_from_env
-    from exporter.sinks.traces.sink import TraceSink
-    from exporter.web.server import MetricsServer
-
-    clock = MonotonicWallClock()
-    node = resolve_node_name(options)
-    kubernetes = kubernetes_enabled(options)
-    log.info("node-resize-exporter %s (revision %s)", buildinfo.version(), buildinfo.revision())
-    try:
-        trace_config = trace_config_from_env()  # ValueError names the bad OTEL_* variable
-        if kubernetes:
-            preflight_kubernetes(options, node)
-        journal = open_journal(options, clock)
-    except (ValueError, OSError, StartupError) as e:
-        return _fail(str(e))
-    try:
-        built = build_agent(options, clock, journal=journal, node=node)
-    except StartupError as e:
-        return _fail(str(e))
-    agent = built.agent
-
-    registry_ = CollectorRegistry()
-    try:
-        server = MetricsServer(options.listen_host, options.listen_port, registry_,
-                               healthy=agent.alive.is_set, web_config=options.web_config_file,
-                               version=agent.state_version,
-                               telemetry_path=options.web_telemetry_path,
-                               auth=options.web_auth, node_name=node,
-                               kubeconfig=options.kubeconfig,
-                               token_audiences=tuple(options.web_auth_token_audience))
-    except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
-        agent.close_sources()
-        return _fail(str(e))
-    except OSError as e:
-        agent.close_sources()
-        where = f"{options.listen_host}:{options.listen_port}"
-        if e.errno == errno.EADDRINUSE:
-            return _fail(f"--web.listen-address {where}: address already in use (another "
-                         "exporter running?); choose another port with --web.listen-address")
-        return _fail(f"--web.listen-address {where}: cannot listen: {e.strerror or e}")
-
-    _drop_privileges(any(s.name == "bpf" for s in agent.sources))
-    if journal is not None:
-        journal.start()  # its writer thread, after the drop like every thread
-    # After the drop: the span processor starts a thread, which would keep what it inherited.
-    if trace_config is not None:
-        agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
-    if options.kube_events and kubernetes:
-        from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
-        try:
-            agent.add_sink(KubeEventsSink(node, lightkube_events_api(options.kubeconfig)))
-        except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
-            log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
-    registry_.register(built.metrics)
-    # The kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
-    # a sink of the agent: it sees every event and pokes the sources that re-read after them.
-    from exporter.sinks.kubelet_collector import KubeletSink
-    registry_.register(KubeletSink.attach(agent))
-    # What a resize left in the running containers (stale OOM scores, cpusets, limits): its
-    # own sink and Collector, poking the running-pods source after CPU and memory events.
-    from exporter.sinks.running_pods import RunningPodsSink
-    registry_.register(RunningPodsSink.attach(agent))
-    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
-    from exporter.sinks.forecast_collector import ForecastCollector
-    registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: _stop(stop, agent))
-    server.start()
-    log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
-             ", ".join(s.name for s in agent.sources),
-             journal.path if journal is not None else "off",
-             f"on (node {node})" if kubernetes else "off",
-             "off" if trace_config is None else
-             f"{'+'.join(trace_config.exporters)} ({trace_config.protocol})")
-    try:
-        agent.run(stop)
-    finally:
-        server.stop()
-    log.info("stopped")
-    return 0
-
-
-def _drop_privileges(bpf_running: bool) -> None:
+def _drop_privileges(keep: set[str]) -> None:
     """Everything privileged is done (programs attached, port bound): keep only what the
-    running agent still needs (exporter/privileges.py). Before agent.run() starts the source
-    threads, which inherit the reduced set. A refusal is logged, never fatal."""
-    from exporter import privileges
+    running sources declared they still need (their `capabilities_after_start`). Before
+    agent.run() starts the source threads, which inherit the reduced set. A refusal is
+    logged, never fatal."""
     if os.geteuid() != 0 and privileges.capabilities() == 0:
         return
-    keep = privileges.needed_after_start(bpf_running)
     try:
         privileges.drop_capabilities(keep)
     except OSError as e:

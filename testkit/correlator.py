@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.app import correlator_config
+from exporter.config.decide import correlator_config
 from exporter.config.options import Options
 from exporter.correlate.config import CorrelatorConfig
 

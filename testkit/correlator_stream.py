@@ -25,6 +25,7 @@ from exporter.events import (
     Result,
     Transition,
 )
+from exporter.sources import registry
 from testkit.correlator import config as correlator_config
 
 T0 = 1_700_000_000.0
@@ -45,7 +46,8 @@ class Stream:
         ledger = KernelLedger()
         self.view = NodeView(self.config, self.clock)
         self.correlator = Correlator(self.config, self.clock, ledger=ledger, view=self.view)
-        self.metrics = MetricsSink(threading.Lock(), ledger, self.view)
+        self.metrics = MetricsSink(threading.Lock(), ledger, self.view,
+                                   lossy=registry.lossy_names())
         self.stats = self.metrics.stats
         self.updates: list[EpisodeUpdate] = []
 

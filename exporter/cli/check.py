@@ -1,211 +1,156 @@
-"""`node-resize-exporter check`: what works here, what does not, and the fix for each."""
+"""`node-resize-exporter check`: what works here, what does not, and the fix for each.
+
+The same pipeline as `run` (exporter/app.py), asking each step whether it can start instead of
+starting it: the options validated as `run` validates them (OTEL_* variables, the Kubernetes
+API, the right to post Events, the web config and the listen address, each by the very
+function `run` calls), the journal by its own policy, and each source `run` would open by its
+own `check()`. Then what the running agent would judge: a kubelet restart now, the running
+containers, the readmission forecast. This module orchestrates and renders; it decides nothing.
+"""
 from __future__ import annotations
 
+import itertools
 import os
 import socket
+import ssl
+import stat
+import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from exporter import app
+from exporter.checks import FAIL, OK, WARN, Check, failed, guarded, quoted
+from exporter.clock import MonotonicWallClock
+from exporter.config.decide import Decisions, decide
 from exporter.config.options import Options
-from exporter.privileges import CAPS, capabilities
+from exporter.correlate.kubelet_view import KubeletView, cpu_list
+from exporter.correlate.readmission_forecast import REASON_RESOURCE, ReadmissionForecast
+from exporter.correlate.running_pods import KINDS, RunningPodsView
+from exporter.events import SourceStatus
+from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+from exporter.kube.convert import node_status, pod_status
+from exporter.sinks.journal.path import check_journal
 from exporter.sources import registry
-from exporter.sources.base import SourceUnavailable
+from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
+from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sources.kubelet.kubelet_checkpoint import (
+    read_cpu_manager_state,
+    read_memory_manager_state,
+)
+from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
+from exporter.sources.kubelet.running_pods import scan
 
-if TYPE_CHECKING:
-    from exporter.correlate.readmission_forecast import ReadmissionForecast
-
-CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = CAPS["CAP_SYS_ADMIN"], CAPS["CAP_PERFMON"], CAPS["CAP_BPF"]
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # "ok", "warn" (works, with less), "fail"
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status.upper():4} {self.name}: {self.detail}"
-        return text + (f"\n     fix: {self.fix}" if self.fix and self.status != "ok" else "")
-
-
-def check_capabilities() -> Check:
-    caps = capabilities()
-    has = lambda c: bool(caps >> c & 1)  # noqa: E731
-    if has(CAP_BPF) and has(CAP_PERFMON):
-        return Check("capabilities", "ok", "CAP_BPF and CAP_PERFMON")
-    if has(CAP_SYS_ADMIN):
-        return Check("capabilities", "ok", "CAP_SYS_ADMIN (covers BPF on kernels < 5.8)")
-    return Check("capabilities", "fail", "neither CAP_BPF+CAP_PERFMON nor CAP_SYS_ADMIN",
-                 "run as root, or add capabilities BPF and PERFMON (SYS_ADMIN before 5.8)")
-
-
-def bpf_requirement_checks() -> list[Check]:
-    """The BPF source's own pre-flight, one line per requirement (the same list it checks)."""
-    from exporter.sources.kernel.bpf.requirements import requirements
-    return [Check(r.name, "ok" if r.ok else "fail", r.detail, r.fix) for r in requirements()]
-
-
-def check_btf() -> Check:
-    if Path("/sys/kernel/btf/vmlinux").exists():
-        return Check("BTF", "ok", "/sys/kernel/btf/vmlinux present")
-    return Check("BTF", "warn", "no /sys/kernel/btf/vmlinux (not needed: the programs read "
-                 "tracepoint args only)", "use a kernel with CONFIG_DEBUG_INFO_BTF for CO-RE tools")
-
-
-def check_kprobes() -> Check:
-    if not os.access("/sys/kernel/tracing", os.R_OK | os.X_OK):
-        return Check("kprobes", "fail", "cannot look into /sys/kernel/tracing (not root, or "
-                     "tracefs not mounted)", "run as root, or grant CAP_BPF, CAP_PERFMON")
-    if Path("/sys/kernel/tracing/kprobe_events").exists():
-        return Check("kprobes", "ok", "memory online/offline probes can attach")
-    return Check("kprobes", "warn", "kernel built without CONFIG_KPROBES: the memory BPF "
-                 "probes (online_pages/offline_pages) cannot attach; memory hotplug is still "
-                 "seen through uevents and sysfs, without kernel durations or refusal codes",
-                 "a kernel with CONFIG_KPROBES=y for memory durations and EBUSY reasons")
-
-
-def check_uevent() -> Check:
-    from exporter.sources.kernel.uevent import KERNEL_GROUP, NETLINK_KOBJECT_UEVENT
-    try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) as s:
-            s.bind((0, KERNEL_GROUP))
-        return Check("uevent socket", "ok", "NETLINK_KOBJECT_UEVENT group 1 joined")
-    except OSError as e:
-        return Check("uevent socket", "fail", str(e),
-                     "run in the host network namespace (hostNetwork: true)")
-
-
-def check_sysfs(sysfs: str = "/sys") -> Check:
-    cpu = Path(sysfs) / "devices/system/cpu/online"
-    mem = Path(sysfs) / "devices/system/memory/block_size_bytes"
-    if not os.access(cpu, os.R_OK):
-        return Check("sysfs", "fail", f"cannot read {cpu}", "mount the host's /sys")
-    if not mem.exists():
-        return Check("sysfs", "warn", f"{cpu} readable; no memory hotplug in sysfs",
-                     "a kernel with CONFIG_MEMORY_HOTPLUG to see memory blocks")
-    return Check("sysfs", "ok", f"{cpu} and memory blocks readable")
-
-
-def check_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Check:
-    """The only real test of a source: build it from the registry, open it (BPF: compile,
-    load and attach), close it again."""
-    source = spec.factory(ctx)
-    try:
-        source.open()
-    except SourceUnavailable as e:
-        return Check(f"{spec.name} source", "fail", e.reason, e.fix)
-    except Exception as e:  # noqa: BLE001 - `check` reports, it never prints a traceback
-        return Check(f"{spec.name} source", "fail", f"cannot open: {e}"[:300],
-                     "see the checks above (run as root?)")
-    try:
-        detail = f"opens ({spec.help})"
-        programs = getattr(source, "attached", None)
-        if programs:
-            attached = [p for p, (ok, _) in programs.items() if ok]
-            missing = [p for p, (ok, _) in programs.items() if not ok]
-            detail = f"compiled and attached: {', '.join(attached)}"
-            if missing:
-                detail += f"; not attached: {', '.join(missing)}"
-        return Check(f"{spec.name} source", "ok", detail)
-    finally:
-        source.close()
-
-
-def check_journal(options: Options) -> Check:
-    """Can `run` journal where it would? A corrupt journal only costs a warning and a counter
-    at run time (journaling stays off), so `check` is where it is said plainly."""
-    import sqlite3
-
-    from exporter.sinks.journal.path import JournalPathError, cannot_create, check_journal_path
-    from exporter.sinks.journal.schema import NEWER_FIX, SCHEMA_VERSION, default_journal_path
-    if options.no_journal:
-        return Check("journal", "ok", "off (--no-journal)")
-    path = Path(options.journal) if options.journal else default_journal_path()
-    fix = (f"move it away (mv {path} {path}.corrupt): `run` starts a new one; until then "
-           "nothing is journaled and node_resize_exporter_sink_errors_total{sink=\"journal\"} "
-           "grows")
-    try:
-        check_journal_path(path)
-    except JournalPathError as e:
-        return Check("journal", "fail", str(e).split(". Fix: ")[0],
-                     str(e).partition(". Fix: ")[2])
-    problem = cannot_create(path)  # tried, not guessed: root passes access() under /proc
-    if problem:
-        return Check("journal", "fail", f"{path}: {problem}",
-                     "a writable path on a local filesystem (--journal PATH), or --no-journal")
-    if not path.exists():
-        return Check("journal", "ok", f"{path} does not exist yet; `run` creates it (0600)")
-    try:
-        with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5) as c:
-            version = c.execute("PRAGMA user_version").fetchone()[0]
-            problems = [r[0] for r in c.execute("PRAGMA quick_check(5)").fetchall()]
-    except sqlite3.Error as e:
-        return Check("journal", "fail", f"{path} is corrupt or not a journal: {e}", fix)
-    if problems != ["ok"]:
-        return Check("journal", "fail", f"{path} is corrupt: {'; '.join(problems)[:300]}", fix)
-    if version > SCHEMA_VERSION:
-        return Check("journal", "fail", f"{path} has schema {version}, newer than this "
-                     f"exporter's {SCHEMA_VERSION}: `run` leaves it untouched and runs without "
-                     "a journal (sink_up{sink=\"journal\"} 0)",
-                     f"{NEWER_FIX.replace('move the file away', f'mv {path} {path}.newer')}")
-    return Check("journal", "ok", f"{path} readable, schema {version}, no corruption found")
+__all__ = ["Check", "run_checks", "render"]
 
 
 def run_checks(options: Options | None = None) -> list[Check]:
-    """Host diagnostics (why a source may fail), then every kernel source the registry knows,
-    opened for real."""
-    from exporter.clock import MonotonicWallClock
+    """Every line, in the order `run` meets them."""
     options = options or Options()
-    checks = [_guarded("capabilities", check_capabilities),
-              *_guarded_list("bpf requirements", bpf_requirement_checks),
-              _guarded("BTF", check_btf), _guarded("kprobes", check_kprobes),
-              _guarded("uevent socket", check_uevent),
-              _guarded("sysfs", check_sysfs, options.sysfs_root)]
-    ctx = registry.SourceContext(options, MonotonicWallClock(), node_name="")
-    checks += [_guarded(f"{spec.name} source", check_source, spec, ctx)
-               for spec in registry.specs(registry.KERNEL)]
-    return checks + [_guarded("journal", check_journal, options),
-                     _guarded("kubelet restart", check_kubelet_restart, options),
-                     _guarded("running pods", check_running_pods, options),
-                     *_guarded_list("kubernetes", kubernetes_checks, options)]
+    decisions = decide(options)
+    warnings: list[str] = []
+    checks = [*guarded("traces", check_traces, options),
+              *guarded("kube events", check_events, options, decisions, warnings),
+              *[Check("kube events", WARN, w) for w in warnings],
+              *guarded("journal", check_journal, decisions.journal),
+              *guarded("sources", check_sources, options, decisions),
+              *guarded("web", check_web, options, decisions)]
+    return checks + [*guarded("kubelet restart", _one, check_kubelet_restart, options),
+                     *guarded("running containers", _one, check_running_pods, options),
+                     *guarded("kubernetes", kubernetes_checks, options, decisions)]
 
 
-def _guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
-    """One check, whatever it meets (not root, a FIFO, a garbage tree): a failed line with
-    the reason, never a traceback that hides the other lines."""
+def render(checks: list[Check]) -> tuple[str, int]:
+    """The text `check` prints and its exit status: 1 when any check FAILs, else 0."""
+    lines = [c.line() for c in checks]
+    bpf = [c for c in checks if c.name == "bpf source"]
+    if bpf:  # only when the BPF source was asked for
+        lines.append("BPF source: " + ("can run" if bpf[0].status == OK else "cannot run (the "
+                                       "exporter falls back to uevent and sysfs)"))
+    return "\n".join(lines), 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def _one(check: Callable[..., Check], *args: Any) -> list[Check]:
+    return [check(*args)]
+
+
+def check_traces(options: Options) -> list[Check]:
     try:
-        return check(*args)
-    except Exception as e:  # noqa: BLE001 - reported as the check's result
-        return Check(name, "fail", f"could not be checked: {_why(e)}"[:300],
-                     "run check as root on the node")
+        config = app.trace_config(options)
+    except app.StartupError as e:
+        return [failed("traces", str(e))]
+    if config is None:
+        return []
+    return [Check("traces", OK, f"{'+'.join(config.exporters)} ({config.protocol})")]
 
 
-def _guarded_list(name: str, checks: Callable[..., list[Check]], *args: Any) -> list[Check]:
+def check_events(options: Options, decisions: Decisions, warnings: list[str]) -> list[Check]:
+    """--kube-events: the SelfSubjectAccessReview `run` asks at start."""
+    if not (options.kube_events and decisions.kubernetes):
+        return []
     try:
-        return checks(*args)
-    except Exception as e:  # noqa: BLE001 - reported as the check's result
-        return [Check(name, "fail", f"could not be checked: {_why(e)}"[:300],
-                      "run check as root on the node")]
+        app.preflight_events(options, decisions, warn=warnings.append)
+    except app.StartupError as e:
+        return [failed("kube events", str(e))]
+    if warnings:
+        return []
+    return [Check("kube events", OK, "create on events allowed")]
 
 
-def _why(e: Exception) -> str:
-    if isinstance(e, OSError) and e.filename:
-        return f"{e.strerror or e}: {e.filename}"
-    return repr(e)
+def check_sources(options: Options, decisions: Decisions) -> list[Check]:
+    """Each kernel source `run` would open, opened by its own check() (BPF: compiled, loaded
+    and attached) and closed; only those the options ask for."""
+    ctx = registry.SourceContext(options, MonotonicWallClock(), decisions.node)
+    found: list[Check] = []
+    for spec in [registry.reconciler(), *app.kernel_sources_asked(options)]:
+        found += guarded(f"{spec.name} source", spec.can_start, ctx)
+    return found
+
+
+def check_web(options: Options, decisions: Decisions) -> list[Check]:
+    """The endpoint built as `run` builds it (web config, --web.auth, the port bound), then
+    closed. A port held by a running node-resize-exporter (`check` in its pod) is a warning."""
+    try:
+        server = app.open_server(options, decisions, CollectorRegistry())
+    except app.AddressInUse as e:
+        if _exporter_answers(options.listen_host, options.listen_port):
+            return [Check("web", WARN, f"{options.listen_host}:{options.listen_port} is served "
+                          "by a node-resize-exporter already running (the one this check runs "
+                          "beside?)", "another --web.listen-address to run a second one")]
+        return [failed("web", str(e))]
+    except app.StartupError as e:
+        return [failed("web", str(e))]
+    try:
+        auth = {"kubernetes": ", Kubernetes bearer tokens",
+                "none": ", no authentication"}.get(options.web_auth, "")
+        if server.auth.enabled:
+            auth = ", basic auth"
+        return [Check("web", OK, f"{server.scheme}://{options.listen_host}:{server.port}"
+                      f"{options.web_telemetry_path} can be served{auth}")]
+    finally:
+        server.stop()
+
+
+def _exporter_answers(host: str, port: int) -> bool:
+    """Does a node-resize-exporter answer its index page there (plain or TLS)?"""
+    where = f"[{host}]" if ":" in host else host
+    where = "127.0.0.1" if host == "0.0.0.0" else "::1" if host == "::" else where
+    unverified = ssl.create_default_context()
+    unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+    for scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(f"{scheme}://{where}:{port}/", timeout=2,
+                                        context=unverified if scheme == "https" else None) as r:
+                return b"<title>node-resize-exporter</title>" in r.read(4096)
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def check_kubelet_restart(options: Options) -> Check:
     """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
     what the kernel has online now, judged as the kubelet judges them at start."""
-    from exporter.correlate.kubelet_view import KubeletView, cpu_list
-    from exporter.sources.kernel.sysfs import SysfsReader
-    from exporter.sources.kubelet.kubelet_checkpoint import (
-        read_cpu_manager_state,
-        read_memory_manager_state,
-    )
     name = "kubelet restart"
     root = options.kubelet_root_dir
     if not root:
@@ -263,9 +208,6 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
     """What a resize left in the running containers: their cgroups and processes scanned
     once, judged against the kernel now (OOM scores also need this node's pods from the API:
     listed when Kubernetes is on, else `pods`)."""
-    from exporter.correlate.running_pods import KINDS, RunningPodsView
-    from exporter.sources.kernel.sysfs import SysfsReader
-    from exporter.sources.kubelet.running_pods import scan
     name = "running containers"
     root = options.cgroup_root
     if not root or options.running_pods_max_containers <= 0:
@@ -307,22 +249,20 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
 
 def _node_pods(options: Options) -> tuple[list[object], str]:
     """This node's pods as the watch would convert them; ([], why not) when it cannot."""
-    from exporter.app import kubernetes_enabled, resolve_node_name
-    if not kubernetes_enabled(options):
+    decisions = decide(options)
+    if not decisions.kubernetes:
         return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
-    from exporter.kube.client import RawPod, load_config, make_client
-    from exporter.kube.convert import pod_status
     try:
         client, transport = make_client(load_config(options.kubeconfig), request_timeout=10)
     except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
-        return [], f"; OOM scores not judged: {e}"
+        return [], f"; OOM scores not judged: {quoted(e)}"
     try:
         listing = client.list(RawPod, namespace="*", chunk_size=500,
-                              fields={"spec.nodeName": resolve_node_name(options)})
+                              fields={"spec.nodeName": decisions.node})
         pods = [pod_status(dict(item), 0.0, None).event for item in listing]
         return [p for p in pods if p is not None], ""
     except Exception as e:  # noqa: BLE001 - unreachable, refused: the cgroup kinds still count
-        return [], f"; OOM scores not judged: cannot list pods ({str(e)[:200]})"
+        return [], f"; OOM scores not judged: cannot list pods ({quoted(e)})"
     finally:
         transport.close()
 
@@ -330,19 +270,21 @@ def _node_pods(options: Options) -> tuple[list[object], str]:
 # ---------------------------------------------------------------- the Kubernetes side
 
 
-def kubernetes_checks(options: Options) -> list[Check]:
+def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
     """Configuration, this node's Node object, RBAC (SelfSubjectAccessReview for what the
     sources call), the podresources socket and the kubelet metrics endpoint."""
-    from exporter.app import kubernetes_enabled, resolve_node_name
-    if not kubernetes_enabled(options):
+    if not decisions.kubernetes:
         return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
                       "pass --kubeconfig or run as the DaemonSet to join the Node's view")]
-    from exporter.kube.client import KubeUnavailable, load_config
     try:
         config = load_config(options.kubeconfig)
     except KubeUnavailable as e:
         return [Check("kubernetes config", "fail", e.reason, e.fix)]
-    node = resolve_node_name(options)
+    try:
+        app.preflight_kubernetes(options, decisions)  # what `run` asks at start
+    except app.StartupError as e:
+        return [failed("kubernetes config", str(e))]
+    node = decisions.node
     checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
     checks.append(check_rbac(config))
     checks.append(check_node(config, node))
@@ -362,17 +304,9 @@ def check_readmission_forecast(options: Options) -> Check:
     """Which pods a kubelet restart now would reject: the exporter's own forecast
     (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
     pods, the kernel now, and the CPU manager's policy from its checkpoint."""
-    import itertools
 
-    from exporter.app import resolve_node_name
-    from exporter.correlate.readmission_forecast import ReadmissionForecast
-    from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
-    from exporter.kube.convert import node_status, pod_status
-    from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
-    from exporter.sources.kernel.sysfs import SysfsReader
-    from exporter.sources.kubelet.kubelet_checkpoint import read_cpu_manager_state
     name = "readmission forecast"
-    node = resolve_node_name(options)
+    node = decide(options).node
     try:
         snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
     except (OSError, ValueError) as e:
@@ -391,7 +325,7 @@ def check_readmission_forecast(options: Options) -> Check:
                         chunk_size=500), FORECAST_PODS_MAX)]
     except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
         return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
-                     f"{str(e)[:200] or type(e).__name__}",
+                     f"{quoted(e) or type(e).__name__}",
                      "check the API server address, the credentials and list on nodes and pods")
     finally:
         transport.close()
@@ -418,8 +352,6 @@ def check_readmission_forecast(options: Options) -> Check:
 
 def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Check:
     """The check line for a ReadmissionForecast: the pods it would reject and the fix."""
-    from exporter.correlate.kubelet_view import cpu_list
-    from exporter.correlate.readmission_forecast import REASON_RESOURCE
     name = "readmission forecast"
     result = forecast.result()
     if result is None:
@@ -455,24 +387,14 @@ RBAC_NEEDED = tuple((verb, group, resource) for group, resource in (
 
 
 def check_rbac(config: object) -> Check:
-    from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
-    from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
-
-    from exporter.kube.client import make_client
-    client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
     denied = []
     try:
         for verb, group, resource in RBAC_NEEDED:
-            review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
-                resourceAttributes=ResourceAttributes(verb=verb, group=group,
-                                                      resource=resource))))
-            if not (review.status and review.status.allowed):
+            if app.access_denied(config, verb, group, resource):
                 denied.append(f"{verb} {resource}")
     except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
-        return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {e}",
+        return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {quoted(e)}",
                      "check the API server address and the credentials")
-    finally:
-        transport.close()
     if denied:
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
                      "bind deploy/clusterrole.yaml (list, watch on nodes, pods, leases and "
@@ -487,9 +409,7 @@ NODES_NAMED = 10  # Nodes a FAIL lists when this node's name is not one of them
 def check_node(config: object, name: str) -> Check:
     """Does the API server know this node's name? A wrong --node-name (or a hostname that is not
     the Node's name) watches nothing: every Kubernetes series would stay empty."""
-    import itertools
 
-    from exporter.kube.client import RawNode, make_client
     client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
     try:
         if list(client.list(RawNode, fields={"metadata.name": name}, chunk_size=1)):
@@ -497,7 +417,7 @@ def check_node(config: object, name: str) -> Check:
         seen = [n.metadata.name for n in itertools.islice(
             client.list(RawNode, chunk_size=NODES_NAMED), NODES_NAMED) if n.metadata]
     except Exception as e:  # noqa: BLE001 - unreachable, 401, 403: say so
-        return Check("kubernetes node", "fail", f"cannot list Nodes: {e}",
+        return Check("kubernetes node", "fail", f"cannot list Nodes: {quoted(e)}",
                      "check the API server address, the credentials and list on nodes")
     finally:
         transport.close()
@@ -509,7 +429,6 @@ def check_node(config: object, name: str) -> Check:
 
 
 def check_podresources(path: str) -> Check:
-    import stat
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
@@ -529,9 +448,6 @@ def check_podresources(path: str) -> Check:
 
 
 def check_kubelet_metrics(url: str) -> Check:
-    from exporter.clock import MonotonicWallClock
-    from exporter.events import SourceStatus
-    from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
     seen: list[object] = []
     KubeletMetricsSource(MonotonicWallClock(), url=url).poll(seen.append)
     down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]

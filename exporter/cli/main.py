@@ -55,14 +55,10 @@ def check(**values) -> None:
 
     Takes the options `run` takes and checks what `run` would use. Exit status 1 when any
     check FAILs, else 0 (WARN: it runs, with less)."""
-    from exporter.cli.check import run_checks
-    checks = run_checks(Options.from_cli(values))
-    for c in checks:
-        click.echo(c.line())
-    bpf_ok = next(c for c in checks if c.name == "bpf source").status == "ok"
-    click.echo("BPF source: " + ("can run" if bpf_ok else "cannot run (the exporter falls "
-                                 "back to uevent and sysfs)"))
-    sys.exit(1 if any(c.status == "fail" for c in checks) else 0)
+    from exporter.cli.check import render, run_checks
+    text, status = render(run_checks(Options.from_cli(values)))
+    click.echo(text)
+    sys.exit(status)
 
 
 postmortem.register(main)

@@ -17,17 +17,17 @@ from typing import Any
 import click
 
 from exporter import codec
-from exporter.app import correlator_config
 from exporter.clock import FakeClock
 from exporter.config import options
+from exporter.config.decide import correlator_config
 from exporter.config.options import Options
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.correlator import Correlator
 from exporter.correlate.model import Episode, Outcome
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
-from exporter.sinks.journal.reader import JournalReader
 from exporter.sinks.journal.path import default_journal_path
+from exporter.sinks.journal.reader import JournalReader
 from exporter.sinks.journal.schema import JournalError, event_time
 
 PROGRESS_EVERY = 10_000

@@ -8,14 +8,14 @@ blocks the agent on I/O.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.correlate.model import EpisodeUpdate
-from exporter.events import DeviceChange, Event, Resource, Transition
+from exporter.events import Event
 
 
 class Sink(Protocol):
@@ -37,24 +37,18 @@ class SelfDescribing(Collector):
         return list(self.collect())
 
 
-class PokingSink(SelfDescribing):
+class ViewSink(SelfDescribing):
     """A sink and a Collector in one over a pure view, fed in the agent's thread and rendered at
-    scrape time under the sink's own lock. After a kernel event it pokes the sources that must
-    re-read (the kernel changes a cpuset or a checkpoint's meaning without any notification):
-    `POKED` names them, with the resources whose events concern each (a re-read after any
-    other is a wasted wake-up, in a CPU flap storm right in the online window)."""
+    scrape time under the sink's own lock. The sources that feed it re-read after kernel events
+    because they say so (their `poked_by`, exporter/sources/registry.py): the agent pokes them."""
 
-    POKED: ClassVar[dict[str, frozenset[Resource]]] = {}
-
-    def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
-                 ) -> None:
+    def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._pokes = list(pokes)
 
     @classmethod
     def attach(cls, agent: Any) -> Any:
-        """Built for a running agent: pokes its re-reading sources, and is one of its sinks."""
-        sink = cls([(cls.POKED[s.name], s.poke) for s in agent.sources if s.name in cls.POKED])
+        """Built for a running agent, as one of its sinks."""
+        sink = cls()
         agent.add_sink(sink)
         return sink
 
@@ -65,11 +59,6 @@ class PokingSink(SelfDescribing):
     def on_event(self, event: Event) -> None:
         with self.lock:
             self.feed(event)
-        # A kernel event, not the sysfs snapshot that follows each one: one re-read per event.
-        if isinstance(event, (Transition, DeviceChange)):
-            for resources, poke in self._pokes:
-                if event.resource in resources:
-                    poke()
 
     def on_update(self, update: EpisodeUpdate) -> None:
         pass  # judged from the kernel's truth and the kubelet's files, not from episodes

@@ -2,41 +2,28 @@
 
 A sink and a Collector in one: the agent hands it every raw event (`on_event`, in the agent's
 thread), it feeds them to the pure KubeletView under its own lock, and /metrics renders the
-view under that lock. It also pokes the sources that must re-read after a kernel event (the
-kubepods cpuset, the checkpoints, auto_online_blocks): the kernel changes a cpuset without
-any notification, so "after every kernel event" is the only prompt moment.
+view under that lock. The sources that feed it (the kubepods cpuset, the checkpoints,
+auto_online_blocks) re-read after the kernel events their registrations name (`poked_by`):
+the kernel changes a cpuset without any notification.
 
 The composition root wires it (exporter/app.py):
 
-    kubelet = KubeletSink.attach(agent)     # an agent sink; pokes the agent's sources
-    registry.register(kubelet)
+    registry.register(KubeletSink.attach(agent))     # an agent sink, and a Collector
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.correlate.kubelet_view import KubeletView
-from exporter.events import Event, Resource
-from exporter.sinks import PokingSink
-
-# Sources that re-read when poked (by name, from the registry), and the kernel events that
-# can change what they read: a re-read after any other is a wasted wake-up (In a CPU
-# flap storm each one lands in the online window).
-POKED: dict[str, frozenset[Resource]] = {
-    "kubelet_checkpoint": frozenset({Resource.CPU, Resource.MEMORY}),  # CPU and memory managers
-    "kubepods_cgroup": frozenset({Resource.CPU}),  # the cpuset
-    "memory_auto_online": frozenset({Resource.MEMORY}),  # the hot-added memory policy
-}
+from exporter.events import Event
+from exporter.sinks import ViewSink
 
 
-class KubeletSink(PokingSink):
-    POKED = POKED
-
-    def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
-                 ) -> None:
-        super().__init__(pokes)
+class KubeletSink(ViewSink):
+    def __init__(self) -> None:
+        super().__init__()
         self.view = KubeletView()
         self.errors = 0  # shown as node_resize_exporter_sink_errors_total{sink="kubelet"}
 

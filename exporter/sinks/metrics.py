@@ -54,10 +54,6 @@ RESYNC_ERROR_REASONS = ("kernel_failed", "resync_timeout", "mismatch")
 UNPLUG_ERROR_REASONS = RESYNC_ERROR_REASONS + ("readmission_rejected",)
 KERNEL_ONLY_ERROR_REASONS = ("kernel_failed",)
 READMISSION_OUTCOMES = (("kept", "Running"),)
-# The sources that can lose events (BPF ring buffer full, netlink ENOBUFS): their
-# events_lost_total exists at 0 for NodeResizeExporterEventsLost; any other source's series
-# appears only if it ever reports a loss.
-LOSSY_SOURCES = frozenset({"bpf", "uevent"})
 
 
 def _with_zeros(values: Mapping[Any, int], keys: Iterable[Hashable]) -> dict[Any, int]:
@@ -77,12 +73,17 @@ class MetricsSink(SelfDescribing):
     Kubernetes join's families (balloons, readmission, the Node's view)."""
 
     def __init__(self, lock: threading.Lock, ledger: KernelLedger, view: NodeView | None = None,
-                 sinks: Iterable[object] = (), kubernetes: bool = True) -> None:
+                 sinks: Iterable[object] = (), kubernetes: bool = True,
+                 lossy: Iterable[str] = ()) -> None:
         self.lock = lock  # the agent's: held while the Correlator writes ledger and view
         self.ledger = ledger
         self.view = view
         self.kubernetes = kubernetes
         self.sinks = sinks  # their error counters are shown too (the agent's live list)
+        # The sources that can lose events (their registrations say `lossy`: a ring buffer
+        # full, netlink ENOBUFS): their events_lost_total exists at 0 for
+        # NodeResizeExporterEventsLost; any other source's appears with its first loss.
+        self.lossy = frozenset(lossy)
         self.stats = EpisodeStats()
         self._stats_lock = threading.Lock()
         self.errors = 0
@@ -173,7 +174,7 @@ class MetricsSink(SelfDescribing):
         for metric, counts, zeros, help_ in (
             ("node_resize_exporter_events", led.events, set(led.sources),
              "Events received, by source."),
-            ("node_resize_exporter_events_lost", led.lost, set(led.sources) & LOSSY_SOURCES,
+            ("node_resize_exporter_events_lost", led.lost, set(led.sources) & self.lossy,
              "Events a source lost (ring buffer full, netlink ENOBUFS)."),
             ("node_resize_exporter_malformed", led.malformed, set(),
              "Inputs a source could not parse; counted and skipped."),

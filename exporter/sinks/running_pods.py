@@ -4,9 +4,9 @@ Collector in one, like the kubelet sink beside it (exporter/sinks/kubelet_collec
 The agent hands it every raw event (`on_event`, in the agent's thread); it feeds the pure
 RunningPodsView (exporter/correlate/running_pods.py) under its own lock, and /metrics renders
 the findings under that lock: judged at scrape time, so a memory block that goes offline
-makes a Burstable container's OOM score stale at the next scrape, without a rescan. It also
-pokes the running-pods source after every CPU or memory event (a cpuset changes without any
-notification); the source itself keeps its rescans at least --running-pods.min-interval apart.
+makes a Burstable container's OOM score stale at the next scrape, without a rescan. The
+running-pods source rescans after every CPU or memory event (its `poked_by`: a cpuset changes
+without any notification), at least --running-pods.min-interval apart.
 
 The composition root wires it (exporter/app.py):
 
@@ -14,23 +14,18 @@ The composition root wires it (exporter/app.py):
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.correlate.running_pods import KINDS, RunningPodsView
-from exporter.events import Event, Resource
-from exporter.sinks import PokingSink
-
-SOURCE = "running_pods"
+from exporter.events import Event
+from exporter.sinks import ViewSink
 
 
-class RunningPodsSink(PokingSink):
-    POKED = {SOURCE: frozenset({Resource.CPU, Resource.MEMORY})}
-
-    def __init__(self, pokes: Iterable[tuple[frozenset[Resource], Callable[[], None]]] = ()
-                 ) -> None:
-        super().__init__(pokes)
+class RunningPodsSink(ViewSink):
+    def __init__(self) -> None:
+        super().__init__()
         self.view = RunningPodsView()
 
     def feed(self, event: Event) -> None:

@@ -34,8 +34,8 @@ from typing import Any, Callable
 import click
 
 import exporter.sources as package
-from exporter.clock import MonotonicWallClock
 from exporter.checks import Check
+from exporter.clock import MonotonicWallClock
 from exporter.config.options import Opt, Options, declare
 from exporter.events import Resource
 from exporter.sources.base import Source

@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 import pytest
 
-from exporter.app import resolve_node_name
 from exporter.clock import MonotonicWallClock
+from exporter.config.decide import resolve_node_name
 from exporter.config.options import TABLE, Options
 from exporter.config.types import LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus, Resource, SourceStatus

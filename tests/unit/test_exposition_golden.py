@@ -18,6 +18,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.sinks.metrics import MetricsSink
+from exporter.sources import registry as sources
 from exporter.sources.kernel.sysfs import SysfsReader, diff_transitions
 
 HERE = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_golden_exposition(monkeypatch):
                              error="EAGAIN"))
     ledger.handle(EventsLost("bpf", 2, 4.0))
     registry = CollectorRegistry()
-    registry.register(MetricsSink(threading.Lock(), ledger))
+    registry.register(MetricsSink(threading.Lock(), ledger, lossy=sources.lossy_names()))
     text = generate_latest(registry).decode()
     if os.environ.get("UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text)
