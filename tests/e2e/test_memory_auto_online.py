@@ -60,32 +60,36 @@ def test_it_runs_whatever_source_list_is_chosen():
 
 
 def test_only_the_kernel_events_that_can_change_a_source_poke_it():
-    """A CPU transition does not wake the auto_online_blocks reader, nor a memory one
-    the kubepods cpuset reader; the checkpoint reader (CPU and memory managers) takes both."""
+    """A CPU transition does not wake the auto_online_blocks reader, nor a memory one the
+    kubepods cpuset reader; the checkpoint reader (CPU and memory managers) and the sysfs
+    reconciler take both; no source is poked by its own event. The agent reads each source's
+    `poked_by` from its registration."""
+    from exporter.agent import Agent
     from exporter.events import Direction, Resource, Result, Transition
-    from exporter.sinks.kubelet_collector import KubeletSink
+    from exporter.sources import registry
 
-    poked: list[str] = []
+    poked: list[tuple[str, Resource]] = []
 
     class Recorder:
         def __init__(self, name: str):
             self.name = name
 
-        def poke(self) -> None:
-            poked.append(self.name)
+        def poke(self, resource: Resource) -> None:
+            poked.append((self.name, resource))
 
-    class AgentLike:
-        sources = [Recorder(n) for n in ("kubelet_checkpoint", "kubepods_cgroup",
-                                         "memory_auto_online", "sysfs")]
+    names = ("kubelet_checkpoint", "kubepods_cgroup", "memory_auto_online", "sysfs")
+    pokes = [(Recorder(n), registry.spec(n).poked_by) for n in names]
 
-        def add_sink(self, sink) -> None:
-            self.sink = sink
+    class Correlator:
+        def handle(self, event, name):
+            return []
 
-    agent = AgentLike()
-    sink = KubeletSink.attach(agent)
-    assert agent.sink is sink
-    for resource, want in ((Resource.CPU, ["kubelet_checkpoint", "kubepods_cgroup"]),
-                           (Resource.MEMORY, ["kubelet_checkpoint", "memory_auto_online"])):
+    agent = Agent(Correlator(), [], [], MonotonicWallClock(), pokes=pokes)
+    for source, resource, want in (
+            ("bpf", Resource.CPU, ["kubelet_checkpoint", "kubepods_cgroup", "sysfs"]),
+            ("bpf", Resource.MEMORY, ["kubelet_checkpoint", "memory_auto_online", "sysfs"]),
+            ("sysfs", Resource.CPU, ["kubelet_checkpoint", "kubepods_cgroup"])):
         poked.clear()
-        sink.on_event(Transition("bpf", resource, 1, Direction.OFFLINE, Result.SUCCESS, end=1.0))
-        assert poked == want
+        agent._process(source, Transition(source, resource, 1, Direction.OFFLINE,
+                                          Result.SUCCESS, end=1.0))
+        assert poked == [(name, resource) for name in want]
