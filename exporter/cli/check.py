@@ -15,8 +15,6 @@ import socket
 import ssl
 import stat
 import urllib.request
-from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -25,22 +23,14 @@ from exporter.checks import FAIL, OK, WARN, Check, failed, guarded, quoted
 from exporter.clock import MonotonicWallClock
 from exporter.config.decide import Decisions, decide
 from exporter.config.options import Options
-from exporter.correlate.kubelet_view import KubeletView, cpu_list
-from exporter.correlate.readmission_forecast import REASON_RESOURCE, ReadmissionForecast
-from exporter.correlate.running_pods import KINDS, RunningPodsView
 from exporter.events import SourceStatus
-from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
-from exporter.kube.convert import node_status, pod_status
-from exporter.sinks.journal.path import check_journal
+from exporter.kube.client import KubeUnavailable, RawNode, load_config, make_client
+from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks.journal.sink import JournalSink
+from exporter.sinks.kubelet_collector import KubeletSink
+from exporter.sinks.running_pods import RunningPodsSink
 from exporter.sources import registry
-from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
-from exporter.sources.kernel.sysfs import SysfsReader
-from exporter.sources.kubelet.kubelet_checkpoint import (
-    read_cpu_manager_state,
-    read_memory_manager_state,
-)
 from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
-from exporter.sources.kubelet.running_pods import scan
 
 __all__ = ["Check", "run_checks", "render"]
 
@@ -53,11 +43,12 @@ def run_checks(options: Options | None = None) -> list[Check]:
     checks = [*guarded("traces", check_traces, options),
               *guarded("kube events", check_events, options, decisions, warnings),
               *[Check("kube events", WARN, w) for w in warnings],
-              *guarded("journal", check_journal, decisions.journal),
+              *guarded("journal", JournalSink.check, decisions.journal),
               *guarded("sources", check_sources, options, decisions),
               *guarded("web", check_web, options, decisions)]
-    return checks + [*guarded("kubelet restart", _one, check_kubelet_restart, options),
-                     *guarded("running containers", _one, check_running_pods, options),
+    # What the running agent's sinks would judge now, each by its own check.
+    return checks + [*guarded("kubelet restart", KubeletSink.check, options),
+                     *guarded("running containers", RunningPodsSink.check, options),
                      *guarded("kubernetes", kubernetes_checks, options, decisions)]
 
 
@@ -69,10 +60,6 @@ def render(checks: list[Check]) -> tuple[str, int]:
         lines.append("BPF source: " + ("can run" if bpf[0].status == OK else "cannot run (the "
                                        "exporter falls back to uevent and sysfs)"))
     return "\n".join(lines), 1 if any(c.status == FAIL for c in checks) else 0
-
-
-def _one(check: Callable[..., Check], *args: Any) -> list[Check]:
-    return [check(*args)]
 
 
 def check_traces(options: Options) -> list[Check]:
@@ -148,125 +135,6 @@ def _exporter_answers(host: str, port: int) -> bool:
     return False
 
 
-def check_kubelet_restart(options: Options) -> Check:
-    """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
-    what the kernel has online now, judged as the kubelet judges them at start."""
-    name = "kubelet restart"
-    root = options.kubelet_root_dir
-    if not root:
-        return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
-                     "pass the kubelet's --root-dir (default /var/lib/kubelet)")
-    try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
-    try:
-        cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
-    except OSError as e:
-        return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
-                     "run check as root on the node (or where the kubelet's root dir is mounted)")
-    except ValueError as e:  # a FIFO or a device where a checkpoint should be: never read
-        return Check(name, "warn", f"not checked: {e}",
-                     "the kubelet writes regular files there; remove what is in their place")
-    view = KubeletView()
-    for event in (snap, cpu, memory):
-        view.handle(event)
-    problems = view.restart_problems()
-    if problems["cpu_manager_state"]:
-        offline = (cpu.default_cpus | cpu.assigned_cpus) - snap.cpus_online
-        first = f"online {cpu_list(offline)} again before the kubelet restarts, or " \
-            if offline and not cpu.error else ""
-        return Check(name, "fail", "a kubelet restart now would fail: "
-                     + problems["cpu_manager_state"],
-                     f"{first}drain the node, stop the kubelet, delete {cpu.path} and start it "
-                     "(it writes a new checkpoint for the CPUs online)")
-    if problems["memory_manager_state"]:
-        return Check(name, "fail", "a kubelet restart now would fail: "
-                     + problems["memory_manager_state"],
-                     f"drain the node, stop the kubelet, delete {memory.path} and start it")
-    found = [p.path for p in (cpu, memory) if p.present]
-    return Check(name, "ok", ("checkpoints match the CPUs and memory online: "
-                              + ", ".join(found)) if found else f"no checkpoints in {root}")
-
-
-# What to do about each kind of stale container (docs/runbooks.md says why).
-RUNNING_PODS_FIX = {
-    "oom_score_adj": "restart the pod (kubectl delete pod; its controller recreates it) for an "
-                     "OOM score from today's memory",
-    "cpuset_offline": "online the CPUs again, or re-create the pod",
-    "cpuset_missing": "re-create the pod (cgroup v1 never gives a container an onlined CPU "
-                      "back)",
-    "cpu_limit_above_online": "online CPUs again or lower the pod's CPU limit",
-    "memory_limit_above_capacity": "online memory again or lower the pod's memory limit",
-    "swap_limit": "restart the pod for a swap share of today's memory and swap",
-}
-RUNNING_PODS_NAMED = 10  # containers named in the check's output; the counts stay exact
-
-
-def check_running_pods(options: Options, pods: list[object] | None = None) -> Check:
-    """What a resize left in the running containers: their cgroups and processes scanned
-    once, judged against the kernel now (OOM scores also need this node's pods from the API:
-    listed when Kubernetes is on, else `pods`)."""
-    name = "running containers"
-    root = options.cgroup_root
-    if not root or options.running_pods_max_containers <= 0:
-        return Check(name, "warn", "not checked: --cgroup-root is empty or "
-                     "--running-pods.max-containers is 0", "pass the host's cgroup mount")
-    try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
-    problems: list[str] = []
-    found = scan(root, options.procfs_root, 0.0,
-                 max_containers=options.running_pods_max_containers, problems=problems)
-    if not found.cgroup_version:
-        return Check(name, "ok", f"no kubepods cgroup under {root}")
-    note = ""
-    if pods is None:
-        pods, note = _node_pods(options)
-    view = RunningPodsView()
-    for event in (snap, found, *pods):
-        view.handle(event)  # type: ignore[arg-type]
-    findings = view.findings()
-    scanned = (f"{len(found.containers)} container cgroups (cgroup v{found.cgroup_version})"
-               + (", scan truncated" if found.truncated else "")
-               + (f", {found.skipped} unreadable: {problems[0]}" if found.skipped else "")
-               + note)
-    if not findings:
-        return Check(name, "ok", f"none left stale by a resize: {scanned}")
-    counts = view.counts()
-    kinds = [k for k in KINDS if counts.get(k)]
-    lines = [f"{f.kind}: {f.line()}" for f in findings[:RUNNING_PODS_NAMED]]
-    more = len(findings) - len(lines)
-    detail = (f"{len(findings)} finding(s) in running containers the kubelet would not create "
-              f"so today ({', '.join(f'{k} {counts[k]}' for k in kinds)}; {scanned}):"
-              + "".join(f"\n       {line}" for line in lines)
-              + (f"\n       ... and {more} more" if more else ""))
-    return Check(name, "warn", detail, "; ".join(RUNNING_PODS_FIX[k] for k in kinds))
-
-
-def _node_pods(options: Options) -> tuple[list[object], str]:
-    """This node's pods as the watch would convert them; ([], why not) when it cannot."""
-    decisions = decide(options)
-    if not decisions.kubernetes:
-        return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
-    try:
-        client, transport = make_client(load_config(options.kubeconfig), request_timeout=10)
-    except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
-        return [], f"; OOM scores not judged: {quoted(e)}"
-    try:
-        listing = client.list(RawPod, namespace="*", chunk_size=500,
-                              fields={"spec.nodeName": decisions.node})
-        pods = [pod_status(dict(item), 0.0, None).event for item in listing]
-        return [p for p in pods if p is not None], ""
-    except Exception as e:  # noqa: BLE001 - unreachable, refused: the cgroup kinds still count
-        return [], f"; OOM scores not judged: cannot list pods ({quoted(e)})"
-    finally:
-        transport.close()
-
-
 # ---------------------------------------------------------------- the Kubernetes side
 
 
@@ -288,96 +156,12 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
     checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
     checks.append(check_rbac(config))
     checks.append(check_node(config, node))
-    checks.append(check_readmission_forecast(options))
+    checks += ForecastCollector.check(options)
     if options.podresources_socket:
         checks.append(check_podresources(options.podresources_socket))
     if options.kubelet_metrics_url:
         checks.append(check_kubelet_metrics(options.kubelet_metrics_url))
     return checks
-
-
-FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
-FORECAST_PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
-
-
-def check_readmission_forecast(options: Options) -> Check:
-    """Which pods a kubelet restart now would reject: the exporter's own forecast
-    (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
-    pods, the kernel now, and the CPU manager's policy from its checkpoint."""
-
-    name = "readmission forecast"
-    node = decide(options).node
-    try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
-    try:
-        config = load_config(options.kubeconfig)
-    except KubeUnavailable as e:
-        return Check(name, "warn", f"not checked: {e.reason}", e.fix)
-    client, transport = make_client(config, request_timeout=10.0)
-    try:
-        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
-                                              chunk_size=1)]
-        pods = [dict(o) for o in itertools.islice(
-            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
-                        chunk_size=500), FORECAST_PODS_MAX)]
-    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
-        return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
-                     f"{quoted(e) or type(e).__name__}",
-                     "check the API server address, the credentials and list on nodes and pods")
-    finally:
-        transport.close()
-    if not nodes:
-        return Check(name, "warn", f"not checked: no Node named {node}",
-                     "pass --node-name (or $NODE_NAME) as the kubelet registered it")
-    forecast = ReadmissionForecast()
-    forecast.on_snapshot(snap)
-    converted = node_status(nodes[0], 0.0).event
-    if converted is None or not hasattr(converted, "allocatable"):
-        return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
-    forecast.on_node(converted)  # type: ignore[arg-type]
-    if options.kubelet_root_dir:
-        try:
-            forecast.on_cpu_manager(read_cpu_manager_state(options.kubelet_root_dir, 0.0))
-        except OSError:
-            pass  # the kubelet restart line says why; judged without the CPU manager here
-    for obj in pods:
-        event = pod_status(obj, 0.0, None).event
-        if event is not None:
-            forecast.on_pod(event)  # type: ignore[arg-type]
-    return forecast_check(forecast, snap.cpus_offline & snap.cpus_present)
-
-
-def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Check:
-    """The check line for a ReadmissionForecast: the pods it would reject and the fix."""
-    name = "readmission forecast"
-    result = forecast.result()
-    if result is None:
-        return Check(name, "warn", "not checked: no Node status or kernel snapshot", "")
-    skipped = f" ({result.skipped} pods with unusable requests left out)" if result.skipped \
-        else ""
-    if not result.rejected_total:
-        return Check(name, "ok", f"a kubelet restart now would readmit all {result.pods} pods"
-                     + skipped)
-    named = ", ".join(f"{r.namespace}/{r.name} ({r.reason})"
-                      for r in result.rejected[:FORECAST_NAMED])
-    more = result.rejected_total - min(FORECAST_NAMED, len(result.rejected))
-    if more:
-        named += f" and {more} more"
-    resources = {REASON_RESOURCE.get(reason, "") for reason, n in result.by_reason.items() if n}
-    restore = []
-    if "cpu" in resources and offline:
-        restore.append(f"restore {cpu_list(offline).replace('cpu', 'cpu ')}")
-    if resources & {"memory", "hugepages-2Mi", "hugepages-1Gi"}:
-        restore.append("restore the memory taken away")
-    if "pods" in resources:
-        restore.append("raise the kubelet's maxPods")
-    fix = "drain these" + (", or " + " and ".join(restore) if restore else "") + \
-        ", before restarting the kubelet (docs/runbooks.md: Before you restart the kubelet)"
-    return Check(name, "fail", f"a kubelet restart now would reject {result.rejected_total} "
-                 f"of {result.pods} pods: {named}" + skipped, fix)
 
 
 # (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).

@@ -12,21 +12,36 @@ most LISTED_MAX of them; the rest are counted.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.checks import Check, quoted
+from exporter.config.decide import decide
+from exporter.config.options import Options
+from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
     REASON_RESOURCE,
     Forecast,
     ReadmissionForecast,
 )
+from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+from exporter.kube.convert import node_status, pod_status
+from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
+from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sources.kubelet.kubelet_checkpoint import read_cpu_manager_state
 
 
 class ForecastCollector(Collector):
+    @staticmethod
+    def check(options: Options) -> list[Check]:
+        """Which pods a kubelet restart now would reject (`check`'s line)."""
+        return [check_readmission_forecast(options)]
+
     def __init__(self, lock: threading.Lock | threading.RLock,
                  forecast: ReadmissionForecast) -> None:
         self._lock = lock
@@ -67,3 +82,87 @@ class ForecastCollector(Collector):
         yield unlisted
         yield considered
         yield skipped
+
+
+FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
+FORECAST_PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
+
+
+def check_readmission_forecast(options: Options) -> Check:
+    """Which pods a kubelet restart now would reject: the exporter's own forecast
+    (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
+    pods, the kernel now, and the CPU manager's policy from its checkpoint."""
+
+    name = "readmission forecast"
+    node = decide(options).node
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    try:
+        config = load_config(options.kubeconfig)
+    except KubeUnavailable as e:
+        return Check(name, "warn", f"not checked: {e.reason}", e.fix)
+    client, transport = make_client(config, request_timeout=10.0)
+    try:
+        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
+                                              chunk_size=1)]
+        pods = [dict(o) for o in itertools.islice(
+            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
+                        chunk_size=500), FORECAST_PODS_MAX)]
+    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
+        return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
+                     f"{quoted(e) or type(e).__name__}",
+                     "check the API server address, the credentials and list on nodes and pods")
+    finally:
+        transport.close()
+    if not nodes:
+        return Check(name, "warn", f"not checked: no Node named {node}",
+                     "pass --node-name (or $NODE_NAME) as the kubelet registered it")
+    forecast = ReadmissionForecast()
+    forecast.on_snapshot(snap)
+    converted = node_status(nodes[0], 0.0).event
+    if converted is None or not hasattr(converted, "allocatable"):
+        return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
+    forecast.on_node(converted)  # type: ignore[arg-type]
+    if options.kubelet_root_dir:
+        try:
+            forecast.on_cpu_manager(read_cpu_manager_state(options.kubelet_root_dir, 0.0))
+        except OSError:
+            pass  # the kubelet restart line says why; judged without the CPU manager here
+    for obj in pods:
+        event = pod_status(obj, 0.0, None).event
+        if event is not None:
+            forecast.on_pod(event)  # type: ignore[arg-type]
+    return forecast_check(forecast, snap.cpus_offline & snap.cpus_present)
+
+
+def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Check:
+    """The check line for a ReadmissionForecast: the pods it would reject and the fix."""
+    name = "readmission forecast"
+    result = forecast.result()
+    if result is None:
+        return Check(name, "warn", "not checked: no Node status or kernel snapshot", "")
+    skipped = f" ({result.skipped} pods with unusable requests left out)" if result.skipped \
+        else ""
+    if not result.rejected_total:
+        return Check(name, "ok", f"a kubelet restart now would readmit all {result.pods} pods"
+                     + skipped)
+    named = ", ".join(f"{r.namespace}/{r.name} ({r.reason})"
+                      for r in result.rejected[:FORECAST_NAMED])
+    more = result.rejected_total - min(FORECAST_NAMED, len(result.rejected))
+    if more:
+        named += f" and {more} more"
+    resources = {REASON_RESOURCE.get(reason, "") for reason, n in result.by_reason.items() if n}
+    restore = []
+    if "cpu" in resources and offline:
+        restore.append(f"restore {cpu_list(offline).replace('cpu', 'cpu ')}")
+    if resources & {"memory", "hugepages-2Mi", "hugepages-1Gi"}:
+        restore.append("restore the memory taken away")
+    if "pods" in resources:
+        restore.append("raise the kubelet's maxPods")
+    fix = "drain these" + (", or " + " and ".join(restore) if restore else "") + \
+        ", before restarting the kubelet (docs/runbooks.md: Before you restart the kubelet)"
+    return Check(name, "fail", f"a kubelet restart now would reject {result.rejected_total} "
+                 f"of {result.pods} pods: {named}" + skipped, fix)

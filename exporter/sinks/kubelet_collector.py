@@ -16,12 +16,24 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.correlate.kubelet_view import KubeletView
+from exporter.checks import Check
+from exporter.config.options import Options
+from exporter.correlate.kubelet_view import KubeletView, cpu_list
 from exporter.events import Event
 from exporter.sinks import ViewSink
+from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sources.kubelet.kubelet_checkpoint import (
+    read_cpu_manager_state,
+    read_memory_manager_state,
+)
 
 
 class KubeletSink(ViewSink):
+    @staticmethod
+    def check(options: Options) -> list[Check]:
+        """Can the kubelet restart now? (`check`'s line for what this sink shows.)"""
+        return [check_kubelet_restart(options)]
+
     def __init__(self) -> None:
         super().__init__()
         self.view = KubeletView()
@@ -94,3 +106,45 @@ def _gauge(name: str, help_: str, label: str, values: dict[str, int],
     for key, value in (sorted(values.items()) if ordered else values.items()):
         fam.add_metric([key], value)
     return fam
+
+
+def check_kubelet_restart(options: Options) -> Check:
+    """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
+    what the kernel has online now, judged as the kubelet judges them at start."""
+    name = "kubelet restart"
+    root = options.kubelet_root_dir
+    if not root:
+        return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
+                     "pass the kubelet's --root-dir (default /var/lib/kubelet)")
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    try:
+        cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+    except OSError as e:
+        return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
+                     "run check as root on the node (or where the kubelet's root dir is mounted)")
+    except ValueError as e:  # a FIFO or a device where a checkpoint should be: never read
+        return Check(name, "warn", f"not checked: {e}",
+                     "the kubelet writes regular files there; remove what is in their place")
+    view = KubeletView()
+    for event in (snap, cpu, memory):
+        view.handle(event)
+    problems = view.restart_problems()
+    if problems["cpu_manager_state"]:
+        offline = (cpu.default_cpus | cpu.assigned_cpus) - snap.cpus_online
+        first = f"online {cpu_list(offline)} again before the kubelet restarts, or " \
+            if offline and not cpu.error else ""
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["cpu_manager_state"],
+                     f"{first}drain the node, stop the kubelet, delete {cpu.path} and start it "
+                     "(it writes a new checkpoint for the CPUs online)")
+    if problems["memory_manager_state"]:
+        return Check(name, "fail", "a kubelet restart now would fail: "
+                     + problems["memory_manager_state"],
+                     f"drain the node, stop the kubelet, delete {memory.path} and start it")
+    found = [p.path for p in (cpu, memory) if p.present]
+    return Check(name, "ok", ("checkpoints match the CPUs and memory online: "
+                              + ", ".join(found)) if found else f"no checkpoints in {root}")

@@ -18,12 +18,24 @@ from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter.checks import Check, quoted
+from exporter.config.decide import decide
+from exporter.config.options import Options
 from exporter.correlate.running_pods import KINDS, RunningPodsView
 from exporter.events import Event
+from exporter.kube.client import RawPod, load_config, make_client
+from exporter.kube.convert import pod_status
 from exporter.sinks import ViewSink
+from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sources.kubelet.running_pods import scan
 
 
 class RunningPodsSink(ViewSink):
+    @staticmethod
+    def check(options: Options) -> list[Check]:
+        """What a resize left in the running containers now (`check`'s line)."""
+        return [check_running_pods(options)]
+
     def __init__(self) -> None:
         super().__init__()
         self.view = RunningPodsView()
@@ -54,3 +66,80 @@ class RunningPodsSink(ViewSink):
         if scanned is not None:
             found.add_metric([], scanned)
         yield found
+
+
+# What to do about each kind of stale container (docs/runbooks.md says why).
+RUNNING_PODS_FIX = {
+    "oom_score_adj": "restart the pod (kubectl delete pod; its controller recreates it) for an "
+                     "OOM score from today's memory",
+    "cpuset_offline": "online the CPUs again, or re-create the pod",
+    "cpuset_missing": "re-create the pod (cgroup v1 never gives a container an onlined CPU "
+                      "back)",
+    "cpu_limit_above_online": "online CPUs again or lower the pod's CPU limit",
+    "memory_limit_above_capacity": "online memory again or lower the pod's memory limit",
+    "swap_limit": "restart the pod for a swap share of today's memory and swap",
+}
+RUNNING_PODS_NAMED = 10  # containers named in the check's output; the counts stay exact
+
+
+def check_running_pods(options: Options, pods: list[object] | None = None) -> Check:
+    """What a resize left in the running containers: their cgroups and processes scanned
+    once, judged against the kernel now (OOM scores also need this node's pods from the API:
+    listed when Kubernetes is on, else `pods`)."""
+    name = "running containers"
+    root = options.cgroup_root
+    if not root or options.running_pods_max_containers <= 0:
+        return Check(name, "warn", "not checked: --cgroup-root is empty or "
+                     "--running-pods.max-containers is 0", "pass the host's cgroup mount")
+    try:
+        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+    except (OSError, ValueError) as e:
+        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
+                     "mount the host's /sys and /proc")
+    problems: list[str] = []
+    found = scan(root, options.procfs_root, 0.0,
+                 max_containers=options.running_pods_max_containers, problems=problems)
+    if not found.cgroup_version:
+        return Check(name, "ok", f"no kubepods cgroup under {root}")
+    note = ""
+    if pods is None:
+        pods, note = _node_pods(options)
+    view = RunningPodsView()
+    for event in (snap, found, *pods):
+        view.handle(event)  # type: ignore[arg-type]
+    findings = view.findings()
+    scanned = (f"{len(found.containers)} container cgroups (cgroup v{found.cgroup_version})"
+               + (", scan truncated" if found.truncated else "")
+               + (f", {found.skipped} unreadable: {problems[0]}" if found.skipped else "")
+               + note)
+    if not findings:
+        return Check(name, "ok", f"none left stale by a resize: {scanned}")
+    counts = view.counts()
+    kinds = [k for k in KINDS if counts.get(k)]
+    lines = [f"{f.kind}: {f.line()}" for f in findings[:RUNNING_PODS_NAMED]]
+    more = len(findings) - len(lines)
+    detail = (f"{len(findings)} finding(s) in running containers the kubelet would not create "
+              f"so today ({', '.join(f'{k} {counts[k]}' for k in kinds)}; {scanned}):"
+              + "".join(f"\n       {line}" for line in lines)
+              + (f"\n       ... and {more} more" if more else ""))
+    return Check(name, "warn", detail, "; ".join(RUNNING_PODS_FIX[k] for k in kinds))
+
+
+def _node_pods(options: Options) -> tuple[list[object], str]:
+    """This node's pods as the watch would convert them; ([], why not) when it cannot."""
+    decisions = decide(options)
+    if not decisions.kubernetes:
+        return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
+    try:
+        client, transport = make_client(load_config(options.kubeconfig), request_timeout=10)
+    except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
+        return [], f"; OOM scores not judged: {quoted(e)}"
+    try:
+        listing = client.list(RawPod, namespace="*", chunk_size=500,
+                              fields={"spec.nodeName": decisions.node})
+        pods = [pod_status(dict(item), 0.0, None).event for item in listing]
+        return [p for p in pods if p is not None], ""
+    except Exception as e:  # noqa: BLE001 - unreachable, refused: the cgroup kinds still count
+        return [], f"; OOM scores not judged: cannot list pods ({quoted(e)})"
+    finally:
+        transport.close()

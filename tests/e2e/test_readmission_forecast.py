@@ -119,7 +119,7 @@ def test_running_exporter_forecasts_from_the_real_kernel(api, tmp_path):
 
 
 def test_check_line_lists_the_pods_over_real_http(api, tmp_path):
-    from exporter.cli.check import check_readmission_forecast
+    from exporter.sinks.forecast_collector import check_readmission_forecast
 
     cpus = _online_cpus()
     api.set_node("fc-node", cpu=str(cpus), allocatable_cpu=f"{cpus * 1000 - 500}m")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli.check import check_kubelet_restart
 from exporter.config.options import Options
+from exporter.sinks.kubelet_collector import check_kubelet_restart
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-v1.36"

@@ -406,7 +406,7 @@ def test_trace_text_and_picture_carry_the_forecast():
 
 
 def test_the_check_line_names_the_pods_and_the_fix():
-    from exporter.cli.check import forecast_check
+    from exporter.sinks.forecast_collector import forecast_check
 
     node_obj, pods = _recorded_before_restart()
     snap = snapshot(1, 24684084 * 1024)

@@ -298,8 +298,8 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
 
 
 def test_check_names_stale_containers_and_the_fix(tmp_path):
-    from exporter.cli.check import check_running_pods
     from exporter.config.options import Options
+    from exporter.sinks.running_pods import check_running_pods
     from exporter.sources import registry
 
     registry.load()  # the running-pods options are declared by their source

@@ -38,7 +38,12 @@ from exporter.clock import Clock
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
 from exporter.events import Event, Transition
 from exporter.sinks.journal import reader
-from exporter.sinks.journal.path import WRITABLE_FIX, cannot_create, default_journal_path
+from exporter.sinks.journal.path import (
+    WRITABLE_FIX,
+    cannot_create,
+    check_journal,
+    default_journal_path,
+)
 from exporter.sinks.journal.schema import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_BYTES,
@@ -69,6 +74,8 @@ CLOSE_SECONDS = 10.0
 class JournalSink:
     """The journal as the agent's sink. Raises JournalRefused for an unsafe path, and, with
     `must_open` (the user named the path), for one that cannot be created or opened."""
+
+    check = staticmethod(check_journal)  # `check`'s journal line (the journal's policy)
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, clock: Clock | None = None,
                  max_age: float = DEFAULT_MAX_AGE, max_bytes: int = DEFAULT_MAX_BYTES,
