@@ -9,11 +9,7 @@ containers, the readmission forecast. This module orchestrates and renders; it d
 """
 from __future__ import annotations
 
-import itertools
-import os
-import socket
 import ssl
-import stat
 import urllib.request
 
 from prometheus_client import CollectorRegistry
@@ -23,14 +19,12 @@ from exporter.checks import FAIL, OK, WARN, Check, failed, guarded, quoted
 from exporter.clock import MonotonicWallClock
 from exporter.config.decide import Decisions, decide
 from exporter.config.options import Options
-from exporter.events import SourceStatus
-from exporter.kube.client import KubeUnavailable, RawNode, load_config, make_client
+from exporter.kube.client import KubeUnavailable, load_config
 from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.running_pods import RunningPodsSink
 from exporter.sources import registry
-from exporter.sources.kubelet.kubelet_metrics import KubeletMetricsSource
 
 __all__ = ["Check", "run_checks", "render"]
 
@@ -154,88 +148,35 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
         return [failed("kubernetes config", str(e))]
     node = decisions.node
     checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
-    checks.append(check_rbac(config))
-    checks.append(check_node(config, node))
+    checks.append(check_rbac(config, options, decisions))
     checks += ForecastCollector.check(options)
-    if options.podresources_socket:
-        checks.append(check_podresources(options.podresources_socket))
-    if options.kubelet_metrics_url:
-        checks.append(check_kubelet_metrics(options.kubelet_metrics_url))
+    # The Kubernetes sources `run` would start that can say more than "not opened at start".
+    ctx = registry.SourceContext(options, MonotonicWallClock(), node)
+    for spec in app.kubernetes_sources_asked(options, decisions):
+        if spec.check is not None:
+            checks += guarded(f"{spec.name} source", spec.can_start, ctx)
     return checks
 
 
-# (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).
-RBAC_NEEDED = tuple((verb, group, resource) for group, resource in (
-    ("", "nodes"), ("", "pods"), ("coordination.k8s.io", "leases"), ("", "events"))
-    for verb in ("list", "watch"))
-
-
-def check_rbac(config: object) -> Check:
+def check_rbac(config: object, options: Options, decisions: Decisions) -> Check:
+    """List and watch on what the Kubernetes sources `run` would start watch (their
+    `watches`), each asked as `kubectl auth can-i` asks."""
+    wanted = [w for spec in app.kubernetes_sources_asked(options, decisions)
+              for w in spec.watches]
+    resources = [resource for _, resource in wanted]
+    named = ", ".join(resources[:-1]) + (" and " if len(resources) > 1 else "") + \
+        (resources[-1] if resources else "nothing")
     denied = []
     try:
-        for verb, group, resource in RBAC_NEEDED:
-            if app.access_denied(config, verb, group, resource):
-                denied.append(f"{verb} {resource}")
+        for group, resource in wanted:
+            for verb in ("list", "watch"):
+                if app.access_denied(config, verb, group, resource):
+                    denied.append(f"{verb} {resource}")
     except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
         return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {quoted(e)}",
                      "check the API server address and the credentials")
     if denied:
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
-                     "bind deploy/clusterrole.yaml (list, watch on nodes, pods, leases and "
-                     "events) to the exporter's service account")
-    return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
-                 "allowed")
-
-
-NODES_NAMED = 10  # Nodes a FAIL lists when this node's name is not one of them
-
-
-def check_node(config: object, name: str) -> Check:
-    """Does the API server know this node's name? A wrong --node-name (or a hostname that is not
-    the Node's name) watches nothing: every Kubernetes series would stay empty."""
-
-    client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
-    try:
-        if list(client.list(RawNode, fields={"metadata.name": name}, chunk_size=1)):
-            return Check("kubernetes node", "ok", f"Node {name} found")
-        seen = [n.metadata.name for n in itertools.islice(
-            client.list(RawNode, chunk_size=NODES_NAMED), NODES_NAMED) if n.metadata]
-    except Exception as e:  # noqa: BLE001 - unreachable, 401, 403: say so
-        return Check("kubernetes node", "fail", f"cannot list Nodes: {quoted(e)}",
-                     "check the API server address, the credentials and list on nodes")
-    finally:
-        transport.close()
-    listed = ", ".join(str(s) for s in seen) or "none"
-    more = " (first ten)" if len(seen) == NODES_NAMED else ""
-    return Check("kubernetes node", "fail", f"the API server has no Node {name!r}; it has: "
-                 f"{listed}{more}", "pass --node-name (or NODE_NAME, the DaemonSet sets it from "
-                 "spec.nodeName) with this node's Node name")
-
-
-def check_podresources(path: str) -> Check:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        return Check("podresources socket", "warn", f"{path}: {e.strerror}",
-                     "mount /var/lib/kubelet/pod-resources from the host (the DaemonSet does)")
-    if not stat.S_ISSOCK(mode):
-        return Check("podresources socket", "fail", f"{path} is not a unix socket",
-                     "point --podresources-socket at the kubelet's kubelet.sock")
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(2)
-        try:
-            s.connect(path)
-        except OSError as e:
-            return Check("podresources socket", "fail", f"{path}: connect: {e.strerror or e}",
-                         "is the kubelet running? (the socket exists but nobody listens)")
-    return Check("podresources socket", "ok", f"{path} accepts connections")
-
-
-def check_kubelet_metrics(url: str) -> Check:
-    seen: list[object] = []
-    KubeletMetricsSource(MonotonicWallClock(), url=url).poll(seen.append)
-    down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
-    if down:
-        return Check("kubelet metrics", "fail", down[-1].reason,  # type: ignore[attr-defined]
-                     "check --kubelet-metrics-url and get on nodes/metrics")
-    return Check("kubelet metrics", "ok", f"{url} answers with Prometheus text")
+                     f"bind deploy/clusterrole.yaml (list, watch on {named}) to the exporter's "
+                     "service account")
+    return Check("kubernetes RBAC", "ok", f"list and watch on {named} allowed")

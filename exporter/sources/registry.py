@@ -86,6 +86,9 @@ class SourceSpec:
     # It leaves CPU transitions to such a source when one runs (`leave_cpu_transitions()`):
     # one wake-up per transition, not two.
     defers_cpu_transitions: bool = False
+    # What it lists and watches in the API, as (API group, resource): what RBAC must grant,
+    # and what `check` asks the API server about (SelfSubjectAccessReview).
+    watches: tuple[tuple[str, str], ...] = ()
     # Whether it can start here, for `check`, when opening it is not the whole answer (BPF:
     # the host's requirements line by line, then the programs it attached); else its
     # Source.check() opens and closes it.

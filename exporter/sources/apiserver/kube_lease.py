@@ -87,4 +87,5 @@ register(SourceSpec(
                  "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, "
                  "so a dead kubelet shows in node_resize_kubelet_heartbeat_age_seconds"
                  "{via=\"lease\"} within seconds (needs list/watch on leases).",
-                 is_flag=True),)))
+                 is_flag=True),),
+    watches=(("coordination.k8s.io", "leases"),)))

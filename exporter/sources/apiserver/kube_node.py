@@ -13,14 +13,16 @@ rather than the last one the vanished Node had. The Node coming back is a first 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+from exporter.checks import FAIL, OK, Check, quoted
 from exporter.clock import Clock
 from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
 from exporter.kube.capacity_configured import CapacityConfiguredFilter
-from exporter.kube.client import RawNode
+from exporter.kube.client import RawNode, load_config, make_client
 from exporter.kube.convert import node_status
 from exporter.sources.apiserver.one_object import OneObjectSource
-from exporter.sources.base import Emit
+from exporter.sources.base import Emit, Source
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 
@@ -74,7 +76,34 @@ class KubeNodeSource(OneObjectSource):
 
 
 
+NODES_NAMED = 10  # Nodes a FAIL lists when this node's name is not one of them
+
+
+def _check(source: Source) -> list[Check]:
+    """Does the API server know this node's name? A wrong --node-name (or a hostname that is not
+    the Node's name) watches nothing: every Kubernetes series would stay empty."""
+    assert isinstance(source, KubeNodeSource)
+    name = source.node_name
+    client, transport = make_client(load_config(source.kubeconfig), request_timeout=5.0)
+    try:
+        if list(client.list(RawNode, fields={"metadata.name": name}, chunk_size=1)):
+            return [Check("kubernetes node", OK, f"Node {name} found")]
+        seen = [n.metadata.name for n in itertools.islice(
+            client.list(RawNode, chunk_size=NODES_NAMED), NODES_NAMED) if n.metadata]
+    except Exception as e:  # noqa: BLE001 - unreachable, 401, 403: say so
+        return [Check("kubernetes node", FAIL, f"cannot list Nodes: {quoted(e)}",
+                      "check the API server address, the credentials and list on nodes")]
+    finally:
+        transport.close()
+    listed = ", ".join(str(s) for s in seen) or "none"
+    more = " (first ten)" if len(seen) == NODES_NAMED else ""
+    return [Check("kubernetes node", FAIL, f"the API server has no Node {name!r}; it has: "
+                  f"{listed}{more}", "pass --node-name (or NODE_NAME, the DaemonSet sets it "
+                  "from spec.nodeName) with this node's Node name")]
+
+
 register(SourceSpec(
     "kube_node", KUBERNETES, "this node's Node object (list/watch)",
     lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
-                               kubeconfig=ctx.options.kubeconfig), order=60))
+                               kubeconfig=ctx.options.kubeconfig), order=60,
+    watches=(("", "nodes"),), check=_check))

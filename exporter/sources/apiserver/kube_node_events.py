@@ -109,4 +109,5 @@ class KubeNodeEventsSource(ListWatchSource):
 register(SourceSpec(
     "kube_node_events", KUBERNETES, "KEP-3953's Warning Events on this Node (list/watch)",
     lambda ctx: KubeNodeEventsSource(ctx.clock, node_name=ctx.node_name,
-                                     kubeconfig=ctx.options.kubeconfig), order=63))
+                                     kubeconfig=ctx.options.kubeconfig), order=63,
+    watches=(("", "events"),)))

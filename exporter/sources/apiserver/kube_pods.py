@@ -108,4 +108,5 @@ register(SourceSpec(
         Opt("balloon_priority_classes", ("--balloon-priority-class",), (),
             "Pods of this PriorityClass are balloon pods too, whatever their labels "
             "(repeatable; for example the cluster-autoscaler's overprovisioning class).",
-            KubeName("PriorityClass name", "class"), show_default=False, multiple=True))))
+            KubeName("PriorityClass name", "class"), show_default=False, multiple=True)),
+    watches=(("", "pods"),)))

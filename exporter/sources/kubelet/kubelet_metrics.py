@@ -29,6 +29,7 @@ import click
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.checks import FAIL, OK, Check
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.events import KubeletFeatures, KubeletProcess, MalformedInput, SourceStatus
@@ -220,6 +221,18 @@ class KubeletMetricsURL(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+def _check(source: Source) -> list[Check]:
+    """One poll, as the running source polls."""
+    assert isinstance(source, KubeletMetricsSource)
+    seen: list[object] = []
+    source.poll(seen.append)
+    down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
+    if down:
+        return [Check("kubelet metrics", FAIL, down[-1].reason,  # type: ignore[attr-defined]
+                      "check --kubelet-metrics-url and get on nodes/metrics")]
+    return [Check("kubelet metrics", OK, f"{source.url} answers with Prometheus text")]
+
+
 register(
     SourceSpec(
         "kubelet_metrics",
@@ -240,5 +253,6 @@ register(
                 KubeletMetricsURL(),
             ),
         ),
+        check=_check,
     )
 )

@@ -15,11 +15,13 @@ MalformedInput per distinct bad answer, never one per id.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
 import grpc
 
+from exporter.checks import FAIL, OK, WARN, Check
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
@@ -189,6 +191,28 @@ def _key(event: PodResourcesAllocatable) -> tuple:
     return event.cpu_ids, tuple(sorted(event.memory_bytes.items()))
 
 
+def _check(source: Source) -> list[Check]:
+    """Is the kubelet's socket there, and does anyone listen on it?"""
+    assert isinstance(source, PodResourcesSource)
+    path = source.socket_path
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return [Check("podresources socket", WARN, f"{path}: {e.strerror}",
+                      "mount /var/lib/kubelet/pod-resources from the host (the DaemonSet does)")]
+    if not stat.S_ISSOCK(mode):
+        return [Check("podresources socket", FAIL, f"{path} is not a unix socket",
+                      "point --podresources-socket at the kubelet's kubelet.sock")]
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(2)
+        try:
+            s.connect(path)
+        except OSError as e:
+            return [Check("podresources socket", FAIL, f"{path}: connect: {e.strerror or e}",
+                          "is the kubelet running? (the socket exists but nobody listens)")]
+    return [Check("podresources socket", OK, f"{path} accepts connections")]
+
+
 register(SourceSpec(
     "podresources", KUBERNETES, "the kubelet's podresources gRPC API",
     lambda ctx: PodResourcesSource(ctx.clock, socket_path=ctx.options.podresources_socket,
@@ -200,4 +224,5 @@ register(SourceSpec(
             "/var/lib/kubelet/pod-resources/kubelet.sock",
             "The kubelet's podresources gRPC socket (empty: do not poll)."),
         Opt("podresources_interval", ("--podresources-interval",), 30.0,
-            "Seconds between podresources GetAllocatableResources polls.", Seconds()))))
+            "Seconds between podresources GetAllocatableResources polls.", Seconds())),
+    check=_check))
