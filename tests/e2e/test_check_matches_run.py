@@ -117,3 +117,49 @@ def test_check_names_only_the_sources_asked_for():
     assert "OK   sysfs source" in out
     for word in ("bpf source", "BPF source", "cpuhp", "uevent source"):
         assert word not in out, out
+
+
+def test_api_messages_are_quoted_never_a_terminal_escape_or_a_forged_line(tmp_path):
+    """An API server (or whatever answers in its place) whose error message carries a terminal
+    escape and a newline: `check` and `run` show them as escapes, on their own line."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    message = "no\x1b[2J\nFAIL forged: all is lost"
+
+    class Hostile(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self):
+            body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "message": message, "reason": "Forbidden", "code": 403}).encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "kubeconfig"
+        config.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{server.server_port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+        args = listen("--kubernetes", "on", "--kubeconfig", str(config), "--node-name", NODE)
+        ran, checked = exporter("run", *args), exporter("check", *args)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ran.returncode == 2 and checked.returncode == 1
+    for out in (ran.stderr, checked.stdout):
+        assert "\x1b" not in out and "\\x1b[2J\\nFAIL forged" in out, out
+        assert not any(line.startswith("FAIL forged") for line in out.splitlines()), out
