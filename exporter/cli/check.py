@@ -133,8 +133,9 @@ def _exporter_answers(host: str, port: int) -> bool:
 
 
 def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
-    """Configuration, this node's Node object, RBAC (SelfSubjectAccessReview for what the
-    sources call), the podresources socket and the kubelet metrics endpoint."""
+    """Configuration (as `run` checks it at start), RBAC (SelfSubjectAccessReview for what the
+    sources watch), each Kubernetes source's own check (this node's Node object, the
+    podresources socket, the kubelet's metrics), the readmission forecast."""
     if not decisions.kubernetes:
         return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
                       "pass --kubeconfig or run as the DaemonSet to join the Node's view")]
@@ -149,13 +150,13 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
     node = decisions.node
     checks = [Check("kubernetes config", "ok", f"server {config.cluster.server} (node {node})")]
     checks.append(check_rbac(config, options, decisions))
-    checks += ForecastCollector.check(options)
-    # The Kubernetes sources `run` would start that can say more than "not opened at start".
+    # The Kubernetes sources `run` would start that can say more than "not opened at start"
+    # (they connect in their own threads).
     ctx = registry.SourceContext(options, MonotonicWallClock(), node)
     for spec in app.kubernetes_sources_asked(options, decisions):
         if spec.check is not None:
             checks += guarded(f"{spec.name} source", spec.can_start, ctx)
-    return checks
+    return checks + guarded("readmission forecast", ForecastCollector.check, options)
 
 
 def check_rbac(config: object, options: Options, decisions: Decisions) -> Check:
