@@ -42,7 +42,7 @@ from exporter.correlate.node_view import NodeView
 from exporter.events import Resource, SourceStatus
 from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
 from exporter.sinks.forecast_collector import ForecastCollector
-from exporter.sinks.journal.path import WRITABLE_FIX
+from exporter.sinks.journal.path import DEFAULT_UNWRITABLE, WRITABLE_FIX
 from exporter.sinks.journal.schema import JournalRefused
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
@@ -258,8 +258,7 @@ def open_journal(decisions: Decisions, clock: MonotonicWallClock) -> JournalSink
             raise StartupError(f"--journal {path}: {e.strerror or e}. Fix: {WRITABLE_FIX}"
                                ) from None
         # The default path (not root: under $HOME, which may be unwritable): degrade.
-        log.warning("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
-                    "keep episodes across restarts, or --no-journal", path, e.strerror or e)
+        log.warning(DEFAULT_UNWRITABLE, path, e.strerror or e)
         return None
 
 

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 SIDE_FILES = ("", "-wal", "-shm")
 # The fix of every "cannot journal there" refusal.
 WRITABLE_FIX = "a writable path on a local filesystem (--journal PATH), or --no-journal"
+# The default path cannot be made (not root: under $HOME, which may be unwritable): journaling
+# is off, said once with what to do (a log format: the path and the reason).
+DEFAULT_UNWRITABLE = ("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
+                      "keep episodes across restarts, or --no-journal")
 
 
 def default_journal_path() -> Path:
