@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
@@ -54,6 +54,9 @@ from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.web.server import MetricsServer
 
+if TYPE_CHECKING:
+    from exporter.sinks.traces.env import TraceConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -69,7 +72,7 @@ class AddressInUse(StartupError):
 # ---------------------------------------------------------------- validate
 
 
-def trace_config(options: Options) -> Any:
+def trace_config(options: Options) -> TraceConfig | None:
     """What OTEL_* asks for (None: traces off). StartupError names a bad variable."""
     # Imported here, not at the top: the OpenTelemetry SDK is the dearest import of the
     # exporter, and only start-up (run, check) reads the OTEL_* variables.
@@ -138,7 +141,7 @@ def preflight_events(options: Options, decisions: Decisions,
                            "to the exporter's service account, or drop --kube-events")
 
 
-def validate(options: Options, decisions: Decisions) -> Any:
+def validate(options: Options, decisions: Decisions) -> TraceConfig | None:
     """What the options ask of the environment, before anything opens. Returns the trace
     configuration (None: off)."""
     traces = trace_config(options)
@@ -373,7 +376,8 @@ def serve(options: Options) -> int:
 
 
 def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
-            exposition: MetricsSink, journal: JournalSink | None, traces: Any) -> None:
+            exposition: MetricsSink, journal: JournalSink | None,
+            traces: TraceConfig | None) -> None:
     """After the privilege drop, every thread that start-up leaves (the journal's writer, the
     span processor's, the Events poster's) and the Collectors /metrics renders."""
     if journal is not None:
@@ -396,13 +400,13 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast))
 
 
-def _trace_sink(traces: Any, journal: JournalSink | None, node: str) -> Any:
+def _trace_sink(traces: TraceConfig, journal: JournalSink | None, node: str) -> Any:
     from exporter.sinks.traces.sink import TraceSink  # the OpenTelemetry SDK: see trace_config
     return TraceSink(traces, journal=journal, node_name=node)
 
 
 def _log_started(agent: Agent, decisions: Decisions, journal: JournalSink | None,
-                 traces: Any) -> None:
+                 traces: TraceConfig | None) -> None:
     log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
              ", ".join(s.name for s in agent.sources),
              journal.path if journal is not None else "off",
