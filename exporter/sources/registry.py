@@ -3,9 +3,9 @@
 A source module declares itself at its end: its options and its roles (traits), which the rest
 of the exporter reads instead of its name:
 
-    register(SourceSpec("uevent", KERNEL, "kernel uevents over netlink", lambda ctx: ...,
-                        options=(Opt("uevent_x", ("--uevent.x",), 1, "..."),),
-                        lossy=True, poked_by=frozenset({Resource.CPU})))
+    register(SourceSpec("cpuset", KERNEL, "a cpuset that follows the CPUs", lambda ctx: ...,
+                        options=(Opt("cpuset_path", ("--cpuset.path",), "...", "..."),),
+                        poked_by=frozenset({Resource.CPU})))  # re-read after CPU events
 
 Nothing else lists the sources: the `--source` choices, the order they start in, the flags,
 `check`, the composition root (exporter/app.py), the agent's pokes, the capabilities kept after
@@ -17,7 +17,8 @@ A new source, step by step:
 1. One module under exporter/sources/ with a `Source` subclass (exporter/sources/base.py):
    `open()` raises SourceUnavailable with the fix, `loop(emit)` emits typed events
    (exporter/events.py) until `stopping` is set; `poke(resource)` if it re-reads when the kernel
-   changes (`poked_by`); `check()` if opening it is not the whole test of whether it can run.
+   changes (`poked_by`); a `check` of its own (the spec's, or an override of Source.check)
+   where opening it is not the whole test of whether it can run.
 2. At the module's end, `register(SourceSpec(...))` with its group, options and traits.
 3. Its test beside the others (tests/unit/test_source_registry.py registers a toy source
    in one file and sees it opened, poked, counted and checked).
