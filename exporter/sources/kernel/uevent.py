@@ -36,7 +36,7 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.kernel import uevent_filter as _uevent_filter
-from exporter.sources.readfile import read_text
+from exporter.untrusted import read_text
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import Waker
 

@@ -20,7 +20,7 @@ from exporter.config.types import RootDir
 from exporter.events import KubepodsCpuset, MalformedInput
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
-from exporter.sources.readfile import read_text
+from exporter.untrusted import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 

@@ -39,7 +39,7 @@ from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
 from exporter.sources.kernel.sysfs import read_hotplug_states
-from exporter.sources.readfile import read_text
+from exporter.untrusted import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
