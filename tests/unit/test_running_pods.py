@@ -121,7 +121,7 @@ def test_oom_score_adj_not_judged_without_the_pod_or_for_fixed_classes():
 
 
 def test_pods_deleted_or_gone_in_a_relist_are_forgotten():
-    view = view_of(snap(mem=GI), pod(), cgroup(oom_score_adj=916))
+    view = view_of(snap(), snap(mem=GI), pod(), cgroup(oom_score_adj=916))
     assert view.counts()["oom_score_adj"] == 1
     view.handle(PodsRelisted(2.0, frozenset()))
     assert view.counts()["oom_score_adj"] == 0
@@ -308,6 +308,14 @@ def test_check_names_stale_containers_and_the_fix(tmp_path):
     for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),
                        ("possible", "0-1")):
         (sys_ / name).write_text(text + "\n")
+    # 182 blocks of 128 MiB offline: with them the node had the ~23.8 GiB the kubelet gave
+    # the container its 916 for
+    memory = tmp_path / "sys/devices/system/memory"
+    memory.mkdir(parents=True)
+    (memory / "block_size_bytes").write_text(f"{128 << 20:x}\n")
+    for n in range(190):
+        (memory / f"memory{n}").mkdir()
+        (memory / f"memory{n}/state").write_text("online\n" if n < 8 else "offline\n")
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
     procfs(tmp_path / "proc", {4242: 916})
