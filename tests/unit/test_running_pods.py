@@ -347,3 +347,167 @@ def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive
     lost = RunningContainers(1.0, 1, (ContainerCgroup("g", "1" * 64, "guaranteed",
                                                       cpus=frozenset({0})), shared))
     assert view_of(snap(), lost).counts()["cpuset_missing"] == 2
+
+
+# ---------------------------------------------------------------- hostile trees, third round
+
+
+def _scan_in_thread(*args, **kwargs):
+    """scan() in a thread, so a read that blocks fails the test instead of hanging it."""
+    import threading
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(scan(*args, **kwargs)), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the scan blocked"
+    return out[0]
+
+
+@pytest.mark.parametrize("name", ["cgroup.procs", "cpuset.cpus", "memory.limit_in_bytes"])
+def test_a_fifo_in_the_cgroup_tree_is_refused_without_blocking(tmp_path, name):
+    import os
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", UID, CID, {"cgroup.procs": "", "cpu.cfs_period_us": "100000"}),
+        ("burstable", UID, PAUSE, {"cpuset.cpus": "0", "cgroup.procs": ""})])
+    rel = container_rel(1, "cgroupfs", "burstable", UID, CID)
+    from testkit.running_pods import _controller
+    path = root / _controller(name) / rel / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)  # no writer: a plain open() waits for one for ever
+    problems: list[str] = []
+    event = _scan_in_thread(root, tmp_path, 1.0, problems=problems)
+    assert event.skipped == 1 and [c.container_id for c in event.containers] == [PAUSE]
+    assert "not a regular file (a FIFO)" in problems[0]
+
+
+def test_a_link_in_the_cgroup_tree_is_not_followed(tmp_path):
+    secret = tmp_path / "elsewhere"
+    secret.write_text("4096\n")
+    root = construct(tmp_path / "cg", 2, "systemd", [("burstable", UID, CID, {})])
+    (root / container_rel(2, "systemd", "burstable", UID, CID) / "memory.max").symlink_to(
+        secret)
+    assert _scan_in_thread(root, tmp_path, 1.0).skipped == 1
+
+
+def test_a_scan_out_of_time_reports_the_source_down_until_one_completes(tmp_path):
+    from exporter.events import SourceStatus
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}", {"cpuset.cpus": "0-1"})
+        for i in range(50)])
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(root), str(tmp_path), min_interval=0.001,
+                               seconds=0.0)
+    got: list = []
+    try:
+        source.read(got.append)  # a budget of nothing: it stops inside the first container
+        [down] = [e for e in got if isinstance(e, SourceStatus)]
+        assert not down.up and "did not complete within its 0 s budget" in down.reason
+        [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+        assert scanned.truncated and len(scanned.containers) < 50
+        [bad] = [e for e in got if isinstance(e, MalformedInput)]
+        assert "time budget" in bad.detail
+        got.clear()
+        source.read(got.append)  # still short: said once
+        assert not [e for e in got if isinstance(e, SourceStatus)]
+        source.seconds = 60.0
+        source.read(got.append)
+        [up] = [e for e in got if isinstance(e, SourceStatus)]
+        assert up.up
+        [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+        assert not scanned.truncated and len(scanned.containers) == 50
+    finally:
+        source.close()
+
+
+def test_a_huge_cpuset_is_refused_and_equal_ones_share_one_set(tmp_path):
+    import tracemalloc
+    containers = [("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}", {"cpuset.cpus": "0-8191\n"})
+                  for i in range(300)]
+    containers.append(("burstable", UID, CID, {"cpuset.cpus": "0-65535\n"}))
+    root = construct(tmp_path / "cg", 1, "cgroupfs", containers)
+    tracemalloc.start()
+    try:
+        problems: list[str] = []
+        event = scan(root, tmp_path, 1.0, problems=problems)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert event.skipped == 1 and "0-65535" in problems[0]
+    assert len(event.containers) == 300
+    first = event.containers[0].cpus
+    assert len(first) == 8192 and all(c.cpus is first for c in event.containers)
+    # one set of 8192 ints, not 300 of them (~140 MiB); the scan's own strings besides
+    assert peak < 16 * 2**20, peak
+
+
+def test_names_with_a_trailing_newline_are_not_the_container(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": ""})])
+    pod_dir = root / "memory/kubepods/burstable" / f"pod{UID}"
+    (pod_dir / f"{CID}\n").mkdir()
+    (root / "memory/kubepods/burstable" / f"pod{UID}\n" / CID).mkdir(parents=True)
+    event = scan(root, tmp_path, 1.0)
+    assert [(c.pod_uid, c.container_id) for c in event.containers] == [(UID, CID)]
+
+
+# ---------------------------------------------------------------- a tenant's own OOM score
+
+
+@pytest.fixture
+def sleeper():
+    import subprocess
+    proc = subprocess.Popen(["sleep", "3600"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _write_adj(pid: int, value: int) -> None:
+    from pathlib import Path
+    Path(f"/proc/{pid}/oom_score_adj").write_text(str(value))
+
+
+def test_a_process_raising_its_own_oom_score_is_not_a_stale_container(tmp_path, sleeper):
+    """998 -> 999 by the process itself, no resize: never counted, neither by a view that saw
+    998 first nor by one (a fresh `check`) that only sees 999."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000  # 1000 * request / capacity = 2.5: the kubelet sets 998
+    assert possible_oom_score_adjs("Burstable", request, capacity) == {998}
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 998)
+    view = view_of(snap(mem=capacity), pod(request=request), scan(root, "/proc", 1.0))
+    assert view.scan.containers[0].oom_score_adj == 998
+    assert view.counts()["oom_score_adj"] == 0
+    _write_adj(sleeper, 999)  # the tenant's own doing
+    view.handle(scan(root, "/proc", 2.0))
+    assert view.scan.containers[0].oom_score_adj == 999
+    assert view.counts()["oom_score_adj"] == 0
+    fresh = view_of(snap(mem=capacity), pod(request=request), scan(root, "/proc", 3.0))
+    assert fresh.counts()["oom_score_adj"] == 0
+    # The same 999 after memory really went (the kubelet computed 999 for the capacity the
+    # node had before): stale.
+    bigger = capacity * 2  # 1000 * request / bigger = 1.25: 999
+    resized = view_of(snap(mem=bigger), snap(mem=capacity), pod(request=request),
+                      scan(root, "/proc", 4.0))
+    assert resized.counts()["oom_score_adj"] == 1
+
+
+def test_a_score_that_is_no_capacitys_is_not_blamed_on_a_resize(tmp_path, sleeper):
+    """After a real resize, a score the kubelet computes for neither capacity (a tenant's
+    -500 in a Burstable container) is not counted as left stale by it."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 500)
+    view = view_of(snap(mem=capacity * 2), snap(mem=capacity), pod(request=request),
+                   scan(root, "/proc", 1.0))
+    assert view.counts()["oom_score_adj"] == 0

@@ -290,7 +290,7 @@ class JournalSink:
         """Under the condition: the queue is full. Counted; one log line a minute at most."""
         self.dropped += 1
         self._drop_log.note("queue full", "journal %s: write queue full (%d pending: the disk is "
-                            "slow or stuck); a write dropped, %d in all", self.path,
+                            "slow or stuck); 1 write(s) dropped, %d in all", self.path,
                             len(self._events), self.dropped, level=logging.WARNING)
 
     # ------------------------------------------------------------ start-up reads

@@ -28,9 +28,9 @@ names must match whole (a name with a trailing newline is not the container's). 
 container that exits mid-read is skipped silently (that race is normal); a file that is
 unreadable or does not parse is counted, and each scan that had any says so once
 (MalformedInput: the agent logs the first, then at debug level). Rescans run after CPU and
-memory events (the agent's kubelet sink pokes) and on a slow timer, but never closer together than --running-pods.min-interval:
-a hotplug storm costs one scan per interval, not one per event. A scan is emitted only when it
-differs from the last (the journal keeps every event).
+memory events (the agent's kubelet sink pokes) and on a slow timer, but never closer together
+than --running-pods.min-interval: a hotplug storm costs one scan per interval, not one per
+event. A scan is emitted only when it differs from the last (the journal keeps every event).
 """
 from __future__ import annotations
 
