@@ -260,7 +260,7 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     agent = built.agent
 
-    registry_ = CollectorRegistry()
+    registry_ = CollectorRegistry(auto_describe=True)  # each collector named at register()
     try:
         server = MetricsServer(options.listen_host, options.listen_port, registry_,
                                healthy=agent.alive.is_set, web_config=options.web_config_file,

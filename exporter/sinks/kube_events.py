@@ -211,6 +211,8 @@ class EventCorrelator:
 class KubeEventsSink:
     """A sink (on_event/on_update/close) that creates and patches Events through `api`."""
 
+    name = "kubeevents"  # the `sink` label of its errors (exporter/sinks/metrics.py)
+
     def __init__(self, node: str, api: EventsApi,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node

@@ -31,6 +31,7 @@ from typing import Callable
 import h11
 from prometheus_client import CollectorRegistry
 
+from exporter.ratelog import RateLimitedLog
 from exporter.web.auth import BasicAuth
 from exporter.web.authmetrics import WebAuthCollector
 from exporter.web.config import WebConfig, load_web_config, peer_san_allowed
@@ -43,7 +44,6 @@ from exporter.web.kubeauth import (
     review_client_factory,
 )
 from exporter.web.memory import Trimmer
-from exporter.ratelog import RateLimitedLog
 from exporter.web.routes import Routes
 from exporter.web.stream import Plain, Tls
 

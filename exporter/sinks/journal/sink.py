@@ -70,6 +70,8 @@ class JournalSink:
     """The journal as the agent's sink. Raises JournalRefused for an unsafe path, and, with
     `must_open` (the user named the path), for one that cannot be created or opened."""
 
+    name = "journal"  # the `sink` label of its errors (exporter/sinks/metrics.py)
+
     def __init__(self, path: str | os.PathLike[str] | None = None, *, clock: Clock | None = None,
                  max_age: float = DEFAULT_MAX_AGE, max_bytes: int = DEFAULT_MAX_BYTES,
                  prune_every: int = DEFAULT_PRUNE_EVERY, queue_size: int = DEFAULT_QUEUE,

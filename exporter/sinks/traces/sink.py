@@ -89,6 +89,8 @@ class _CountingExporter(SpanExporter):
 class TraceSink:
     """Builds and exports an episode's trace when the episode ends (a Sink)."""
 
+    name = "trace"  # the `sink` label of its errors (exporter/sinks/metrics.py)
+
     def __init__(self, config: TraceConfig, *, journal: ExportedFlag | None = None,
                  node_name: str | None = None, host_name: str | None = None) -> None:
         self.config = config

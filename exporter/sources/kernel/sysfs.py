@@ -33,8 +33,8 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
-from exporter.untrusted import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.untrusted import read_text
 
 # ------------------------------------------------------------------ parsers (pure)
 

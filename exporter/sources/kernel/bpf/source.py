@@ -39,8 +39,8 @@ from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
 from exporter.sources.kernel.sysfs import read_hotplug_states
-from exporter.untrusted import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.untrusted import read_text
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
 KIND_CPU, KIND_MEMORY = 1, 2
