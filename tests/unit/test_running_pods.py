@@ -511,3 +511,37 @@ def test_a_score_that_is_no_capacitys_is_not_blamed_on_a_resize(tmp_path, sleepe
     view = view_of(snap(mem=capacity * 2), snap(mem=capacity), pod(request=request),
                    scan(root, "/proc", 1.0))
     assert view.counts()["oom_score_adj"] == 0
+
+
+def test_a_scan_still_running_past_its_budget_is_down_until_it_completes(tmp_path):
+    """The watchdog, for a read the kernel holds (the budget cannot be checked inside a read
+    that does not return): here a scan of 2,000 real containers overdue after a millisecond
+    says down from the timer's thread, then up when it ends."""
+    import threading
+
+    from exporter.events import SourceStatus
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", f"{UID[:-4]}{i % 65536:04x}", f"{i:064x}", {"cpuset.cpus": "0-1"})
+        for i in range(2000)])
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(root), str(tmp_path), min_interval=0.001,
+                               seconds=60.0, watchdog_grace=-59.999)
+    got: list = []
+    lock = threading.Lock()
+
+    def emit(event):
+        with lock:
+            got.append(event)
+    try:
+        source.read(emit)
+    finally:
+        source.close()
+    statuses = [e for e in got if isinstance(e, SourceStatus)]
+    assert [s.up for s in statuses] == [False, True]
+    assert "has not completed in 0.001 s" in statuses[0].reason
+    [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+    assert not scanned.truncated and len(scanned.containers) == 2000
