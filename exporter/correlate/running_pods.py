@@ -231,7 +231,8 @@ class RunningPodsView:
             sizing = _sizing(pod, cg.container_id)
             ns, name = (pod.namespace, pod.name) if pod is not None else ("?", cg.pod_uid[:36])
             cname = sizing.name if sizing is not None else cg.container_id[:12]
-            older = () if self._changed_by_itself(cg) else self.capacities
+            # None: the score moved by itself, no resize can have left it so
+            older = None if self._changed_by_itself(cg) else self.capacities
             for kind, detail in _judge(cg, pod, sizing, snap, assigned, older):
                 out.append(Finding(kind, ns, name, cname, detail))
         return out
@@ -316,14 +317,14 @@ def _blocks_near(score: int, today: int, block: int, offline: int,
 
 def _judge(cg: ContainerCgroup, pod: PodStatus | None, sizing: ContainerSizing | None,
            snap: KernelSnapshot, assigned: frozenset[int],
-           older: Iterable[int] = ()) -> list[tuple[str, str]]:
+           older: Iterable[int] | None = ()) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     capacity, online = snap.mem_total_bytes, snap.cpus_online
     qos = (pod.qos_class if pod is not None and pod.qos_class else _QOS.get(cg.qos, ""))
     critical = pod is not None and pod.node_critical
     # (a) Only a Burstable score depends on capacity; it needs the container's request.
     if (cg.oom_score_adj is not None and sizing is not None and pod is not None
-            and qos == "Burstable" and not critical and capacity > 0):
+            and qos == "Burstable" and not critical and capacity > 0 and older is not None):
         apps = [c.memory_request for c in pod.containers if not c.sidecar]
         request, limit = sizing.memory_request, sizing.memory_limit
         sidecar_min = min(apps) if sizing.sidecar and apps else None

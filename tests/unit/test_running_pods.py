@@ -500,6 +500,28 @@ def test_a_process_raising_its_own_oom_score_is_not_a_stale_container(tmp_path, 
     assert resized.counts()["oom_score_adj"] == 1
 
 
+def test_a_score_moved_by_the_process_is_its_own_even_beside_offline_memory(tmp_path, sleeper):
+    """Memory blocks offline since boot (the kubelet may have seen them online): the view saw
+    the container at 998, the kubelet's; 999 later, with no capacity change, is the process's
+    own, though the kubelet would compute 999 with the offline blocks back."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000
+    block = 128 << 20
+    offline = frozenset(range(128, 168))  # 40 blocks: 21 GiB with them, where 999 is due
+    assert 999 in possible_oom_score_adjs("Burstable", request, capacity + 40 * block)
+    booted = KernelSnapshot(1.0, frozenset({0, 1}), frozenset(), frozenset({0, 1}),
+                            frozenset({0, 1}), block, frozenset(range(128)), offline,
+                            capacity, 0)
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 998)
+    view = view_of(booted, pod(request=request), scan(root, "/proc", 1.0))
+    assert view.counts()["oom_score_adj"] == 0
+    _write_adj(sleeper, 999)
+    view.handle(scan(root, "/proc", 2.0))
+    assert view.counts()["oom_score_adj"] == 0
+
+
 def test_a_score_that_is_no_capacitys_is_not_blamed_on_a_resize(tmp_path, sleeper):
     """After a real resize, a score the kubelet computes for neither capacity (a tenant's
     -500 in a Burstable container) is not counted as left stale by it."""
