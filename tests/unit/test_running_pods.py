@@ -567,3 +567,33 @@ def test_a_scan_still_running_past_its_budget_is_down_until_it_completes(tmp_pat
     assert "has not completed in 0.001 s" in statuses[0].reason
     [scanned] = [e for e in got if isinstance(e, RunningContainers)]
     assert not scanned.truncated and len(scanned.containers) == 2000
+
+
+def test_check_ends_with_a_fifo_in_the_cgroup_tree(tmp_path):
+    """`check` scanned the tree with the same reads: a FIFO there once kept it waiting for ever."""
+    import os
+    import threading
+
+    from exporter.cli.check import check_running_pods
+    from exporter.config.options import Options
+    from exporter.sources import registry
+
+    registry.load()
+    cpu = tmp_path / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    for name, text in (("online", "0-1"), ("offline", ""), ("present", "0-1"),
+                       ("possible", "0-1")):
+        (cpu / name).write_text(text + "\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
+    root = construct(tmp_path / "cg", 2, "systemd", [("burstable", UID, CID, {})])
+    os.mkfifo(root / container_rel(2, "systemd", "burstable", UID, CID) / "cgroup.procs")
+    options = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                      cgroup_root=str(root))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(check_running_pods(options, pods=[])),
+                         daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "check blocked on the FIFO"
+    assert "1 unreadable" in out[0].detail and "not a regular file (a FIFO)" in out[0].detail
