@@ -108,6 +108,7 @@ def wake(cycles: int) -> None:
     import threading
 
     from exporter.clock import MonotonicWallClock
+    from exporter.sources.kernel.bpf import record
     from exporter.sources.kernel.bpf import source as bpf
 
     source = bpf.BpfSource(MonotonicWallClock())
@@ -123,13 +124,13 @@ def wake(cycles: int) -> None:
 
     source.ring._on_sample = timed  # the same callback, timed: nothing else changes
     source.start(events.append)
-    quiet = bpf.HotplugRecord(start_ns=1, end_ns=2, kind=bpf.KIND_CPU, cpu=1, online=1)
+    quiet = record.HotplugRecord(start_ns=1, end_ns=2, kind=record.KIND_CPU, cpu=1, online=1)
     quiet_costs = []
 
     def quiet_run() -> None:
         for _ in range(200):
             t = time.thread_time()
-            decode(ctypes.addressof(quiet), bpf.RECORD_SIZE)
+            decode(ctypes.addressof(quiet), record.RECORD_SIZE)
             quiet_costs.append(time.thread_time() - t)
             time.sleep(0.002)
 

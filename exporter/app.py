@@ -346,7 +346,7 @@ def serve(options: Options) -> int:
     clock = MonotonicWallClock()
     decisions = decide(options)
     log.info("node-resize-exporter %s (revision %s)", buildinfo.version(), buildinfo.revision())
-    metrics = CollectorRegistry()
+    metrics = CollectorRegistry(auto_describe=True)  # a family registered twice is refused
     try:
         traces = validate(options, decisions)
         journal = open_journal(decisions, clock)

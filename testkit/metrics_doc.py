@@ -7,7 +7,7 @@ catalogue against a real scrape) and tests/e2e/test_alerts.py (names the rules a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -20,6 +20,8 @@ class Row:
     type: str
     labels: frozenset[str]
     line: int  # in docs/metrics.md, for failure messages
+    # label -> the values the row lists in parentheses after it (absent: not listed)
+    values: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
 
 
 def rows(path: Path = CATALOGUE) -> dict[str, Row]:
@@ -32,7 +34,10 @@ def rows(path: Path = CATALOGUE) -> dict[str, Row]:
         name, kind, labels = cells[0].strip("`"), cells[1], cells[2]
         assert kind in TYPES, f"{path.name}:{number}: type {kind!r} is not one of {sorted(TYPES)}"
         assert name not in found, f"{path.name}:{number}: {name} listed twice"
-        found[name] = Row(name, kind, frozenset(re.findall(r"`([a-z_]+)`", labels)), number)
+        values = {label: frozenset(v.strip() for v in listed.split(","))
+                  for label, listed in re.findall(r"`([a-z_]+)` \(([a-z0-9_, ]+)\)", labels)}
+        found[name] = Row(name, kind, frozenset(re.findall(r"`([a-z_]+)`", labels)), number,
+                          values)
     return found
 
 

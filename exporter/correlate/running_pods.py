@@ -9,6 +9,10 @@ only an observer sees these, each judged against the kubelet's own rules on toda
 - `oom_score_adj`: a Burstable container's OOM score adjustment is
   1000 - 1000 * memoryRequest / memoryCapacity (pkg/kubelet/qos/policy.go
   GetContainerOOMScoreAdjust; capacity is MemTotal), so it is stale once MemTotal moves.
+  Counted only when the score is the one the kubelet computes for ANOTHER capacity the node
+  had (a MemTotal this view saw before, or today's with offline memory blocks back), never
+  merely because it differs: a process may raise its own score (998 -> 999) and no resize
+  made it so. A score that changed while no capacity change was seen is the process's own.
   Guaranteed (-997), BestEffort (1000) and node-critical pods do not depend on capacity;
 - `cpuset_offline`, `cpuset_missing`: a cpuset naming CPUs that are offline, or lacking online
   CPUs of the shared pool (on cgroup v1 the kernel never puts an offlined CPU back); the pool
@@ -24,7 +28,8 @@ more of the Pod than the watch converts.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from exporter.events import (
@@ -47,6 +52,8 @@ BESTEFFORT_OOM_SCORE_ADJ = 1000
 TIE_BREAK_FLOOR = 64 * 1024 * 1024  # oomScoreAdjTieBreakFloor (gate KubeletOOMScoreAdjTieBreak)
 
 PAGE = 4096  # the kernel rounds memory.swap.max down to pages
+CAPACITIES_KEPT = 8  # earlier MemTotal values remembered as capacities the kubelet may have used
+TIE_BREAK_SPAN = 16  # the tie-break lowers a score by at most log2(capacity / 64 GiB) + 1 points
 CPU_SLACK = 0.001  # a quota is microseconds over a period: no float noise makes a finding
 
 
@@ -77,6 +84,7 @@ def _clamp(adj: int) -> int:
     return adj
 
 
+@functools.lru_cache(maxsize=8192)
 def container_oom_score_adj(qos_class: str, memory_request: float, capacity: int, *,
                             node_critical: bool = False, memory_limit: float = 0,
                             sidecar_min_request: float | None = None,
@@ -150,6 +158,13 @@ class RunningPodsView:
     assigned_cpus: frozenset[int] = frozenset()  # the CPU manager's exclusive CPUs
     checkpoint: bool = False  # a CPU manager checkpoint was read (else they are inferred)
     pods: dict[str, PodStatus] = field(default_factory=dict)  # by uid
+    # MemTotal values seen before today's, newest last (capacities the kubelet may have used),
+    # and how many times it changed (an epoch: "no resize since" is "same epoch").
+    capacities: list[int] = field(default_factory=list)
+    capacity_changes: int = 0
+    # container id -> (the score first seen, the epoch then): the kubelet writes a score once,
+    # when it creates the container; a later change without a resize is the process's own.
+    _first_scores: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     # The findings of the state above, kept until an event changes it: a scrape every few
     # seconds re-judges nothing (4096 containers take ~0.1 s to judge on a loaded machine).
     _findings: list[Finding] | None = field(default=None, repr=False)
@@ -159,9 +174,16 @@ class RunningPodsView:
                               CpuManagerCheckpoint)):
             self._findings = None
         if isinstance(event, KernelSnapshot):
+            last = self.snapshot
+            if last is not None and last.mem_total_bytes != event.mem_total_bytes:
+                self.capacity_changes += 1
+                if last.mem_total_bytes in self.capacities:
+                    self.capacities.remove(last.mem_total_bytes)
+                self.capacities = [*self.capacities, last.mem_total_bytes][-CAPACITIES_KEPT:]
             self.snapshot = event
         elif isinstance(event, RunningContainers):
             self.scan = event
+            self._remember_scores(event)
         elif isinstance(event, PodStatus):
             if event.deleted:
                 self.pods.pop(event.uid, None)
@@ -173,6 +195,21 @@ class RunningPodsView:
             ok = event.present and not event.error and event.policy == "static"
             self.assigned_cpus = event.assigned_cpus if ok else frozenset()
             self.checkpoint = event.present and not event.error
+
+    def _remember_scores(self, scan: RunningContainers) -> None:
+        first = {}
+        for cg in scan.containers:
+            if cg.oom_score_adj is not None:
+                first[cg.container_id] = self._first_scores.get(
+                    cg.container_id, (cg.oom_score_adj, self.capacity_changes))
+        self._first_scores = first  # only the containers running now: bounded by the scan
+
+    def _changed_by_itself(self, cg: ContainerCgroup) -> bool:
+        """The score moved since this view first saw the container, with no capacity change
+        in between: the process's (or a tenant's) doing; the kubelet never rewrites it."""
+        seen = self._first_scores.get(cg.container_id)
+        return seen is not None and seen[0] != cg.oom_score_adj \
+            and seen[1] == self.capacity_changes
 
     # ------------------------------------------------------------ values
 
@@ -194,7 +231,9 @@ class RunningPodsView:
             sizing = _sizing(pod, cg.container_id)
             ns, name = (pod.namespace, pod.name) if pod is not None else ("?", cg.pod_uid[:36])
             cname = sizing.name if sizing is not None else cg.container_id[:12]
-            for kind, detail in _judge(cg, pod, sizing, snap, assigned):
+            # None: the score moved by itself, no resize can have left it so
+            older = None if self._changed_by_itself(cg) else self.capacities
+            for kind, detail in _judge(cg, pod, sizing, snap, assigned, older):
                 out.append(Finding(kind, ns, name, cname, detail))
         return out
 
@@ -232,22 +271,74 @@ def _sizing(pod: PodStatus | None, container_id: str) -> ContainerSizing | None:
 _QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
 
 
+def _another_capacity(score: int, today: int, snap: KernelSnapshot, older: Iterable[int],
+                      scores_at: Callable[[int], frozenset[int]]) -> int | None:
+    """A capacity other than `today` the node had, for which the kubelet computes `score`
+    (`scores_at(capacity)`): one of the `older` MemTotal values, or today's with k of the
+    offline memory blocks back online. None: no such capacity; the score is not a resize's."""
+    for capacity in older:
+        if capacity != today and capacity > 0 and score in scores_at(capacity):
+            return capacity
+    block, offline = snap.memory_block_size, len(snap.memory_blocks_offline)
+    if block <= 0 or not offline:
+        return None
+    # The linear score q = 1000 - floor(1000 * request / C) is monotone in C, so the k giving
+    # a score near `score` lie in a few intervals: solve for them, then check those k exactly
+    # (the tie-break lowers the linear score by a few points, TIE_BREAK_SPAN at most).
+    for k in _blocks_near(score, today, block, offline, scores_at):
+        capacity = today + k * block
+        if score in scores_at(capacity):
+            return capacity
+    return None
+
+
+def _blocks_near(score: int, today: int, block: int, offline: int,
+                 scores_at: Callable[[int], frozenset[int]]) -> list[int]:
+    """Candidate numbers of blocks (1..offline) by bisection on the capacity: the k where
+    the kubelet's highest score at today + k blocks first reaches `score`, and its
+    neighbours."""
+    def top(k: int) -> int:
+        return max(scores_at(today + k * block))
+
+    out: list[int] = []
+    for target in range(score, min(score + TIE_BREAK_SPAN, 1000) + 1):
+        lo, hi = 1, offline
+        if top(hi) < target:  # the score rises with capacity: out of reach
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if top(mid) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.extend(k for k in (lo - 1, lo, lo + 1) if 1 <= k <= offline and k not in out)
+    return out
+
+
 def _judge(cg: ContainerCgroup, pod: PodStatus | None, sizing: ContainerSizing | None,
-           snap: KernelSnapshot, assigned: frozenset[int]) -> list[tuple[str, str]]:
+           snap: KernelSnapshot, assigned: frozenset[int],
+           older: Iterable[int] | None = ()) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     capacity, online = snap.mem_total_bytes, snap.cpus_online
     qos = (pod.qos_class if pod is not None and pod.qos_class else _QOS.get(cg.qos, ""))
     critical = pod is not None and pod.node_critical
     # (a) Only a Burstable score depends on capacity; it needs the container's request.
     if (cg.oom_score_adj is not None and sizing is not None and pod is not None
-            and qos == "Burstable" and not critical and capacity > 0):
+            and qos == "Burstable" and not critical and capacity > 0 and older is not None):
         apps = [c.memory_request for c in pod.containers if not c.sidecar]
-        want = possible_oom_score_adjs(
-            qos, sizing.memory_request, capacity, memory_limit=sizing.memory_limit,
-            sidecar_min_request=min(apps) if sizing.sidecar and apps else None)
+        request, limit = sizing.memory_request, sizing.memory_limit
+        sidecar_min = min(apps) if sizing.sidecar and apps else None
+
+        def scores_at(c: int) -> frozenset[int]:
+            return possible_oom_score_adjs(qos, request, c, memory_limit=limit,
+                                           sidecar_min_request=sidecar_min)
+
+        want = scores_at(capacity)
         if cg.oom_score_adj not in want:
-            out.append(("oom_score_adj", f"oom_score_adj {cg.oom_score_adj}, the kubelet would "
-                        f"set {min(want)} on today's {capacity} bytes"))
+            if _another_capacity(cg.oom_score_adj, capacity, snap, older,
+                                 scores_at) is not None:
+                out.append(("oom_score_adj", f"oom_score_adj {cg.oom_score_adj}, the kubelet "
+                            f"would set {min(want)} on today's {capacity} bytes"))
     # (b) The shared pool is every online CPU no container holds exclusively; a container
     # whose cpuset lies within the CPU manager's exclusive CPUs is not in the pool.
     if cg.cpus is not None and cg.cpus:

@@ -4,14 +4,18 @@ The agent drives every sink through `Sink`: `on_event` sees each raw event befor
 acts on it (the journal queues it for its writer thread, which commits within milliseconds),
 `on_update` each EpisodeUpdate the correlator returns, `close` flushes on SIGTERM. A sink never
 blocks the agent on I/O.
+
+A sink whose writes can fail declares its `name` (a class attribute, e.g. `name = "journal"`):
+its `errors` are shown as node_resize_exporter_sink_errors_total{sink=NAME}, and its `up` (if it
+has one) as node_resize_exporter_sink_up. The collectors describe themselves through the
+registry's own auto_describe (the composition root's CollectorRegistry(auto_describe=True)):
+a family registered twice is refused at start-up, not exposed twice.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 from typing import Any, Protocol
 
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.correlate.model import EpisodeUpdate
@@ -26,18 +30,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class SelfDescribing(Collector):
-    """A Collector that describes itself by what it renders now. client_python compares a
-    collector's names with those already registered only when its describe() names them, so
-    one collector registered twice, or two that render the same family, are refused at
-    register() (start-up) instead of exposing a family twice. A family that appears later
-    (a histogram after its first observation) is not in the comparison."""
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self.collect())
-
-
-class ViewSink(SelfDescribing):
+class ViewSink(Collector):
     """A sink and a Collector in one over a pure view, fed in the agent's thread and rendered at
     scrape time under the sink's own lock. The sources that feed it re-read after kernel events
     because they say so (their `poked_by`, exporter/sources/registry.py): the agent pokes them."""

@@ -32,6 +32,7 @@ from typing import Any, Callable, Protocol
 
 from exporter.correlate.model import EpisodeUpdate, Outcome, UpdateKind
 from exporter.events import Change, Resource
+from exporter.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,8 @@ class EventCorrelator:
 class KubeEventsSink:
     """A sink (on_event/on_update/close) that creates and patches Events through `api`."""
 
+    name = "kubeevents"  # the `sink` label of its errors (exporter/sinks/metrics.py)
+
     def __init__(self, node: str, api: EventsApi,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
@@ -221,9 +224,9 @@ class KubeEventsSink:
         self.dropped = 0  # of which dropped (queue full, spam filter, API backing off)
         self._queue: queue.Queue[tuple[dict[str, Any], float] | None] = queue.Queue(QUEUE_SIZE)
         self._correlator = EventCorrelator()
-        self._lock = threading.Lock()  # the drop tally: the agent thread adds to it too
-        self._drops: dict[str, int] = {}  # why -> how many since the last log line
-        self._drops_logged = -math.inf
+        self._lock = threading.Lock()  # the drop counts: the agent thread adds to them too
+        # One line per reason a minute, then how many were held back.
+        self._drop_log = RateLimitedLog(log, DROP_LOG_SECONDS, clock)
         self._failing = False
         self._backoff = 0.0
         self._quiet_until = -math.inf  # API failing: send nothing until then
@@ -307,19 +310,14 @@ class KubeEventsSink:
         with self._lock:
             self.errors += 1
             self.dropped += 1
-            self._drops[why] = self._drops.get(why, 0) + 1
+        self._drop_log.note(why, "dropped a Kubernetes Event (%s); counted in "
+                            "node_resize_exporter_sink_errors_total{sink=\"kubeevents\"}, "
+                            "logged at most once a minute", why, level=logging.WARNING)
 
     def _log_drops(self, force: bool = False) -> None:
-        now = self._clock()
-        with self._lock:
-            if not self._drops or (not force and now - self._drops_logged < DROP_LOG_SECONDS):
-                return
-            drops, self._drops = self._drops, {}
-            self._drops_logged = now
-        log.warning("dropped %d Kubernetes Events (%s); counted in "
-                    "node_resize_exporter_sink_errors_total{sink=\"kubeevents\"}, logged at most "
-                    "once a minute", sum(drops.values()),
-                    ", ".join(f"{n} {why}" for why, n in sorted(drops.items())))
+        """From the worker's idle tick (and at the end): the drops held back since the last
+        line, so a burst that stopped is told within a minute."""
+        self._drop_log.flush(force)
 
     def close(self) -> None:
         try:

@@ -34,6 +34,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector
 
 from exporter import __version__, buildinfo
 from exporter.correlate.histogram import Histogram
@@ -42,7 +43,6 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.node_view import NodeView
 from exporter.events import HEARTBEAT_VIA, Direction, Event, Resource, Result
-from exporter.sinks import SelfDescribing
 from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -67,7 +67,7 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -
         family.add_metric(labels, h.cumulative(), h.total)
 
 
-class MetricsSink(SelfDescribing):
+class MetricsSink(Collector):
     """Everything /metrics shows. `view` None: the kernel side only (no episode metrics).
     `kubernetes` False: the episode counters a kernel-only episode can move, and none of the
     Kubernetes join's families (balloons, readmission, the Node's view)."""
@@ -122,12 +122,19 @@ class MetricsSink(SelfDescribing):
                                   "Writes a sink could not make (journal read-only or full, "
                                   "trace export failures); the agent keeps running.",
                                   labels=["sink"])
-        for sink in self.sinks:
-            if sink is self:
-                continue
-            name = type(sink).__name__.lower().removesuffix("sink") or "sink"
+        for name, sink in self._named_sinks():
             fam.add_metric([name], getattr(sink, "errors", 0))
         return fam
+
+    def _named_sinks(self) -> list[tuple[str, object]]:
+        """The sinks that declare a name (those whose writes can fail: journal, trace,
+        kubeevents); the views (kubelet, running pods) write nothing and have no series."""
+        out = []
+        for sink in self.sinks:
+            name = getattr(type(sink), "name", None)
+            if sink is not self and isinstance(name, str) and name:
+                out.append((name, sink))
+        return out
 
     def _sink_up(self) -> Metric:
         """One series per sink that can be down as a whole (the journal: a file of a newer
@@ -136,10 +143,9 @@ class MetricsSink(SelfDescribing):
                                 "1 while the sink works; 0 when it was turned off at start "
                                 "(the journal: written by a newer exporter, left untouched).",
                                 labels=["sink"])
-        for sink in self.sinks:
+        for name, sink in self._named_sinks():
             up = getattr(sink, "up", None)
-            if sink is not self and isinstance(up, bool):
-                name = type(sink).__name__.lower().removesuffix("sink") or "sink"
+            if isinstance(up, bool):
                 fam.add_metric([name], 1.0 if up else 0.0)
         return fam
 

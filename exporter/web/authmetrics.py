@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
-from exporter.sinks import SelfDescribing
 from exporter.web.kubeauth import WebAuthStats
 
 
-class WebAuthCollector(SelfDescribing):
+class WebAuthCollector(Collector):
     def __init__(self, stats: WebAuthStats) -> None:
         self.stats = stats
 

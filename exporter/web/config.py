@@ -29,14 +29,13 @@ nobody verifies) is refused rather than honoured.
 """
 from __future__ import annotations
 
-import os
 import ssl
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml  # type: ignore[import-untyped]
 
+from exporter.untrusted import TooLarge, read_bytes
 from exporter.web.auth import hash_problem
 
 MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; certificates a few KiB
@@ -110,32 +109,16 @@ class WebConfig:
 
 
 def read_bounded(path: str | Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """A regular file's bytes, at most `limit`; ValueError naming `what` otherwise.
-
-    Opened non-blocking so that a FIFO cannot hang start-up (it is refused after fstat), and
-    read with a bound so that /dev/zero or a huge file cannot fill memory.
+    """A regular file's bytes, at most `limit`; ValueError naming `what` otherwise (read
+    through exporter/untrusted.py: a FIFO cannot hang start-up, /dev/zero cannot fill memory).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_bytes(path, limit, what=what, fix="give the path of a file")
+    except TooLarge:
+        raise ValueError(f"{what} {path}: more than {limit} bytes; is it the right file?"
+                         ) from None
     except OSError as e:
         raise ValueError(f"{what} {path}: cannot read it: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{what} {path}: not a regular file (a FIFO, device or directory); "
-                             "give the path of a file")
-        if st.st_size > limit:
-            raise ValueError(f"{what} {path}: {st.st_size} bytes, more than the {limit} "
-                             "allowed; is it the right file?")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise ValueError(f"{what} {path}: cannot read it: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"{what} {path}: more than {limit} bytes; is it the right file?")
-    return data
 
 
 def load_web_config(path: str) -> WebConfig:

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from exporter.web.ratelog import RateLimitedLog
+from exporter.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ MAX_CONNECTIONS (past it the oldest connection not computing an answer is closed
 so neither a slowloris nor a flood of clients can lock a new scraper out), and the work a
 request causes runs on two small thread pools (exporter/web/routes.py): rendering (shared, see
 exporter/web/exposition.py) and bcrypt (bounded, see exporter/web/auth.py). Failures caused by
-clients are logged once per kind per minute (exporter/web/ratelog.py).
+clients are logged once per kind per minute (exporter/ratelog.py).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Callable
 import h11
 from prometheus_client import CollectorRegistry
 
+from exporter.ratelog import RateLimitedLog
 from exporter.web.auth import BasicAuth
 from exporter.web.authmetrics import WebAuthCollector
 from exporter.web.config import WebConfig, load_web_config, peer_san_allowed
@@ -43,7 +44,6 @@ from exporter.web.kubeauth import (
     review_client_factory,
 )
 from exporter.web.memory import Trimmer
-from exporter.web.ratelog import RateLimitedLog
 from exporter.web.routes import Routes
 from exporter.web.stream import Plain, Tls
 

@@ -21,8 +21,8 @@ EXAMPLE = """
 
 
 @pytest.fixture(scope="module")
-def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
-    """Catalogue name -> (type, label names seen in samples) of one live scrape."""
+def scrape(tmp_path_factory) -> str:
+    """One live scrape's text."""
     from exporter.sources.kubelet.proto import podresources_pb2 as pb
     from testkit.exporter_proc import RunningExporter
     from testkit.fakes.apiserver import FakeApiServer
@@ -55,8 +55,14 @@ def exposed(tmp_path_factory) -> dict[str, tuple[str, frozenset[str]]]:
                 ).text
     finally:
         server.stop()
+    return text
+
+
+@pytest.fixture(scope="module")
+def exposed(scrape: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """Catalogue name -> (type, label names seen in samples) of one live scrape."""
     found = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape):
         name = f"{family.name}_total" if family.type == "counter" else family.name
         labels = {k for s in family.samples for k in s.labels if k != "le"}
         found[name] = (family.type, frozenset(labels))
@@ -128,3 +134,22 @@ def test_the_scrape_shows_labels_for_most_families(exposed):
         "node_resize_balloon_requests",
         "node_resize_exporter_source_up",
     } <= labelled
+
+
+def test_sink_label_values_are_the_catalogues(scrape):
+    """The `sink` label shows only the values its rows list (derived from class names, it once
+    showed sink="kubelet" and "runningpods", listed nowhere)."""
+    rows = metrics_doc.rows()
+    wrong = []
+    for family in text_string_to_metric_families(scrape):
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        row = rows.get(name)
+        if row is None:
+            continue  # reported by test_every_exposed_metric_is_in_the_catalogue
+        for sample in family.samples:
+            value = sample.labels.get("sink")
+            listed = row.values.get("sink", frozenset())
+            if value is not None and value not in listed:
+                wrong.append(f"{name}{{sink={value!r}}} (docs/metrics.md:{row.line} lists "
+                             f"{sorted(listed)})")
+    assert not wrong, "\n".join(sorted(set(wrong)))

@@ -399,7 +399,7 @@ def test_sdk_warnings_are_logged_once_per_interval(otel_env, caplog):
         endpoint = rx.endpoint  # closed now: every export is refused
     otel_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
     caplog.set_level("DEBUG")
-    sink_module._SDK_FILTER._last.clear()
+    sink_module._SDK_FILTER.reset()
     caplog.clear()  # an earlier test's export thread may still be retrying: from here on
     sink = TraceSink.from_env()
     for _ in range(5):

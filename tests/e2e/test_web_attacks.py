@@ -184,7 +184,7 @@ def test_password_guessers_get_429_and_the_scraper_is_answered(tmp_path):
 def test_failures_are_logged_once_per_kind_per_interval_with_a_count():
     import logging
 
-    from exporter.web.ratelog import RateLimitedLog
+    from exporter.ratelog import RateLimitedLog
 
     class Clock:
         t = 0.0

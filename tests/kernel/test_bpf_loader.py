@@ -8,7 +8,7 @@ import os
 import pytest
 
 from exporter.sources.kernel.bpf import libbpf
-from exporter.sources.kernel.bpf import source as bpf
+from exporter.sources.kernel.bpf import programs as bpf
 from exporter.sources.kernel.bpf.loader import LoadError, _unpack, load
 from exporter.sources.kernel.sysfs import parse_hotplug_states
 

@@ -25,7 +25,7 @@ from exporter.config.types import ListenAddress
 from exporter.events import DeviceChange, Direction, MalformedInput, PodStatus, Resource, Transition
 from exporter.kube.convert import Converted, LabelSelector, node_status, pod_status
 from exporter.kube.quantity import parse_quantity
-from exporter.sources.kernel.bpf.source import HotplugRecord, RecordDecoder
+from exporter.sources.kernel.bpf.record import HotplugRecord, RecordDecoder
 from exporter.sources.kernel.sysfs import (
     MAX_CPUS,
     parse_cpu_list,

@@ -22,7 +22,7 @@ from exporter.sources.kubelet.kubelet_checkpoint import (
     MAX_BYTES,
     KubeletCheckpointSource,
 )
-from exporter.sources.readfile import NotRegularFile, TooLarge, read_bytes
+from exporter.untrusted import NotRegularFile, TooLarge, read_bytes
 from testkit.event_log import EventLog
 
 CHECKPOINT = Path(__file__).parents[1] / "fixtures/kubelet-v1.36/cpu_manager_state.static-0-1"

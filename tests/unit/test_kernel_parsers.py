@@ -3,7 +3,7 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.events import DeviceChange, Direction, Resource, Result, Transition
-from exporter.sources.kernel.bpf.source import (
+from exporter.sources.kernel.bpf.record import (
     HotplugRecord,
     RecordDecoder,
     cpuhp_targets,

@@ -121,7 +121,7 @@ def test_oom_score_adj_not_judged_without_the_pod_or_for_fixed_classes():
 
 
 def test_pods_deleted_or_gone_in_a_relist_are_forgotten():
-    view = view_of(snap(mem=GI), pod(), cgroup(oom_score_adj=916))
+    view = view_of(snap(), snap(mem=GI), pod(), cgroup(oom_score_adj=916))
     assert view.counts()["oom_score_adj"] == 1
     view.handle(PodsRelisted(2.0, frozenset()))
     assert view.counts()["oom_score_adj"] == 0
@@ -308,6 +308,14 @@ def test_check_names_stale_containers_and_the_fix(tmp_path):
     for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),
                        ("possible", "0-1")):
         (sys_ / name).write_text(text + "\n")
+    # 182 blocks of 128 MiB offline: with them the node had the ~23.8 GiB the kubelet gave
+    # the container its 916 for
+    memory = tmp_path / "sys/devices/system/memory"
+    memory.mkdir(parents=True)
+    (memory / "block_size_bytes").write_text(f"{128 << 20:x}\n")
+    for n in range(190):
+        (memory / f"memory{n}").mkdir()
+        (memory / f"memory{n}/state").write_text("online\n" if n < 8 else "offline\n")
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
     procfs(tmp_path / "proc", {4242: 916})
@@ -339,3 +347,253 @@ def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive
     lost = RunningContainers(1.0, 1, (ContainerCgroup("g", "1" * 64, "guaranteed",
                                                       cpus=frozenset({0})), shared))
     assert view_of(snap(), lost).counts()["cpuset_missing"] == 2
+
+
+# ---------------------------------------------------------------- hostile trees, third round
+
+
+def _scan_in_thread(*args, **kwargs):
+    """scan() in a thread, so a read that blocks fails the test instead of hanging it."""
+    import threading
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(scan(*args, **kwargs)), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the scan blocked"
+    return out[0]
+
+
+@pytest.mark.parametrize("name", ["cgroup.procs", "cpuset.cpus", "memory.limit_in_bytes"])
+def test_a_fifo_in_the_cgroup_tree_is_refused_without_blocking(tmp_path, name):
+    import os
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", UID, CID, {"cgroup.procs": "", "cpu.cfs_period_us": "100000"}),
+        ("burstable", UID, PAUSE, {"cpuset.cpus": "0", "cgroup.procs": ""})])
+    rel = container_rel(1, "cgroupfs", "burstable", UID, CID)
+    from testkit.running_pods import _controller
+    path = root / _controller(name) / rel / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)  # no writer: a plain open() waits for one for ever
+    problems: list[str] = []
+    event = _scan_in_thread(root, tmp_path, 1.0, problems=problems)
+    assert event.skipped == 1 and [c.container_id for c in event.containers] == [PAUSE]
+    assert "not a regular file (a FIFO)" in problems[0]
+
+
+def test_a_link_in_the_cgroup_tree_is_not_followed(tmp_path):
+    secret = tmp_path / "elsewhere"
+    secret.write_text("4096\n")
+    root = construct(tmp_path / "cg", 2, "systemd", [("burstable", UID, CID, {})])
+    (root / container_rel(2, "systemd", "burstable", UID, CID) / "memory.max").symlink_to(
+        secret)
+    assert _scan_in_thread(root, tmp_path, 1.0).skipped == 1
+
+
+def test_a_scan_out_of_time_reports_the_source_down_until_one_completes(tmp_path):
+    from exporter.events import SourceStatus
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}", {"cpuset.cpus": "0-1"})
+        for i in range(50)])
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(root), str(tmp_path), min_interval=0.001,
+                               seconds=0.0)
+    got: list = []
+    try:
+        source.read(got.append)  # a budget of nothing: it stops inside the first container
+        [down] = [e for e in got if isinstance(e, SourceStatus)]
+        assert not down.up and "did not complete within its 0 s budget" in down.reason
+        [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+        assert scanned.truncated and len(scanned.containers) < 50
+        [bad] = [e for e in got if isinstance(e, MalformedInput)]
+        assert "time budget" in bad.detail
+        got.clear()
+        source.read(got.append)  # still short: said once
+        assert not [e for e in got if isinstance(e, SourceStatus)]
+        source.seconds = 60.0
+        source.read(got.append)
+        [up] = [e for e in got if isinstance(e, SourceStatus)]
+        assert up.up
+        [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+        assert not scanned.truncated and len(scanned.containers) == 50
+    finally:
+        source.close()
+
+
+def test_a_huge_cpuset_is_refused_and_equal_ones_share_one_set(tmp_path):
+    import tracemalloc
+    containers = [("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}", {"cpuset.cpus": "0-8191\n"})
+                  for i in range(300)]
+    containers.append(("burstable", UID, CID, {"cpuset.cpus": "0-65535\n"}))
+    root = construct(tmp_path / "cg", 1, "cgroupfs", containers)
+    tracemalloc.start()
+    try:
+        problems: list[str] = []
+        event = scan(root, tmp_path, 1.0, problems=problems)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert event.skipped == 1 and "0-65535" in problems[0]
+    assert len(event.containers) == 300
+    first = event.containers[0].cpus
+    assert len(first) == 8192 and all(c.cpus is first for c in event.containers)
+    # one set of 8192 ints, not 300 of them (~140 MiB); the scan's own strings besides
+    assert peak < 16 * 2**20, peak
+
+
+def test_names_with_a_trailing_newline_are_not_the_container(tmp_path):
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": ""})])
+    pod_dir = root / "memory/kubepods/burstable" / f"pod{UID}"
+    (pod_dir / f"{CID}\n").mkdir()
+    (root / "memory/kubepods/burstable" / f"pod{UID}\n" / CID).mkdir(parents=True)
+    event = scan(root, tmp_path, 1.0)
+    assert [(c.pod_uid, c.container_id) for c in event.containers] == [(UID, CID)]
+
+
+# ---------------------------------------------------------------- a tenant's own OOM score
+
+
+@pytest.fixture
+def sleeper():
+    import subprocess
+    proc = subprocess.Popen(["sleep", "3600"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _write_adj(pid: int, value: int) -> None:
+    from pathlib import Path
+    Path(f"/proc/{pid}/oom_score_adj").write_text(str(value))
+
+
+def test_a_process_raising_its_own_oom_score_is_not_a_stale_container(tmp_path, sleeper):
+    """998 -> 999 by the process itself, no resize: never counted, neither by a view that saw
+    998 first nor by one (a fresh `check`) that only sees 999."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000  # 1000 * request / capacity = 2.5: the kubelet sets 998
+    assert possible_oom_score_adjs("Burstable", request, capacity) == {998}
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 998)
+    view = view_of(snap(mem=capacity), pod(request=request), scan(root, "/proc", 1.0))
+    assert view.scan.containers[0].oom_score_adj == 998
+    assert view.counts()["oom_score_adj"] == 0
+    _write_adj(sleeper, 999)  # the tenant's own doing
+    view.handle(scan(root, "/proc", 2.0))
+    assert view.scan.containers[0].oom_score_adj == 999
+    assert view.counts()["oom_score_adj"] == 0
+    fresh = view_of(snap(mem=capacity), pod(request=request), scan(root, "/proc", 3.0))
+    assert fresh.counts()["oom_score_adj"] == 0
+    # The same 999 after memory really went (the kubelet computed 999 for the capacity the
+    # node had before): stale.
+    bigger = capacity * 2  # 1000 * request / bigger = 1.25: 999
+    resized = view_of(snap(mem=bigger), snap(mem=capacity), pod(request=request),
+                      scan(root, "/proc", 4.0))
+    assert resized.counts()["oom_score_adj"] == 1
+
+
+def test_a_score_moved_by_the_process_is_its_own_even_beside_offline_memory(tmp_path, sleeper):
+    """Memory blocks offline since boot (the kubelet may have seen them online): the view saw
+    the container at 998, the kubelet's; 999 later, with no capacity change, is the process's
+    own, though the kubelet would compute 999 with the offline blocks back."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000
+    block = 128 << 20
+    offline = frozenset(range(128, 168))  # 40 blocks: 21 GiB with them, where 999 is due
+    assert 999 in possible_oom_score_adjs("Burstable", request, capacity + 40 * block)
+    booted = KernelSnapshot(1.0, frozenset({0, 1}), frozenset(), frozenset({0, 1}),
+                            frozenset({0, 1}), block, frozenset(range(128)), offline,
+                            capacity, 0)
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 998)
+    view = view_of(booted, pod(request=request), scan(root, "/proc", 1.0))
+    assert view.counts()["oom_score_adj"] == 0
+    _write_adj(sleeper, 999)
+    view.handle(scan(root, "/proc", 2.0))
+    assert view.counts()["oom_score_adj"] == 0
+
+
+def test_a_score_that_is_no_capacitys_is_not_blamed_on_a_resize(tmp_path, sleeper):
+    """After a real resize, a score the kubelet computes for neither capacity (a tenant's
+    -500 in a Burstable container) is not counted as left stale by it."""
+    capacity = 16 * GI
+    request = capacity * 25 // 10000
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+        "cgroup.procs": f"{sleeper}\n"})])
+    _write_adj(sleeper, 500)
+    view = view_of(snap(mem=capacity * 2), snap(mem=capacity), pod(request=request),
+                   scan(root, "/proc", 1.0))
+    assert view.counts()["oom_score_adj"] == 0
+
+
+def test_a_scan_still_running_past_its_budget_is_down_until_it_completes(tmp_path):
+    """The watchdog, for a read the kernel holds (the budget cannot be checked inside a read
+    that does not return): here a scan of 2,000 real containers overdue after a millisecond
+    says down from the timer's thread, then up when it ends."""
+    import threading
+
+    from exporter.events import SourceStatus
+    root = construct(tmp_path / "cg", 1, "cgroupfs", [
+        ("burstable", f"{UID[:-4]}{i % 65536:04x}", f"{i:064x}", {"cpuset.cpus": "0-1"})
+        for i in range(2000)])
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(root), str(tmp_path), min_interval=0.001,
+                               seconds=60.0, watchdog_grace=-59.999)
+    got: list = []
+    lock = threading.Lock()
+
+    def emit(event):
+        with lock:
+            got.append(event)
+    try:
+        source.read(emit)
+    finally:
+        source.close()
+    statuses = [e for e in got if isinstance(e, SourceStatus)]
+    assert [s.up for s in statuses] == [False, True]
+    assert "has not completed in 0.001 s" in statuses[0].reason
+    [scanned] = [e for e in got if isinstance(e, RunningContainers)]
+    assert not scanned.truncated and len(scanned.containers) == 2000
+
+
+def test_check_ends_with_a_fifo_in_the_cgroup_tree(tmp_path):
+    """`check` scanned the tree with the same reads: a FIFO there once kept it waiting for ever."""
+    import os
+    import threading
+
+    from exporter.config.options import Options
+    from exporter.sinks.running_pods import check_running_pods
+    from exporter.sources import registry
+
+    registry.load()
+    cpu = tmp_path / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    for name, text in (("online", "0-1"), ("offline", ""), ("present", "0-1"),
+                       ("possible", "0-1")):
+        (cpu / name).write_text(text + "\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1048576 kB\nSwapTotal: 0 kB\n")
+    root = construct(tmp_path / "cg", 2, "systemd", [("burstable", UID, CID, {})])
+    os.mkfifo(root / container_rel(2, "systemd", "burstable", UID, CID) / "cgroup.procs")
+    options = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
+                      cgroup_root=str(root))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(check_running_pods(options, pods=[])),
+                         daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "check blocked on the FIFO"
+    assert "1 unreadable" in out[0].detail and "not a regular file (a FIFO)" in out[0].detail

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from exporter.checks import FAIL, OK, Check
 from exporter.sinks.journal.schema import APP_DIR, NEWER_FIX, SCHEMA_VERSION
+from exporter.untrusted import NotRegularFile, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,10 @@ def _check_file(candidate: Path) -> None:
 def open_private(path: Path) -> int:
     """Open (creating 0600) the journal file without following a link or blocking on a FIFO;
     OSError when it is not a regular file. Returns the fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"journal {path} is not a regular file")
-    return fd
+    try:
+        return open_regular(path, os.O_RDWR | os.O_CREAT, 0o600, follow=False)
+    except NotRegularFile as e:
+        raise OSError(f"journal {path} is not a regular file ({e.reason})") from None
 
 
 def _kind(mode: int) -> str:

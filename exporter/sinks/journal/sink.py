@@ -29,7 +29,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from exporter import codec
 from exporter.clock import Clock
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
 from exporter.events import Event, Transition
+from exporter.ratelog import RateLimitedLog
 from exporter.sinks.journal import reader
 from exporter.sinks.journal.path import (
     WRITABLE_FIX,
@@ -76,6 +76,7 @@ class JournalSink:
     `must_open` (the user named the path), for one that cannot be created or opened."""
 
     check = staticmethod(check_journal)  # `check`'s journal line (the journal's policy)
+    name = "journal"  # the `sink` label of its errors (exporter/sinks/metrics.py)
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, clock: Clock | None = None,
                  max_age: float = DEFAULT_MAX_AGE, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -93,8 +94,7 @@ class JournalSink:
         self.bytes_written = 0  # their JSON, what the journal's growth is made of
         self._failing = False  # a write failure was logged; quiet until one succeeds
         self._since_prune = 0
-        self._drops_unlogged = 0
-        self._drop_logged_at: float | None = None
+        self._drop_log = RateLimitedLog(log, DROP_LOG_SECONDS)
         self._bad = reader.Malformed()
         self._cv = threading.Condition()
         self._events: deque[Event] = deque()
@@ -295,13 +295,9 @@ class JournalSink:
     def _drop(self) -> None:
         """Under the condition: the queue is full. Counted; one log line a minute at most."""
         self.dropped += 1
-        self._drops_unlogged += 1
-        now = time.monotonic()
-        if self._drop_logged_at is None or now - self._drop_logged_at >= DROP_LOG_SECONDS:
-            log.warning("journal %s: write queue full (%d pending: the disk is slow or stuck); "
-                        "%d write(s) dropped since the last such line, %d in all",
-                        self.path, len(self._events), self._drops_unlogged, self.dropped)
-            self._drop_logged_at, self._drops_unlogged = now, 0
+        self._drop_log.note("queue full", "journal %s: write queue full (%d pending: the disk is "
+                            "slow or stuck); 1 write(s) dropped, %d in all", self.path,
+                            len(self._events), self.dropped, level=logging.WARNING)
 
     # ------------------------------------------------------------ start-up reads
 

@@ -19,7 +19,6 @@ import math
 import os
 import re
 import socket
-import stat
 import threading
 from dataclasses import dataclass
 from typing import Mapping
@@ -33,6 +32,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME as 
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_VERSION
 
 import exporter
+from exporter.untrusted import Refused, TooLarge, read_bytes
 
 SERVICE_NAME = "node-resize-exporter"  # unless OTEL_SERVICE_NAME (or the attributes) say else
 EXPORTERS = ("otlp", "console", "none")
@@ -123,25 +123,20 @@ def trace_config_from_env() -> TraceConfig | None:
 
 
 def _check_file(env: Mapping[str, str], name: str) -> None:
-    """A TLS file the exporter will read whole: a readable regular file, not too large."""
+    """A TLS file the exporter will read whole: a readable regular file, not too large (read
+    once through exporter/untrusted.py, which neither blocks on a FIFO nor reads /dev/zero)."""
     path = env.get(name, "").strip()
     if not path:
         return
     fix = f"set {name} to a PEM file (at most {FILE_MAX // 1024} KiB), or unset it"
     try:
-        info = os.stat(path)
+        read_bytes(path, FILE_MAX)
+    except TooLarge:
+        raise ValueError(f"{name}={path!r}: more than {FILE_MAX} bytes; {fix}") from None
+    except Refused as e:
+        raise ValueError(f"{name}={path!r}: {e.reason}; {fix}") from None
     except OSError as e:
         raise ValueError(f"{name}={path!r}: {e.strerror or e}; {fix}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{name}={path!r}: not a regular file (a FIFO, a device or a "
-                         f"directory); {fix}")
-    if info.st_size > FILE_MAX:
-        raise ValueError(f"{name}={path!r}: {info.st_size} bytes, more than {FILE_MAX}; {fix}")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ValueError(f"{name}={path!r}: cannot be read ({e.strerror or e}); {fix}") from None
-    os.close(fd)
 
 
 def _check_limits(env: Mapping[str, str]) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -23,6 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 import exporter
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import Event
+from exporter.ratelog import RateLimitFilter, rate_limit_loggers
 from exporter.sinks.traces.env import (
     TraceConfig,
     span_exporters,
@@ -37,53 +37,24 @@ log = logging.getLogger(__name__)
 # journal's own flush before it (the agent closes the journal first).
 CLOSE_TIMEOUT = 8.0
 LOG_INTERVAL = 60.0
-# The loggers the OTLP exporters and the batch processor warn on, once per failed attempt.
-SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+# The loggers the OTLP exporters and the batch processor warn on, once per failed attempt, and
+# urllib3's (under the HTTP exporter: a junk header on a collector's answer is a warning with a
+# traceback on every export).
+SDK_LOGGERS = ("urllib3.connectionpool", "urllib3.connection",
+               "opentelemetry.exporter.otlp.proto.http.trace_exporter",
                "opentelemetry.exporter.otlp.proto.http._common",
                "opentelemetry.exporter.otlp.proto.grpc.exporter",
                "opentelemetry.sdk._shared_internal",
                "opentelemetry.sdk.trace.export")
 
 
-class _OncePerInterval(logging.Filter):
-    """Lets a message (by its format string) through once per interval, then says how many
-    of it were held back; a collector flapping for a minute is one line, not twelve."""
-
-    def __init__(self, interval: float = LOG_INTERVAL) -> None:
-        super().__init__()
-        self.interval = interval
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, str(record.msg)[:200])
-        now = time.monotonic()
-        with self._lock:
-            last, held = self._last.get(key, (-self.interval, 0))
-            if now - last < self.interval:
-                self._last[key] = (last, held + 1)
-                return False
-            if len(self._last) > 256:  # bounded: messages are few, but never grow for ever
-                self._last.clear()
-            self._last[key] = (now, 0)
-        if held:
-            record.msg = f"{record.msg} ({held} more like this in the last " \
-                         f"{self.interval:.0f} s not logged)"
-        # The traceback of a failed export says nothing the message does not: one line.
-        record.exc_info = None
-        record.exc_text = None
-        return True
-
-
-_SDK_FILTER = _OncePerInterval()
+# One filter on every SDK logger: a collector flapping for a minute is one line, not twelve.
+_SDK_FILTER = RateLimitFilter(LOG_INTERVAL)
 
 
 def quiet_sdk_loggers() -> None:
     """Rate-limit the OTel SDK's warnings (idempotent)."""
-    for name in SDK_LOGGERS:
-        logger = logging.getLogger(name)
-        if _SDK_FILTER not in logger.filters:
-            logger.addFilter(_SDK_FILTER)
+    rate_limit_loggers(SDK_LOGGERS, _SDK_FILTER)
 
 
 class ExportedFlag(Protocol):
@@ -117,6 +88,8 @@ class _CountingExporter(SpanExporter):
 
 class TraceSink:
     """Builds and exports an episode's trace when the episode ends (a Sink)."""
+
+    name = "trace"  # the `sink` label of its errors (exporter/sinks/metrics.py)
 
     def __init__(self, config: TraceConfig, *, journal: ExportedFlag | None = None,
                  node_name: str | None = None, host_name: str | None = None) -> None:

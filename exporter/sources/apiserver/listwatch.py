@@ -35,6 +35,7 @@ What we add here:
 from __future__ import annotations
 
 import email.utils
+import logging
 import random
 import time
 from typing import Any
@@ -54,6 +55,7 @@ from exporter.kube.client import (
     load_config,
     make_client,
 )
+from exporter.ratelog import RateLimitedLog
 from exporter.sources.base import Emit, Source, SourceUnavailable
 
 # Pods on one node are at most a few hundred (kubelet --max-pods, 110 by default); more is a
@@ -70,24 +72,6 @@ _OBJECT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticErr
 LOG_INTERVAL = 60.0
 # Foreign objects remembered so each is counted once (a bound: the set is cleared when full).
 FOREIGN_REMEMBERED = 10_000
-
-
-class RepeatLog:
-    """Says a repeated condition once per `interval`, then how many times it happened since."""
-
-    def __init__(self, interval: float = LOG_INTERVAL) -> None:
-        self.interval = interval
-        self._last: float | None = None
-        self._count = 0
-
-    def note(self) -> int | None:
-        """Count one occurrence; returns the count to log now (1 the first time), else None."""
-        self._count += 1
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self.interval:
-            return None
-        count, self._count, self._last = self._count, 0, now
-        return count
 
 
 class Backoff:
@@ -140,8 +124,7 @@ class ListWatchSource(Source):
         self.bookmarks = 0
         self.foreign = 0  # objects answered that the request did not ask for
         self.resource_version: str | None = None
-        self._gone_log = RepeatLog()
-        self._lost_log = RepeatLog()
+        self._notes = RateLimitedLog(self.log, LOG_INTERVAL)
         self._foreign_seen: set[str] = set()
 
     # ------------------------------------------------------------ subclass API
@@ -307,13 +290,9 @@ class ListWatchSource(Source):
             # History compacted past our RV: only a fresh list can say what we missed. After
             # the backoff: a server that expires every watch must not draw a relist storm.
             self.relists_gone += 1
-            count = self._gone_log.note()
-            if count == 1:
-                self.log.info("%s: resourceVersion %s expired, relisting", self.plural, rv)
-            elif count is not None:
-                self.log.warning("%s: resourceVersion expired %d times in the last %.0f s; "
-                                 "relisting with backoff (up to %.0f s)", self.plural, count,
-                                 self._gone_log.interval, self.backoff.maximum)
+            self._notes.note("gone", "%s: resourceVersion %s expired, relisting (with backoff, up "
+                             "to %.0f s)", self.plural, rv, self.backoff.maximum,
+                             level=logging.INFO)
             self._sleep()
             return None
         if code in (401, 403):
@@ -344,11 +323,8 @@ class ListWatchSource(Source):
         if isinstance(e, httpx.TransportError):
             # Dropped or dead watch connection: not "down" unless re-connecting fails.
             self.reconnects += 1
-            count = self._lost_log.note()
-            if count is not None:
-                self.log.info("%s watch connection lost (%s)%s; reconnecting", self.plural, e,
-                              f", {count} times in the last {self._lost_log.interval:.0f} s"
-                              if count > 1 else "")
+            self._notes.note("lost", "%s watch connection lost (%s); reconnecting", self.plural,
+                             e, level=logging.INFO)
             self._sleep()
             return rv
         if isinstance(e, (msgspec.MsgspecError, ValueError, TypeError, KeyError,

@@ -6,7 +6,7 @@ on a slow timer, so a missed or lost event can never leave a wrong gauge. A CPU 
 whose state changed between two reads, with no event seen for it, becomes a Transition from
 source "sysfs" (the ledger counts it once whoever else saw it).
 
-Every file is read bounded and non-blocking (exporter/sources/readfile.py): `--path.sysfs` and
+Every file is read bounded and non-blocking (exporter/untrusted.py): `--path.sysfs` and
 `--path.procfs` may name odd trees, and a FIFO there hung start-up. A tree that cannot be read
 or parsed at start is an exit 2 with the fix (the reconciler is what every gauge is set from);
 later, the source is down with the reason, the failure counted as malformed, and it is up again
@@ -34,8 +34,8 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
-from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.untrusted import read_text
 
 # ------------------------------------------------------------------ parsers (pure)
 

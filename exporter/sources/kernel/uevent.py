@@ -35,9 +35,9 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.kernel import uevent_filter as _uevent_filter
-from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import Waker
+from exporter.untrusted import read_text
 
 NETLINK_KOBJECT_UEVENT = 15
 KERNEL_GROUP = 1  # group 2 is udev's re-broadcast; the kernel's own is the truth

@@ -36,9 +36,9 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
-from exporter.sources.readfile import NotRegularFile, TooLarge, read_bytes
 from exporter.sources.registry import KUBERNETES, SourceContext, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
+from exporter.untrusted import NotRegularFile, TooLarge, read_bytes
 
 CPU_STATE = "cpu_manager_state"
 MEMORY_STATE = "memory_manager_state"

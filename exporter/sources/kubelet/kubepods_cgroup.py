@@ -20,9 +20,9 @@ from exporter.config.types import RootDir
 from exporter.events import KubepodsCpuset, MalformedInput, Resource
 from exporter.sources.base import Emit
 from exporter.sources.kernel.sysfs import parse_cpu_list
-from exporter.sources.readfile import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
+from exporter.untrusted import read_text
 
 KUBEPODS = ("kubepods.slice", "kubepods")  # systemd driver, cgroupfs driver
 MAX_BYTES = 64 * 1024  # a cpulist of 8192 CPUs written one by one fits

@@ -29,8 +29,8 @@ from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatu
 from exporter.sources.base import Emit, Source
 from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list
 from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
-from exporter.sources.readfile import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.untrusted import read_text
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # A real answer is a CPU list (<= 8192 ids, ~2 bytes each) and a few memory entries: KiB.

@@ -17,22 +17,30 @@ there and children inherit it), its /proc/PID/oom_score_adj under --path.procfs:
 Bounded work on a hostile or huge tree: at most --running-pods.max-containers containers and
 a fixed number of directory entries and seconds per scan (the containers past the budget are
 not read: guaranteed pods come first, then burstable, then besteffort; the scan says it was
-truncated, counted as malformed input); every file read is size-capped; a process or container that
-exits mid-read is skipped silently (that race is normal); a file that is unreadable or does
-not parse is counted, and each scan that had any says so once (MalformedInput: the agent logs
-the first, then at debug level). Rescans run after CPU and memory events (the agent's kubelet
-sink pokes) and on a slow timer, but never closer together than --running-pods.min-interval:
-a hotplug storm costs one scan per interval, not one per event. A scan is emitted only when it
-differs from the last (the journal keeps every event).
+truncated, counted as malformed input). Every file is read through exporter/untrusted.py:
+non-blocking (a FIFO planted in the tree is refused at once, never waited on), not through a
+link, size-capped, and within the scan's time budget, which is checked inside each read too,
+not only between containers. A scan that ran out of time, or has not finished within its
+budget (a read the kernel holds), reports the source down until one completes. A cpuset is
+parsed range by range with ids below the kernel's largest NR_CPUS (8192) and the same text
+gives the same set object, so a thousand containers of the shared pool hold one set. Directory
+names must match whole (a name with a trailing newline is not the container's). A process or
+container that exits mid-read is skipped silently (that race is normal); a file that is
+unreadable or does not parse is counted, and each scan that had any says so once
+(MalformedInput: the agent logs the first, then at debug level). Rescans run after CPU and
+memory events (the agent's kubelet sink pokes) and on a slow timer, but never closer together
+than --running-pods.min-interval: a hotplug storm costs one scan per interval, not one per
+event. A scan is emitted only when it differs from the last (the journal keeps every event).
 """
 from __future__ import annotations
 
 import errno
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -40,11 +48,17 @@ import click
 from exporter.clock import Clock
 from exporter.config.options import Opt
 from exporter.config.types import Seconds
-from exporter.events import ContainerCgroup, MalformedInput, Resource, RunningContainers
+from exporter.events import (
+    ContainerCgroup,
+    MalformedInput,
+    Resource,
+    RunningContainers,
+    SourceStatus,
+)
 from exporter.sources.base import Emit
-from exporter.sources.kernel.sysfs import parse_cpu_list
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
+from exporter.untrusted import OutOfTime, Refused, read_bytes
 
 KUBEPODS = ("kubepods.slice", "kubepods")  # systemd driver, cgroupfs driver
 MAX_CONTAINERS = 4096
@@ -53,21 +67,77 @@ SCAN_SECONDS = 2.0  # wall-clock budget of one scan
 MIN_INTERVAL = 2.0
 MAX_FILE = 4096  # bytes read of a value file (a number, "max", "QUOTA PERIOD")
 CPUSET_MAX = 64 * 1024  # a cpuset of 8192 CPUs written one by one fits (the kubepods reader's)
+NR_CPUS_MAX = 8192  # the largest NR_CPUS a kernel is built with: no cpuset names a CPU past it
+CPUSETS_KEPT = 256  # distinct cpuset texts remembered (each parsed once, its set shared)
+WATCHDOG_GRACE = 5.0  # s past the scan's budget before a scan that has not ended is down
 PIDS_READ = 64 * 1024  # bytes of cgroup.procs read: thousands of PIDs, the lowest among them
 PIDS_TRIED = 8  # processes tried when the first ones exit while being read
 UNLIMITED = 1 << 62  # v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712)
 QOS_NAMES = ("burstable", "besteffort")
 
 # pod<uid> (cgroupfs) or kubepods[-qos]-pod<uid with _>.slice (systemd)
-_POD = re.compile(r"^(?:pod|kubepods(?:-burstable|-besteffort)?-pod)([0-9a-fA-F_-]{1,64})"
-                  r"(?:\.slice)?$")
+# (matched whole: `$` would also match before a trailing newline)
+_POD = re.compile(r"(?:pod|kubepods(?:-burstable|-besteffort)?-pod)([0-9a-fA-F_-]{1,64})"
+                  r"(?:\.slice)?")
 # <id> (cgroupfs) or <runtime>-<id>.scope (systemd); crio-conmon-<id>.scope is the monitor
-_CONTAINER = re.compile(r"^(?:(?:cri-containerd|crio|docker|containerd)-)?([0-9a-f]{12,128})"
-                        r"(?:\.scope)?$")
+_CONTAINER = re.compile(r"(?:(?:cri-containerd|crio|docker|containerd)-)?([0-9a-f]{12,128})"
+                        r"(?:\.scope)?")
+_CPU_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?")
 
 
 class Unreadable(Exception):
     """A file that exists and could not be read or parsed: counted, skipped."""
+
+
+class ScanOutOfTime(Exception):
+    """The scan's time budget ran out (inside a read or between containers)."""
+
+
+def parse_cpuset(text: str) -> tuple[tuple[int, int], ...]:
+    """A cpuset ("0-3,8,10-11") as sorted, merged (first, last) ranges, never expanded:
+    ValueError for anything else or a CPU id of NR_CPUS_MAX or more."""
+    ranges: list[tuple[int, int]] = []
+    text = text.strip()
+    if not text:
+        return ()
+    for part in text.split(","):
+        m = _CPU_RANGE.fullmatch(part.strip())
+        if m is None:
+            raise ValueError(f"{part.strip()[:20]!r} is not a CPU or a CPU range")
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        if last < first or last >= NR_CPUS_MAX:
+            raise ValueError(f"{part.strip()[:20]!r}: CPU ids run from 0 to "
+                             f"{NR_CPUS_MAX - 1} (the kernel's largest NR_CPUS)")
+        ranges.append((first, last))
+    ranges.sort()
+    merged = [ranges[0]]
+    for first, last in ranges[1:]:
+        if first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+        else:
+            merged.append((first, last))
+    return tuple(merged)
+
+
+class CpusetCache:
+    """cpuset text -> its set of CPUs, each text parsed once and its frozenset shared by every
+    container that has it (the shared pool is one set, not one per container); bounded."""
+
+    def __init__(self, kept: int = CPUSETS_KEPT) -> None:
+        self.kept = kept
+        self._sets: dict[str, frozenset[int]] = {}
+
+    def cpus(self, text: str) -> frozenset[int]:
+        key = text.strip()
+        found = self._sets.get(key)
+        if found is None:
+            found = frozenset(c for first, last in parse_cpuset(key)
+                              for c in range(first, last + 1))
+            if len(self._sets) >= self.kept:
+                self._sets.clear()
+            self._sets[key] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -101,23 +171,34 @@ def find_layout(root: str | Path) -> Layout | None:
     return Layout(1, walk, found["cpuset"], found["cpu"], found["memory"])
 
 
-def _read(path: str, cap: int = MAX_FILE) -> str | None:
-    """The file's text; None when it does not exist (gone, or not this controller's)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(cap + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno in (errno.ENODEV, errno.ESRCH):  # a cgroup or process removed under us
+@dataclass
+class Reads:
+    """What one scan's reads share: its deadline (monotonic; None: none) and the cpuset sets."""
+
+    deadline: float | None = None
+    cpusets: CpusetCache = field(default_factory=CpusetCache)
+    out_of_time: bool = False  # the scan stopped at the deadline
+
+    def text(self, path: str, cap: int = MAX_FILE) -> str | None:
+        """The file's text; None when it does not exist (gone, or not this controller's).
+        Non-blocking, not through a link, at most `cap` bytes, within the deadline (checked
+        inside the read too): ScanOutOfTime past it."""
+        try:
+            data = read_bytes(path, cap, follow=False, deadline=self.deadline)
+        except FileNotFoundError:
             return None
-        raise Unreadable(f"{path}: {e.strerror or e}") from None
-    if len(data) > cap:
-        raise Unreadable(f"{path}: larger than {cap} bytes")
-    try:
-        return data.decode("ascii")
-    except UnicodeDecodeError:
-        raise Unreadable(f"{path}: not text") from None
+        except OutOfTime:
+            raise ScanOutOfTime(path) from None
+        except Refused as e:
+            raise Unreadable(f"{path}: {e.reason}") from None
+        except OSError as e:
+            if e.errno in (errno.ENODEV, errno.ESRCH):  # a cgroup or process removed under us
+                return None
+            raise Unreadable(f"{path}: {e.strerror or e}") from None
+        try:
+            return data.decode("ascii")
+        except UnicodeDecodeError:
+            raise Unreadable(f"{path}: not text") from None
 
 
 def _int(path: str, text: str) -> int:
@@ -127,10 +208,10 @@ def _int(path: str, text: str) -> int:
         raise Unreadable(f"{path}: {text.strip()[:40]!r} is not a number") from None
 
 
-def read_oom_score_adj(procs: str, procfs: str) -> int | None:
+def read_oom_score_adj(procs: str, procfs: str, r: Reads) -> int | None:
     """The OOM score adjustment of the container's lowest PID still alive; None: no process
     (a container that exited, or a pause with none in this hierarchy)."""
-    text = _read(procs, PIDS_READ)
+    text = r.text(procs, PIDS_READ)
     if text is None:
         return None
     pids: list[int] = []
@@ -140,7 +221,7 @@ def read_oom_score_adj(procs: str, procfs: str) -> int | None:
         pids.append(int(word))
     for pid in sorted(pids)[:PIDS_TRIED]:
         path = f"{procfs}/{pid}/oom_score_adj"
-        value = _read(path, 16)
+        value = r.text(path, 16)
         if value is None:
             continue  # exited while we read: the next one
         adj = _int(path, value)
@@ -150,40 +231,40 @@ def read_oom_score_adj(procs: str, procfs: str) -> int | None:
     return None
 
 
-def read_container(layout: Layout, rel: str, procfs: str) -> dict[str, object]:
+def read_container(layout: Layout, rel: str, procfs: str, r: Reads) -> dict[str, object]:
     """The values of one container cgroup (`rel`: its path under the kubepods directory),
-    keyed as ContainerCgroup's fields; raises Unreadable."""
+    keyed as ContainerCgroup's fields; raises Unreadable (and ScanOutOfTime)."""
     out: dict[str, object] = {}
     v2 = layout.version == 2
-    out["oom_score_adj"] = read_oom_score_adj(f"{layout.walk}/{rel}/cgroup.procs", procfs)
+    out["oom_score_adj"] = read_oom_score_adj(f"{layout.walk}/{rel}/cgroup.procs", procfs, r)
     if layout.cpuset is not None:
         path = f"{layout.cpuset}/{rel}/" + ("cpuset.cpus.effective" if v2 else "cpuset.cpus")
-        text = _read(path, CPUSET_MAX)
+        text = r.text(path, CPUSET_MAX)
         if text is not None:
             try:
-                out["cpus"] = parse_cpu_list(text)
+                out["cpus"] = r.cpusets.cpus(text)
             except ValueError as e:
                 raise Unreadable(f"{path}: {e}") from None
     if layout.cpu is not None:
-        out["cpu_limit"] = _cpu_limit(f"{layout.cpu}/{rel}", v2)
+        out["cpu_limit"] = _cpu_limit(f"{layout.cpu}/{rel}", v2, r)
     if layout.memory is not None:
         memory = f"{layout.memory}/{rel}"
-        limit = _limit(f"{memory}/memory.max" if v2 else f"{memory}/memory.limit_in_bytes")
+        limit = _limit(f"{memory}/memory.max" if v2 else f"{memory}/memory.limit_in_bytes", r)
         out["memory_limit"] = limit
         if v2:
-            out["swap_limit"] = _limit(f"{memory}/memory.swap.max")
+            out["swap_limit"] = _limit(f"{memory}/memory.swap.max", r)
         else:
             # memsw is memory plus swap (absent without swapaccount); the kubelet sets it to
             # the memory limit on v1, which allows no swap.
-            memsw = _limit(f"{memory}/memory.memsw.limit_in_bytes")
+            memsw = _limit(f"{memory}/memory.memsw.limit_in_bytes", r)
             if memsw is not None and limit is not None:
                 out["swap_limit"] = max(0, memsw - limit)
     return out
 
 
-def _limit(path: str) -> int | None:
+def _limit(path: str, r: Reads) -> int | None:
     """A byte limit; None for none ("max", v1's page-counter maximum) or no such file."""
-    text = _read(path)
+    text = r.text(path)
     if text is None or text.strip() == "max":
         return None
     value = _int(path, text)
@@ -192,11 +273,11 @@ def _limit(path: str) -> int | None:
     return None if value >= UNLIMITED else value
 
 
-def _cpu_limit(directory: str, v2: bool) -> float | None:
+def _cpu_limit(directory: str, v2: bool, r: Reads) -> float | None:
     """Cores: the CFS quota over its period; None for no quota."""
     if v2:
         path = f"{directory}/cpu.max"
-        text = _read(path)
+        text = r.text(path)
         if text is None:
             return None
         parts = text.split()
@@ -207,7 +288,7 @@ def _cpu_limit(directory: str, v2: bool) -> float | None:
         quota, period = _int(path, parts[0]), _int(path, parts[1])
     else:
         qpath, ppath = f"{directory}/cpu.cfs_quota_us", f"{directory}/cpu.cfs_period_us"
-        qtext, ptext = _read(qpath), _read(ppath)
+        qtext, ptext = r.text(qpath), r.text(ppath)
         if qtext is None or ptext is None:
             return None
         quota, period = _int(qpath, qtext), _int(ppath, ptext)
@@ -219,14 +300,14 @@ def _cpu_limit(directory: str, v2: bool) -> float | None:
 
 
 def _pod_uid(name: str) -> str | None:
-    m = _POD.match(name)
+    m = _POD.fullmatch(name)
     return m.group(1).replace("_", "-") if m else None
 
 
 def _container_id(name: str) -> str | None:
     if name.startswith("crio-conmon-"):
         return None
-    m = _CONTAINER.match(name)
+    m = _CONTAINER.fullmatch(name)
     return m.group(1) if m else None
 
 
@@ -268,28 +349,38 @@ def container_dirs(walk: str, budget: list[int]) -> Iterator[tuple[str, str, str
 
 def scan(root: str | Path, procfs: str | Path, now: float, *,
          max_containers: int = MAX_CONTAINERS, seconds: float = SCAN_SECONDS,
-         problems: list[str] | None = None) -> RunningContainers:
+         problems: list[str] | None = None, reads: Reads | None = None) -> RunningContainers:
     """One bounded scan. `problems` collects what was unreadable (for the caller's one log
-    line per scan); never raises for what the tree holds."""
+    line per scan); never raises for what the tree holds. `reads` (the source's, to share
+    cpuset sets from scan to scan) gets the deadline, and says whether it ran out."""
     layout = find_layout(root)
     if layout is None:
         return RunningContainers(now, 0)
     procfs = str(procfs)
-    deadline = time.monotonic() + seconds
+    r = reads if reads is not None else Reads()
+    r.deadline, r.out_of_time = time.monotonic() + seconds, False
     budget = [max(64, max_containers * MAX_ENTRIES_PER_CONTAINER)]
     found: list[ContainerCgroup] = []
     skipped, truncated = 0, False
     for qos, uid, cid, rel in container_dirs(layout.walk, budget):
-        if len(found) >= max_containers or time.monotonic() > deadline:
+        if len(found) >= max_containers:
             truncated = True
             break
         try:
-            values = read_container(layout, rel, procfs)
+            if time.monotonic() > r.deadline:
+                raise ScanOutOfTime(rel)
+            values = read_container(layout, rel, procfs, r)
         except Unreadable as e:
             skipped += 1
             if problems is not None and len(problems) < 3:
                 problems.append(str(e))
             continue
+        except ScanOutOfTime:
+            truncated = r.out_of_time = True
+            if problems is not None:
+                problems.insert(0, f"the scan's time budget ({seconds:g} s) ran out after "
+                                f"{len(found)} containers")
+            break
         found.append(ContainerCgroup(uid, cid, qos, **values))  # type: ignore[arg-type]
     if budget[0] <= 0:
         truncated = True
@@ -302,13 +393,26 @@ class RunningPodsSource(PokedSource):
 
     def __init__(self, clock: Clock, root: str, procfs: str = "/proc", *,
                  max_containers: int = MAX_CONTAINERS, min_interval: float = MIN_INTERVAL,
-                 interval: float = STATE_INTERVAL) -> None:
+                 interval: float = STATE_INTERVAL, seconds: float = SCAN_SECONDS,
+                 watchdog_grace: float = WATCHDOG_GRACE) -> None:
         super().__init__(clock)
         self.root, self.procfs = root, procfs
         self.max_containers = max_containers
         self.min_interval = min_interval
         self.interval = interval
+        self.seconds = seconds  # a scan's time budget
+        self.watchdog_grace = watchdog_grace
         self._last: RunningContainers | None = None
+        self._reads = Reads()  # the cpuset sets, shared from scan to scan
+        self._status_lock = threading.Lock()
+        self._up = True  # as the loop says at start
+
+    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+        with self._status_lock:
+            if up == self._up:
+                return
+            self._up = up
+        emit(SourceStatus(self.name, up, self.clock.now(), reason))
 
     def up_reason(self) -> str:
         return f"reading containers under {self.root}"
@@ -317,8 +421,25 @@ class RunningPodsSource(PokedSource):
         started = time.monotonic()
         now = self.clock.now()
         problems: list[str] = []
-        event = scan(self.root, self.procfs, now, max_containers=self.max_containers,
-                     problems=problems)
+        # A read the kernel holds (the budget is checked inside reads, but a read that never
+        # returns cannot check it): down from another thread once the scan is overdue.
+        overdue = self.seconds + self.watchdog_grace
+        watchdog = threading.Timer(overdue, self._set_up, (
+            emit, False, f"a scan of {self.root} has not completed in {overdue:g} s (its budget "
+            f"is {self.seconds:g} s): a read of the cgroup tree or /proc does not return"))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            event = scan(self.root, self.procfs, now, max_containers=self.max_containers,
+                         seconds=self.seconds, problems=problems, reads=self._reads)
+        finally:
+            watchdog.cancel()
+        if self._reads.out_of_time:
+            self._set_up(emit, False, f"a scan of {self.root} did not complete within its "
+                         f"{self.seconds:g} s budget ({problems[0]}); the containers past it "
+                         "are not judged")
+        else:
+            self._set_up(emit, True, self.up_reason())
         if event.skipped or event.truncated:
             what = [f"{event.skipped} container(s) unreadable"] if event.skipped else []
             if event.truncated:

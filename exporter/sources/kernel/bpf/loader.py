@@ -40,6 +40,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from exporter.sources.kernel.bpf.programs import CPUHP_GROUP, CPUHP_PROGRAMS, MAPS
+
 MAX_MESSAGE = 1 << 20  # the program text is ~10 KiB
 TIMEOUT = 120.0  # a first compile on a busy 2-CPU machine has taken ~10 s
 
@@ -166,9 +168,9 @@ def _attach(bpf, request: dict) -> tuple[dict, list[tuple[str, str]], list[int]]
     for name, fn in bpf.funcs.items():
         names.append(("prog", _text(name)))
         fds.append(fn.fd)
-    for name in (b"records", b"lost"):
-        names.append(("map", name.decode()))
-        fds.append(bpf[name].map_fd)
+    for name in MAPS:
+        names.append(("map", name))
+        fds.append(bpf[name.encode()].map_fd)
     return attached, names, fds
 
 
@@ -188,8 +190,8 @@ def child_main(fd: int) -> int:
         sock.send(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}).encode())
         return 1
     links = {name for kind, name in names if kind == "link"}
-    for prog in ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit"):  # TRACEPOINT_PROBEs
-        ok = f"cpuhp:{prog}" in links
+    for prog in CPUHP_PROGRAMS:  # TRACEPOINT_PROBEs, named after their tracepoints
+        ok = f"{CPUHP_GROUP}:{prog}" in links
         attached[prog] = [ok, "" if ok else "bcc did not attach the tracepoint"]
     reply = {"ok": True, "attached": attached, "fds": names}
     socket.send_fds(sock, [json.dumps(reply).encode()], fds)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from exporter.sources.kernel.bpf import libbpf
 from exporter.sources.kernel.bpf.files import kernel_build_dir
+from exporter.sources.kernel.bpf.programs import CPUHP_GROUP, CPUHP_PROGRAMS
 
 TRACEFS = Path("/sys/kernel/tracing")
-CPUHP_TRACEPOINTS = ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
+CPUHP_TRACEPOINTS = CPUHP_PROGRAMS  # each program is named after its tracepoint
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def tracepoints() -> Requirement:
                            f"cannot look into {TRACEFS}/events (not root, or not mounted)",
                            "run as root, or grant CAP_BPF, CAP_PERFMON (kernel >= 5.8); "
                            "mount -t tracefs nodev /sys/kernel/tracing")
-    missing = [t for t in CPUHP_TRACEPOINTS if not _exists(TRACEFS / "events/cpuhp" / t)]
+    missing = [t for t in CPUHP_TRACEPOINTS if not _exists(TRACEFS / "events" / CPUHP_GROUP / t)]
     if missing:
         return Requirement("cpuhp tracepoints", False,
                            f"the kernel has no cpuhp tracepoints ({', '.join(missing)})",

@@ -1,11 +1,12 @@
 """BPF source: the cpuhp tracepoints and the memory online/offline probes.
 
 The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition).
-bcc compiles, loads and attaches it in a short-lived child process (sources/bpf_loader.py says
-why and how), which hands the map, program and perf-event fds back; this module never imports
-bcc. It reads the ring buffer through libbpf (libbpf.py beside this file) on an epoll wait with no
-timeout (a stop wakes it through a pipe), decodes records into Transitions and counts what the
-ring buffer dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place:
+bcc compiles, loads and attaches it in a short-lived child process (loader.py beside this file
+says why and how), which hands the map, program and perf-event fds back; this module never
+imports bcc. The programs are listed in programs.py, the record and its decoder are record.py.
+This module reads the ring buffer through libbpf (libbpf.py) on an epoll wait with no timeout
+(a stop wakes it through a pipe), decodes records into Transitions and counts what the ring
+buffer dropped. Kernel CLOCK_MONOTONIC stamps become wall time in one place:
 Clock.from_ktime_ns.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import errno
 import os
 import select
 import time
@@ -24,35 +24,28 @@ from exporter.clock import MonotonicWallClock
 from exporter.config.options import Opt
 from exporter.config.types import PowerOfTwo
 from exporter.events import (
-    Direction,
     Event,
     EventsLost,
     MalformedInput,
     ProgramStatus,
-    Resource,
-    Result,
     SourceStatus,
-    Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
 from exporter.sources.kernel.bpf import libbpf
 from exporter.sources.kernel.bpf.check import bpf_check
-from exporter.sources.kernel.bpf.files import bpf_dir
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
+from exporter.sources.kernel.bpf.programs import (
+    CPUHP_PROGRAMS,
+    MEMORY_PROBES,
+    program_cflags,
+    program_text,
+)
+from exporter.sources.kernel.bpf.record import RECORD_SIZE, HotplugRecord, RecordDecoder
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
 from exporter.sources.kernel.sysfs import read_hotplug_states
-from exporter.sources.readfile import read_text
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.untrusted import read_text
 
-BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
-KIND_CPU, KIND_MEMORY = 1, 2
-CPUHP_PROGRAMS = ("cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit")
-MEMORY_PROBES = {  # program name -> (kernel function, is return probe)
-    "online_pages_enter": ("online_pages", False),
-    "online_pages_return": ("online_pages", True),
-    "offline_pages_enter": ("offline_pages", False),
-    "offline_pages_return": ("offline_pages", True),
-}
 STORM_WAKES = 10  # this many wake-ups within a second is a flap storm, not a resize
 STORM_BATCH_SECONDS = 0.5  # ... then records are read in batches this far apart
 STORM_HOLD_SECONDS = 2.0  # ... until no record came for this long after a batch
@@ -64,109 +57,6 @@ RINGBUF_PAGES = Opt(
     "BPF ring buffer size in pages (a power of two).",
     PowerOfTwo(),
 )
-
-
-class HotplugRecord(ctypes.Structure):
-    """Mirror of struct hotplug_record in bpf/hotplug.h."""
-
-    _fields_ = [
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("pfn", ctypes.c_uint64),
-        ("nr_pages", ctypes.c_uint64),
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("online", ctypes.c_int32),
-        ("ret", ctypes.c_int32),
-        ("failed_state", ctypes.c_int32),
-        ("steps", ctypes.c_uint32),
-    ]
-
-
-RECORD_SIZE = ctypes.sizeof(HotplugRecord)
-
-
-def cpuhp_targets(states: dict[int, str]) -> tuple[int, int]:
-    """(STATE_ONLINE, STATE_OFFLINE_DONE) from /sys/devices/system/cpu/hotplug/states.
-
-    Going offline, the kernel never reports reaching state 0: the lowest prepare state,
-    threads:prepare (CPUHP_CREATE_THREADS), has no teardown callback, so the last callback a
-    CPU runs on its way down is the lowest named state above it.
-    """
-    online = next((n for n, name in states.items() if name == "online"), None)
-    if online is None:
-        raise ValueError("no 'online' state in hotplug/states")
-    lower = sorted(n for n, name in states.items() if 0 < n < online and name != "threads:prepare")
-    if not lower:
-        raise ValueError("no prepare states in hotplug/states")
-    return online, lower[0]
-
-
-def errno_name(ret: int) -> str:
-    code = -ret if ret < 0 else ret
-    return errno.errorcode.get(code, f"ret={ret}")
-
-
-class RecordDecoder:
-    """Turns raw records into Transitions: names states, maps pfns to memory blocks."""
-
-    def __init__(
-        self,
-        clock: MonotonicWallClock,
-        states: dict[int, str],
-        block_size: int,
-        page_size: int = os.sysconf("SC_PAGE_SIZE"),
-    ):
-        self.clock = clock
-        self.states = states
-        self.block_size = block_size
-        self.page_size = page_size
-
-    def decode(self, rec: HotplugRecord) -> Transition:
-        failed = rec.ret != 0
-        if rec.kind == KIND_CPU:
-            resource, unit = Resource.CPU, rec.cpu
-        elif rec.kind == KIND_MEMORY:
-            resource = Resource.MEMORY
-            unit = rec.pfn * self.page_size // self.block_size if self.block_size else rec.pfn
-        else:
-            raise ValueError(f"unknown record kind {rec.kind}")
-        state = None
-        if failed and rec.failed_state >= 0:
-            state = f"{rec.failed_state} ({self.states.get(rec.failed_state, '?')})"
-        return Transition(
-            source="bpf",
-            resource=resource,
-            unit=int(unit),
-            direction=Direction.ONLINE if rec.online else Direction.OFFLINE,
-            result=Result.FAILED if failed else Result.SUCCESS,
-            start=self.clock.from_ktime_ns(rec.start_ns),
-            end=self.clock.from_ktime_ns(rec.end_ns),
-            steps=rec.steps if rec.kind == KIND_CPU else None,
-            failed_state=state,
-            error=errno_name(rec.ret) if failed else None,
-            pfn=rec.pfn if rec.kind == KIND_MEMORY else None,
-            nr_pages=rec.nr_pages if rec.kind == KIND_MEMORY else None,
-        )
-
-
-def program_text() -> str:
-    """bpf/*.c as one text: bcc rewrites TRACEPOINT_PROBE only in the main text, not in
-    #included files, so the shared header is inlined once and the includes dropped."""
-    parts = [(BPF_DIR / "hotplug.h").read_text()]
-    for name in ("cpuhp.bpf.c", "memory.bpf.c"):
-        text = (BPF_DIR / name).read_text()
-        parts.append(text.replace('#include "hotplug.h"', f"/* {name} */"))
-    return "\n".join(parts)
-
-
-def program_cflags(states: dict[int, str], ringbuf_pages: int) -> list[str]:
-    online, offline_done = cpuhp_targets(states)
-    return [
-        f"-DSTATE_ONLINE={online}",
-        f"-DSTATE_OFFLINE_DONE={offline_done}",
-        f"-DRINGBUF_PAGES={ringbuf_pages}",
-    ]
 
 
 def printable_program(states: dict[int, str], ringbuf_pages: int = RINGBUF_PAGES.default) -> str:
