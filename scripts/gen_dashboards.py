@@ -19,6 +19,7 @@ import re
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # Where a node's name links to (uid and slug of dashboards/src/node-detail.yml).
 NODE_DETAIL_PATH = "/d/nre-node-detail/node-resize-node-detail"
+FLEET_OVERVIEW_PATH = "/d/nre-fleet-overview/node-resize-fleet-overview"
 GRAFANA_DS = {"type": "grafana", "uid": "-- Grafana --"}
 PANEL_H = {"stat": 4}
 # What a panel of a spec may say; anything else is a typo or a YAML surprise (an unquoted
