@@ -274,7 +274,8 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     except OSError as e:
         agent.close_sources()
-        where = f"{options.listen_host}:{options.listen_port}"
+        host = options.listen_host
+        where = f"{f'[{host}]' if ':' in host else host}:{options.listen_port}"
         if e.errno == errno.EADDRINUSE:
             return _fail(f"--web.listen-address {where}: address already in use (another "
                          "exporter running?); choose another port with --web.listen-address")
@@ -286,12 +287,15 @@ def serve(options: Options) -> int:
     # After the drop: the span processor starts a thread, which would keep what it inherited.
     if trace_config is not None:
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
+    events = "off"
     if options.kube_events and kubernetes:
         from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
         try:
             agent.add_sink(KubeEventsSink(node, lightkube_events_api(options.kubeconfig)))
+            events = "posted"
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them", e)
+            events = "off (cannot post)"
     registry_.register(built.metrics)
     # The kubelet's local state (checkpoints, kubepods cpuset) has its own Collector,
     # a sink of the agent: it sees every event and pokes the sources that re-read after them.
@@ -308,12 +312,15 @@ def serve(options: Options) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()
-    log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
+    log.info("started: sources %s; journal %s; kubernetes %s; events %s; traces %s",
              ", ".join(s.name for s in agent.sources),
-             journal.path if journal is not None else "off",
-             f"on (node {node})" if kubernetes else "off",
+             "off" if journal is None else journal.path if journal.up else "down",
+             f"on (node {node})" if kubernetes else "off", events,
              "off" if trace_config is None else
-             f"{'+'.join(trace_config.exporters)} ({trace_config.protocol})")
+             f"{'+'.join(trace_config.exporters)} ({trace_config.protocol})",
+             extra={"sources": [s.name for s in agent.sources],
+                    "journal": "off" if journal is None else "up" if journal.up else "down",
+                    "kubernetes": bool(kubernetes), "events": events})
     try:
         agent.run(stop)
     finally:

@@ -165,7 +165,9 @@ class MetricsServer:
     def start(self) -> None:
         self._thread.start()
         self._started.wait(10)
-        host, port = self.server_address
+        host, port = self.server_address[:2]
+        if ":" in host:  # IPv6, written as in a URL
+            host = f"[{host}]"
         log.info("serving %s://%s:%d%s%s%s%s", self.scheme, host, port, self.telemetry_path,
                  " (client certificates required)" if self.web.ssl_context is not None
                  and self.web.ssl_context.verify_mode == ssl.CERT_REQUIRED else "",
