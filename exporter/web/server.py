@@ -25,8 +25,8 @@ import resource
 import socket
 import ssl
 import threading
-from http import HTTPStatus
 from collections import OrderedDict
+from http import HTTPStatus
 from typing import Callable
 
 import h11
