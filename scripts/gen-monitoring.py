@@ -17,6 +17,8 @@ Parameters (the defaults produce the committed files):
   --grafana-url ''                              prefix of every alert's dashboard_url; empty: a
                                                 path (/d/nre-node-detail/...) that a notification
                                                 template prefixes with the Grafana address
+  --multi-cluster                               show the dashboards' cluster variable (hidden by
+                                                default: one cluster has nothing to choose)
 
 Why a Python script rather than a jsonnet monitoring-mixin: the project is Python and already
 depends on PyYAML; jsonnet would add a toolchain (go-jsonnet, jsonnet-bundler, vendored
@@ -64,6 +66,7 @@ class Params:
     runbook_url: str = ("https://github.com/node-resize-exporter/node-resize-exporter/blob/main/"
                         "docs/runbooks.md#{anchor}")
     grafana_url: str = ""
+    multi_cluster: bool = False
 
     def check(self) -> None:
         if self.cluster_label and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
@@ -336,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-label", default=defaults.cluster_label)
     parser.add_argument("--runbook-url", default=defaults.runbook_url)
     parser.add_argument("--grafana-url", default=defaults.grafana_url)
+    parser.add_argument("--multi-cluster", action="store_true",
+                        help="show the dashboards' cluster variable")
     args = parser.parse_args(argv)
     files = render(Params(args.job_selector, args.cluster_label, args.runbook_url,
-                          args.grafana_url))
+                          args.grafana_url, args.multi_cluster))
     root = args.out or REPO
     if args.check:
         diffs = check(files, root)

@@ -362,13 +362,16 @@ def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
     kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0])
     sock = str(tmp_path / "kubelet.sock")
     server = Server(sock, kubelet)
+    state = tmp_path / "state"  # a journal, for the sink's series
+    state.mkdir(mode=0o700)
     try:
         with FakeApiServer() as api:
             api.set_node("live-node", cpu="2", memory="8Gi")
             kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
             with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                                  "--node-name", "live-node",
-                                 "--podresources-socket", sock) as exporter:
+                                 "--podresources-socket", sock,
+                                 "--journal", str(state / "journal.db")) as exporter:
                 # podresources declares its families once it has had an answer, the kernel
                 # ones once the first sysfs read is in: two threads, either first.
                 scrape = exporter.wait_for(
