@@ -56,7 +56,8 @@ EMPTY_BY_DESIGN = {
     ("fleet-overview.json", "panel 'Top 10 nodes by memory drift (kernel - kubelet)' A"):
         "only cpu1 was unplugged: memory never drifted",
     ("node-detail.json", "annotation 'Kubelet restarts'"): "no kubelet on the recording host",
-    ("fleet-overview.json", "panel 'Nodes whose Node object differs from the kernel, since when' D"):
+    ("fleet-overview.json",
+     "panel 'Nodes whose Node object differs from the kernel, since when' D"):
         "only cpu1 was unplugged: memory never drifted",
     # The recording predates the forecast, running-containers and sink families (its exporter
     # ran with --no-journal); tests/e2e/test_servicemonitor_path.py reads the forecast through
