@@ -448,10 +448,12 @@ def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Ch
                  f"of {result.pods} pods: {named}" + skipped, fix)
 
 
-# (verb, API group, resource): what the list/watch sources call (deploy/clusterrole.yaml).
-RBAC_NEEDED = tuple((verb, group, resource) for group, resource in (
-    ("", "nodes"), ("", "pods"), ("coordination.k8s.io", "leases"), ("", "events"))
-    for verb in ("list", "watch"))
+# (verb, API group, resource, namespace): what the list/watch sources call. Nodes and pods
+# cluster-wide (deploy/clusterrole.yaml); the node's Lease and Events each in its one namespace
+# (Roles: deploy/node-lease-role.yaml, deploy/events-role.yaml).
+RBAC_NEEDED = tuple((verb, group, resource, namespace) for group, resource, namespace in (
+    ("", "nodes", None), ("", "pods", None), ("coordination.k8s.io", "leases", "kube-node-lease"),
+    ("", "events", "default")) for verb in ("list", "watch"))
 
 
 def check_rbac(config: object) -> Check:
@@ -462,12 +464,13 @@ def check_rbac(config: object) -> Check:
     client, transport = make_client(config, request_timeout=5.0)  # type: ignore[arg-type]
     denied = []
     try:
-        for verb, group, resource in RBAC_NEEDED:
+        for verb, group, resource, namespace in RBAC_NEEDED:
             review = client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
                 resourceAttributes=ResourceAttributes(verb=verb, group=group,
-                                                      resource=resource))))
+                                                      resource=resource,
+                                                      namespace=namespace))))
             if not (review.status and review.status.allowed):
-                denied.append(f"{verb} {resource}")
+                denied.append(f"{verb} {resource}" + (f" in {namespace}" if namespace else ""))
     except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
         return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {e}",
                      "check the API server address and the credentials")
@@ -475,8 +478,10 @@ def check_rbac(config: object) -> Check:
         transport.close()
     if denied:
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
-                     "bind deploy/clusterrole.yaml (list, watch on nodes, pods, leases and "
-                     "events) to the exporter's service account")
+                     "apply deploy/'s clusterrole.yaml (list, watch on nodes and pods), "
+                     "node-lease-role.yaml (leases in kube-node-lease) and events-role.yaml "
+                     "(events in default) with their bindings to the exporter's service "
+                     "account")
     return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
                  "allowed")
 

@@ -19,13 +19,16 @@ from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 
 REASON = "EmergencyCapacityReduced"
-ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/events
+# Where the kubelet records its Node's events (a cluster-scoped object's go to "default"):
+# the one namespace read, so RBAC grants a Role there (deploy/events-role.yaml), not a
+# ClusterRole over every namespace's Events.
+NODE_EVENTS_NAMESPACE = "default"
 MAX_EVENTS = 1000  # kept per source: the API aggregates repeats into one object
 
 
 class RawEvent(GenericNamespacedResource):
     _api_info = create_api_info("", "v1", "Event", "events",
-                                verbs=["list", "watch", "global_list", "global_watch"])
+                                verbs=["list", "watch"])
 
 
 def _time(obj: dict) -> float | None:
@@ -55,7 +58,7 @@ class KubeNodeEventsSource(ListWatchSource):
     name = "kube_node_events"
     resource = RawEvent
     plural = "events"
-    namespace = ALL_NAMESPACES
+    namespace = NODE_EVENTS_NAMESPACE
 
     def __init__(self, clock: Clock, *, node_name: str, **kwargs: object) -> None:
         super().__init__(clock, **kwargs)  # type: ignore[arg-type]
