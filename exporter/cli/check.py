@@ -478,10 +478,10 @@ def check_rbac(config: object) -> Check:
         transport.close()
     if denied:
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
-                     "apply deploy/'s clusterrole.yaml (list, watch on nodes and pods), "
-                     "node-lease-role.yaml (leases in kube-node-lease) and events-role.yaml "
-                     "(events in default) with their bindings to the exporter's service "
-                     "account")
+                     "apply deploy/clusterrole.yaml (list, watch on nodes and pods), "
+                     "deploy/node-lease-role.yaml (leases in kube-node-lease) and "
+                     "deploy/events-role.yaml (events in default) with their bindings to the "
+                     "exporter's service account")
     return Check("kubernetes RBAC", "ok", "list and watch on nodes, pods, leases and events "
                  "allowed")
 
