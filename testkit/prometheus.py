@@ -96,7 +96,7 @@ def servicemonitor_scrape_config(monitor: dict, index: int, sd_file: str) -> dic
     spec, ep = monitor["spec"], monitor["spec"]["endpoints"][index]
     meta = monitor["metadata"]
     rendered = {"port", "path", "scheme", "interval", "scrapeTimeout", "bearerTokenFile",
-                "tlsConfig", "relabelings", "honorLabels", "metricRelabelings"}
+                "tlsConfig", "relabelings", "honorLabels"}
     unknown = set(ep) - rendered
     assert not unknown, f"endpoint fields this rendering does not know: {sorted(unknown)}"
     assert not spec.get("targetLabels") and not spec.get("podTargetLabels") \
