@@ -705,3 +705,18 @@ def test_dashboard_configmaps_validate_against_kubernetes_schema(version):
 def test_readme_installs_the_dashboards_in_one_line():
     readme = (REPO / "README.md").read_text()
     assert "kubectl apply -k deploy/components/dashboards/" in readme
+
+
+def test_the_no_node_lease_component_reads_no_lease_and_asks_for_none():
+    """Leases only with the lease watch: the component turns the watch off and drops its Role;
+    nothing else changes."""
+    docs = render(DEPLOY, DEPLOY / "components" / "no-node-lease")
+    granted = _granted(docs)
+    assert ("coordination.k8s.io", "leases") not in granted
+    assert not [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert "--no-node-lease" in container_of(ds)["args"]
+    base = _granted(render())
+    assert {k: v for k, v in base.items() if k != ("coordination.k8s.io", "leases")} == granted
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(ds, version, strict=True)
