@@ -67,6 +67,7 @@ class Agent:
         self.lock = threading.Lock()  # the Collector renders under it
         self.alive = threading.Event()
         self._malformed_logged: set[str] = set()
+        self._down_logged: set[str] = set()  # sources whose down the log has said
         self.episode_log = EpisodeLog()  # the episode lines in the log (bounded)
         self._version = 0  # bumped whenever the correlator's state may have changed
         for status in down:  # sources that could not open: their series say so from the start
@@ -152,8 +153,8 @@ class Agent:
     def _process(self, name: str, event, quiet: bool = False) -> None:
         if isinstance(event, MalformedInput):
             self._log_malformed(event)
-        elif isinstance(event, SourceStatus) and not event.up and event.reason and not quiet:
-            log.warning("source %s down: %s", event.source, event.reason)
+        elif isinstance(event, SourceStatus) and not quiet:
+            self._log_source(event)
         for sink in self.sinks:  # the journal queues the raw event before it is acted on
             self._call(sink.on_event, event)
         with self.lock:
@@ -169,6 +170,18 @@ class Agent:
             for source, resources, poke in self.pokes:
                 if source != name and event.resource in resources:
                     poke(event.resource)
+
+    def _log_source(self, event: SourceStatus) -> None:
+        """A source's state change, logged here once (the sources emit only changes): down with
+        its reason, and up again after a logged down. Fields for a JSON log: source, up."""
+        fields = {"source": event.source, "up": event.up}
+        if not event.up and event.reason:
+            self._down_logged.add(event.source)
+            log.warning("source %s down: %s", event.source, event.reason,
+                        extra={**fields, "reason": event.reason})
+        elif event.up and event.source in self._down_logged:
+            self._down_logged.discard(event.source)
+            log.info("source %s up again", event.source, extra=fields)
 
     def _log_malformed(self, event: MalformedInput) -> None:
         # The first from each source at warning (someone must look), the rest at debug: a

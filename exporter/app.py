@@ -279,7 +279,8 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
     except OSError as e:
-        where = f"{options.listen_host}:{options.listen_port}"
+        host = options.listen_host
+        where = f"{f'[{host}]' if ':' in host else host}:{options.listen_port}"
         if e.errno == errno.EADDRINUSE:
             raise AddressInUse(f"--web.listen-address {where}: address already in use "
                                "(another exporter running?). Fix: choose another port with "
@@ -361,12 +362,12 @@ def serve(options: Options) -> int:
         agent.close_sources()
         return _fail(str(e))
     _drop_privileges(built.keep)
-    collect(options, decisions, agent, metrics, built.metrics, journal, traces)
+    events = collect(options, decisions, agent, metrics, built.metrics, journal, traces)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
     server.start()
-    _log_started(agent, decisions, journal, traces)
+    _log_started(agent, decisions, journal, traces, events)
     try:
         agent.run(stop)
     finally:
@@ -377,20 +378,24 @@ def serve(options: Options) -> int:
 
 def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
             exposition: MetricsSink, journal: JournalSink | None,
-            traces: TraceConfig | None) -> None:
+            traces: TraceConfig | None) -> str:
     """After the privilege drop, every thread that start-up leaves (the journal's writer, the
-    span processor's, the Events poster's) and the Collectors /metrics renders."""
+    span processor's, the Events poster's) and the Collectors /metrics renders. Returns
+    whether Events are posted, for the start-up line."""
     if journal is not None:
         journal.start()
     if traces is not None:
         agent.add_sink(_trace_sink(traces, journal, decisions.node))
+    events = "off"
     if options.kube_events and decisions.kubernetes:
         try:
             agent.add_sink(KubeEventsSink(decisions.node,
                                           lightkube_events_api(options.kubeconfig)))
+            events = "posted"
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them",
                         quoted(e))
+            events = "off (cannot post)"
     metrics.register(exposition)
     # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
     # running containers: sinks of the agent that see every event, each its own Collector.
@@ -398,6 +403,7 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     metrics.register(RunningPodsSink.attach(agent))
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
     metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+    return events
 
 
 def _trace_sink(traces: TraceConfig, journal: JournalSink | None, node: str) -> Any:
@@ -406,13 +412,16 @@ def _trace_sink(traces: TraceConfig, journal: JournalSink | None, node: str) -> 
 
 
 def _log_started(agent: Agent, decisions: Decisions, journal: JournalSink | None,
-                 traces: TraceConfig | None) -> None:
-    log.info("started: sources %s; journal %s; kubernetes %s; traces %s",
-             ", ".join(s.name for s in agent.sources),
-             journal.path if journal is not None else "off",
-             f"on (node {decisions.node})" if decisions.kubernetes else "off",
+                 traces: TraceConfig | None, events: str) -> None:
+    journal_state = "off" if journal is None else str(journal.path) if journal.up else "down"
+    log.info("started: sources %s; journal %s; kubernetes %s; events %s; traces %s",
+             ", ".join(s.name for s in agent.sources), journal_state,
+             f"on (node {decisions.node})" if decisions.kubernetes else "off", events,
              "off" if traces is None else
-             f"{'+'.join(traces.exporters)} ({traces.protocol})")
+             f"{'+'.join(traces.exporters)} ({traces.protocol})",
+             extra={"sources": [s.name for s in agent.sources],
+                    "journal": "off" if journal is None else "up" if journal.up else "down",
+                    "kubernetes": decisions.kubernetes, "events": events})
 
 
 def _stop(stop: threading.Event, agent: Agent) -> None:

@@ -19,13 +19,26 @@ import re
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # Where a node's name links to (uid and slug of dashboards/src/node-detail.yml).
 NODE_DETAIL_PATH = "/d/nre-node-detail/node-resize-node-detail"
+FLEET_OVERVIEW_PATH = "/d/nre-fleet-overview/node-resize-fleet-overview"
 GRAFANA_DS = {"type": "grafana", "uid": "-- Grafana --"}
 PANEL_H = {"stat": 4}
 # What a panel of a spec may say; anything else is a typo or a YAML surprise (an unquoted
 # `on:` is the boolean true, a comma in an unquoted flow-style title starts a new key).
 PANEL_KEYS = {"type", "title", "description", "targets", "w", "h", "unit", "bars", "log",
               "alarm_at", "alarm_color", "node_link", "sort_by", "columns", "column_units",
-              "on", "off"}
+              "on", "off", "drift", "column_drift"}
+# Colours that mean what they say on a drift (kernel minus kubelet): below the jitter bound
+# the kubelet advertises what the kernel took away, pods at risk (red); within it, in sync
+# (green); above it, capacity not advertised yet, nothing at risk (amber: Grafana's default
+# warning colour). CPUs are whole cores; memory has KEP-3953's 100 MiB jitter bound, as the
+# alerts. A step's colour applies from its value up.
+AMBER = "#EAB839"
+DRIFT_STEPS = {
+    "cores": [{"color": "red", "value": None}, {"color": "green", "value": 0},
+              {"color": AMBER, "value": 1}],
+    "bytes": [{"color": "red", "value": None}, {"color": "green", "value": -104857600},
+              {"color": AMBER, "value": 104857601}],
+}
 
 
 def _expand(text: str, values: dict[str, str], where: str) -> str:
@@ -97,8 +110,13 @@ def _variables(spec: dict, p) -> list[dict]:
         out.append(var)
     node_matchers = [job] if job else []
     if p.cluster_label:
-        out.append(query_var("cluster", "Cluster", "label_values(node_resize_exporter_build_info"
-                             f"{{{job}}}, {p.cluster_label})", False))
+        cluster = query_var("cluster", "Cluster", "label_values(node_resize_exporter_build_info"
+                            f"{{{job}}}, {p.cluster_label})", False)
+        # One cluster (kubernetes-mixin's showMultiCluster off): nothing to choose, so the
+        # variable is hidden; it still takes the one value (or none: series without the label)
+        # and a link's var-cluster. --multi-cluster shows it.
+        cluster["hide"] = 0 if p.multi_cluster else 2
+        out.append(cluster)
         node_matchers.append(f'{p.cluster_label}="$cluster"')
     out.append(query_var("node", "Node", "label_values(node_resize_exporter_build_info"
                          f"{{{','.join(node_matchers)}}}, node)",
@@ -122,8 +140,12 @@ def _annotations(spec: dict, values: dict, where: str) -> list[dict]:
 def _field_config(panel: dict, values: dict) -> dict:
     defaults: dict = {"unit": panel.get("unit", "short")}
     kind = panel["type"]
+    drift = panel.get("drift")
+    if drift is not None and drift not in DRIFT_STEPS:
+        raise SystemExit(f"panel {panel['title']!r}: drift must be one of {sorted(DRIFT_STEPS)}")
     if kind == "stat":
-        defaults["thresholds"] = {"mode": "absolute", "steps": [
+        defaults["thresholds"] = {"mode": "absolute", "steps": copy.deepcopy(DRIFT_STEPS[drift])
+                                  if drift else [
             {"color": "green", "value": None},
             {"color": panel.get("alarm_color", "red"), "value": panel.get("alarm_at", 1)}]}
     elif kind == "timeseries":
@@ -134,6 +156,11 @@ def _field_config(panel: dict, values: dict) -> dict:
         defaults["custom"] = {k: v for k, v in defaults["custom"].items() if v is not None}
         if panel.get("log"):
             defaults["custom"]["scaleDistribution"] = {"type": "log", "log": 10}
+        if drift:
+            # The bands behind the lines say which side of in-sync a value is.
+            defaults["thresholds"] = {"mode": "absolute",
+                                      "steps": copy.deepcopy(DRIFT_STEPS[drift])}
+            defaults["custom"]["thresholdsStyle"] = {"mode": "area"}
     elif kind == "state-timeline":
         defaults.update({"color": {"mode": "thresholds"}, "mappings": [{
             "type": "value", "options": {"0": {"text": panel.get("off", "down"), "color": "red",
@@ -148,6 +175,11 @@ def _field_config(panel: dict, values: dict) -> dict:
     overrides = [{"matcher": {"id": "byName", "options": name},
                   "properties": [{"id": "unit", "value": unit}]}
                  for name, unit in panel.get("column_units", {}).items()]
+    for name, kind_of_drift in panel.get("column_drift", {}).items():
+        overrides.append({"matcher": {"id": "byName", "options": name}, "properties": [
+            {"id": "thresholds", "value": {"mode": "absolute",
+                                           "steps": copy.deepcopy(DRIFT_STEPS[kind_of_drift])}},
+            {"id": "custom.cellOptions", "value": {"type": "color-text"}}]})
     if panel.get("node_link"):
         # A node's name opens the node-detail dashboard on that node, keeping the time range,
         # datasource, job and cluster: the table's node cell, or a top-k series' node label.

@@ -97,5 +97,5 @@ def cpu_flapping_superseded_episode(t0: float = T0 + 500, episode_id: str = "cpu
         transitions=trs, kernel_done=trs[-1].end, kernel_before=2.0, kernel_after=2.0,
         kubelet_before=2.0, phase=Phase.ENDED, outcome=Outcome.SUPERSEDED, ended=t0 + 1.2,
         offline_transitions=3, online_transitions=3,
-        detail="superseded by a increase of cpu (flapping: 3 offline and 3 online transitions "
+        detail="superseded by an increase of cpu (flapping: 3 offline and 3 online transitions "
                "in 1.03 s, ended online)")

@@ -76,3 +76,107 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+# ------------------------------------------------------------------ prometheus-operator's path
+
+def _sanitize(name: str) -> str:
+    """The operator's sanitizeLabelName: a Kubernetes label key as a Prometheus label name."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def servicemonitor_scrape_config(monitor: dict, index: int, sd_file: str) -> dict:
+    """The scrape job prometheus-operator generates for endpoint `index` of a ServiceMonitor
+    (pkg/prometheus/promcfg.go, generateServiceMonitorConfig, endpoints role, one shard, no
+    scrape class), with file_sd_configs in place of kubernetes_sd_configs: Debian's Prometheus
+    is built without Kubernetes discovery, so the targets in `sd_file` carry the
+    __meta_kubernetes_* labels that discovery would set (kubernetes_target() below) and the
+    same relabelings apply to them. Fields the operator would add for features the monitor
+    does not use are left out; one it uses that this does not render is refused."""
+    spec, ep = monitor["spec"], monitor["spec"]["endpoints"][index]
+    meta = monitor["metadata"]
+    rendered = {"port", "path", "scheme", "interval", "scrapeTimeout", "bearerTokenFile",
+                "tlsConfig", "relabelings", "honorLabels"}
+    unknown = set(ep) - rendered
+    assert not unknown, f"endpoint fields this rendering does not know: {sorted(unknown)}"
+    assert not spec.get("targetLabels") and not spec.get("podTargetLabels") \
+        and not spec.get("jobLabel"), "render targetLabels/podTargetLabels/jobLabel first"
+    job: dict = {"job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/{index}",
+                 "honor_labels": bool(ep.get("honorLabels", False)),
+                 "file_sd_configs": [{"files": [sd_file], "refresh_interval": "5s"}]}
+    for key, out in (("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout"),
+                     ("path", "metrics_path"), ("scheme", "scheme"),
+                     ("bearerTokenFile", "bearer_token_file")):
+        if key in ep:
+            job[out] = ep[key]
+    if "tlsConfig" in ep:
+        job["tls_config"] = {"insecure_skip_verify": ep["tlsConfig"].get("insecureSkipVerify",
+                                                                         False)}
+    relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+    for key in sorted(spec["selector"].get("matchLabels", {})):
+        relabel.append({"action": "keep", "source_labels": [
+            f"__meta_kubernetes_service_label_{_sanitize(key)}",
+            f"__meta_kubernetes_service_labelpresent_{_sanitize(key)}"],
+            "regex": f"({spec['selector']['matchLabels'][key]});true"})
+    relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"],
+                    "regex": ep["port"]})
+    target = ["__meta_kubernetes_endpoint_address_target_kind",
+              "__meta_kubernetes_endpoint_address_target_name"]
+    relabel += [
+        {"source_labels": target, "separator": ";", "regex": "Node;(.*)",
+         "replacement": "${1}", "target_label": "node"},
+        {"source_labels": target, "separator": ";", "regex": "Pod;(.*)",
+         "replacement": "${1}", "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        # filterRunning (default true)
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
+         "regex": "(Failed|Succeeded)"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job",
+         "replacement": "${1}"},
+        {"target_label": "endpoint", "replacement": ep["port"]},
+    ]
+    for r in ep.get("relabelings", []):
+        out = {"source_labels": r["sourceLabels"]} if "sourceLabels" in r else {}
+        for key, name in (("separator", "separator"), ("targetLabel", "target_label"),
+                          ("regex", "regex"), ("modulus", "modulus"),
+                          ("replacement", "replacement")):
+            if key in r:
+                out[name] = r[key]
+        out["action"] = r.get("action", "replace").lower()
+        relabel.append(out)
+    relabel += [{"source_labels": ["__address__"], "target_label": "__tmp_hash", "modulus": 1,
+                 "action": "hashmod"},
+                {"source_labels": ["__tmp_hash"], "regex": "0", "action": "keep"}]
+    job["relabel_configs"] = relabel
+    return job
+
+
+def kubernetes_target(address: str, *, namespace: str, service: str, pod: str, container: str,
+                      node: str, port_name: str, service_labels: dict[str, str],
+                      phase: str = "Running") -> dict:
+    """One file_sd target group with the labels Kubernetes discovery (role endpoints) sets for
+    a pod behind a Service: the Endpoints' address pointing at the pod."""
+    labels = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_service_name": service,
+        "__meta_kubernetes_endpoints_name": service,
+        "__meta_kubernetes_endpoint_port_name": port_name,
+        "__meta_kubernetes_endpoint_port_protocol": "TCP",
+        "__meta_kubernetes_endpoint_ready": "true",
+        "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+        "__meta_kubernetes_endpoint_address_target_name": pod,
+        "__meta_kubernetes_endpoint_node_name": node,
+        "__meta_kubernetes_pod_name": pod,
+        "__meta_kubernetes_pod_node_name": node,
+        "__meta_kubernetes_pod_container_name": container,
+        "__meta_kubernetes_pod_container_port_name": port_name,
+        "__meta_kubernetes_pod_phase": phase,
+        "__meta_kubernetes_pod_ready": "true",
+    }
+    for key, value in service_labels.items():
+        labels[f"__meta_kubernetes_service_label_{_sanitize(key)}"] = value
+        labels[f"__meta_kubernetes_service_labelpresent_{_sanitize(key)}"] = "true"
+    return {"targets": [address], "labels": labels}

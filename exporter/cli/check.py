@@ -161,23 +161,26 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
 
 def check_rbac(config: object, options: Options, decisions: Decisions) -> Check:
     """List and watch on what the Kubernetes sources `run` would start watch (their
-    `watches`), each asked as `kubectl auth can-i` asks."""
+    `watches`), each asked as `kubectl auth can-i` asks, in its namespace."""
     wanted = [w for spec in app.kubernetes_sources_asked(options, decisions)
               for w in spec.watches]
-    resources = [resource for _, resource in wanted]
-    named = ", ".join(resources[:-1]) + (" and " if len(resources) > 1 else "") + \
-        (resources[-1] if resources else "nothing")
-    denied = []
+    names = [str(w) for w in wanted]
+    named = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + \
+        (names[-1] if names else "nothing")
+    denied, grants = [], []
     try:
-        for group, resource in wanted:
+        for watch in wanted:
             for verb in ("list", "watch"):
-                if app.access_denied(config, verb, group, resource):
-                    denied.append(f"{verb} {resource}")
+                if app.access_denied(config, verb, watch.group, watch.resource,
+                                     watch.namespace):
+                    denied.append(f"{verb} {watch}")
+                    grants.append(watch.granted_by)
     except Exception as e:  # noqa: BLE001 - unreachable, 401...: say so
         return Check("kubernetes RBAC", "fail", f"SelfSubjectAccessReview failed: {quoted(e)}",
                      "check the API server address and the credentials")
     if denied:
+        files = ", ".join(dict.fromkeys(grants))
         return Check("kubernetes RBAC", "fail", f"denied: {', '.join(denied)}",
-                     f"bind deploy/clusterrole.yaml (list, watch on {named}) to the exporter's "
+                     f"apply {files} (with the binding beside each) to the exporter's "
                      "service account")
     return Check("kubernetes RBAC", "ok", f"list and watch on {named} allowed")

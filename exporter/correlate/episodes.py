@@ -38,8 +38,8 @@ __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 UPDATE_EVERY = TRANSITIONS_KEPT // 2  # a long storm's TRANSITION updates (on_transition)
 _RECENT_IDS = 256  # bounded memory; a collision needs two opens in one microsecond anyway
 _OPPOSITE = {Change.INCREASE: Change.DECREASE, Change.DECREASE: Change.INCREASE}
-_SUPERSEDED = {(r, c): f"superseded by a {c.value} of {r.value}"
-               for r in Resource for c in Change}
+_SUPERSEDED = {(r, c): f"superseded by {'an' if c is Change.INCREASE else 'a'} {c.value} of "
+                       f"{r.value}" for r in Resource for c in Change}
 
 
 STATUS_TIME_SLACK = 1.0  # s: managedFields times are truncated to the second

@@ -48,29 +48,37 @@ class EpisodeLog:
 
     def on_update(self, update: EpisodeUpdate) -> None:
         ep = update.episode
+        # The fields a log index searches on, the same on every line of an episode.
+        fields: dict[str, object] = {"episode": ep.id, "resource": ep.resource.value,
+                                     "direction": ep.change.value}
         if update.kind is UpdateKind.OPENED:
-            self._line("opened", "episode %s opened: %s", ep.id, _what(ep))
+            self._line("opened", fields, "episode %s opened: %s", ep.id, _what(ep))
         elif update.kind is UpdateKind.RESUMED:
-            self._line("resumed", "episode %s resumed from the journal: %s (%s phase)", ep.id,
+            self._line("resumed", {**fields, "phase": ep.phase.value},
+                       "episode %s resumed from the journal: %s (%s phase)", ep.id,
                        _what(ep), ep.phase.value)
         elif update.kind is UpdateKind.TRANSITION and _began_flapping(ep):
-            self._line("flapping", "episode %s flapping: %s went offline and online within the "
+            self._line("flapping", {**fields, "flapping": True},
+                       "episode %s flapping: %s went offline and online within the "
                        "coalescing window; one episode until the window passes quietly",
                        ep.id, ep.resource.value)
         elif update.kind is UpdateKind.ENDED and ep.outcome is not None:
             took = (ep.ended if ep.ended is not None else update.time) - ep.opened
-            self._line(f"ended {ep.outcome.value}", "episode %s ended %s after %.1f s: %s%s",
+            self._line(f"ended {ep.outcome.value}",
+                       {**fields, "outcome": ep.outcome.value,
+                        "duration_seconds": round(took, 3)},
+                       "episode %s ended %s after %.1f s: %s%s",
                        ep.id, ep.outcome.value, took, _what(ep),
                        f"; {ep.detail}" if ep.detail else "")
 
-    def _line(self, kind: str, msg: str, *args: object) -> None:
+    def _line(self, kind: str, fields: dict[str, object], msg: str, *args: object) -> None:
         now = self._clock()
         if now - self._window_start >= WINDOW_SECONDS:
             self.flush()
             self._window_start, self._lines = now, 0
         if self._lines < self._per_minute:
             self._lines += 1
-            log.info(msg, *args)
+            log.info(msg, *args, extra=fields)
         else:
             self._held[kind] += 1
 

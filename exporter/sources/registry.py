@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import click
 
@@ -52,6 +52,18 @@ class SourceContext:
     options: Options
     clock: MonotonicWallClock
     node_name: str  # resolved once, by the composition root
+
+
+class Watch(NamedTuple):
+    """One kind of object a source lists and watches, and the deploy/ file that grants it."""
+
+    group: str  # the API group ("" for the core group)
+    resource: str
+    namespace: str | None = None  # None: cluster-wide (a ClusterRole)
+    granted_by: str = "deploy/clusterrole.yaml"
+
+    def __str__(self) -> str:
+        return self.resource + (f" in {self.namespace}" if self.namespace else "")
 
 
 @dataclass(frozen=True)
@@ -87,9 +99,9 @@ class SourceSpec:
     # It leaves CPU transitions to such a source when one runs (`leave_cpu_transitions()`):
     # one wake-up per transition, not two.
     defers_cpu_transitions: bool = False
-    # What it lists and watches in the API, as (API group, resource): what RBAC must grant,
-    # and what `check` asks the API server about (SelfSubjectAccessReview).
-    watches: tuple[tuple[str, str], ...] = ()
+    # What it lists and watches in the API: what RBAC must grant (and where deploy/ grants
+    # it), and what `check` asks the API server about (SelfSubjectAccessReview).
+    watches: tuple[Watch, ...] = ()
     # Whether it can start here, for `check`, when opening it is not the whole answer (BPF:
     # the host's requirements line by line, then the programs it attached); else its
     # Source.check() opens and closes it.

@@ -26,6 +26,7 @@ import socket
 import ssl
 import threading
 from collections import OrderedDict
+from http import HTTPStatus
 from typing import Callable
 
 import h11
@@ -75,6 +76,10 @@ def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
     return socket.create_server((host, port), family=family, backlog=KERNEL_BACKLOG)
 
+
+# Go's net/http answer to a plain-HTTP request on a TLS port, word for word.
+PLAIN_HTTP_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\n\r\n"
+                     b"Client sent an HTTP request to an HTTPS server.\n")
 
 class _Conn:
     """One client connection, as the cap and the eviction see it."""
@@ -160,7 +165,9 @@ class MetricsServer:
     def start(self) -> None:
         self._thread.start()
         self._started.wait(10)
-        host, port = self.server_address
+        host, port = self.server_address[:2]
+        if ":" in host:  # IPv6, written as in a URL
+            host = f"[{host}]"
         log.info("serving %s://%s:%d%s%s%s%s", self.scheme, host, port, self.telemetry_path,
                  " (client certificates required)" if self.web.ssl_context is not None
                  and self.web.ssl_context.verify_mode == ssl.CERT_REQUIRED else "",
@@ -279,6 +286,10 @@ class MetricsServer:
             # Wrong version, no or bad client certificate, a port scanner: the client's problem.
             reason = getattr(e, "verify_message", None) or getattr(e, "reason", None) \
                 or type(e).__name__
+            if getattr(e, "reason", None) == "HTTP_REQUEST":
+                # Plain HTTP to the TLS port: answer it in HTTP, as Go's servers do, so curl
+                # and a misconfigured scraper say what is wrong instead of "empty reply".
+                conn.writer.write(PLAIN_HTTP_TO_TLS)
             self.failures.note(f"tls:{reason}", "TLS handshake with %s failed: %s",
                                conn.peer, e)
             return False
@@ -364,7 +375,8 @@ class MetricsServer:
                   *self.extra_headers.items(), *headers.items()]
         if close:
             fields.append(("Connection", "close"))
-        stream.write(h.send(h11.Response(status_code=code, headers=fields)))
+        stream.write(h.send(h11.Response(status_code=code, headers=fields,
+                                         reason=HTTPStatus(code).phrase.encode())))
         if request.method != b"HEAD":  # the shared rendering, not a copy (sent as far as it goes)
             stream.write(h.send(h11.Data(data=body)))
         stream.write(h.send(h11.EndOfMessage()))

@@ -70,6 +70,9 @@ KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
 # collection next to /api/v1's two.
 _LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
                 "apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+# Events, also read in "default" alone (where the kubelet records its Node's), as the node
+# events source does.
+_EVENT_PATHS = ("api/v1/namespaces/default/events",)
 
 
 def status_object(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -800,6 +803,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = url.path.strip("/").split("/")
         if url.path.strip("/") in _LEASE_PATHS:
             parts = ["api", "v1", "leases"]
+        if url.path.strip("/") in _EVENT_PATHS:
+            parts = ["api", "v1", "events"]
         if len(parts) != 3 or parts[:2] != ["api", "v1"] or parts[2] not in KINDS:
             self._send_json(404, status_object(404, "NotFound",
                                                "the server could not find the requested "

@@ -98,7 +98,11 @@ REQUIRED_ALERTS = {
     "NodeResizePodresourcesOfflineCPUs", "NodeResizeHotAddedOffline",
     "NodeResizeBalloonRequestsAboveAllocatable", "NodeResizeBalloonResizeInfeasible",
     "NodeResizeExporterDown", "NodeResizeExporterSourceDown", "NodeResizeExporterEventsLost",
+    "NodeResizeRestartWouldRejectPods", "NodeResizeRunningContainersStale",
+    "NodeResizeExporterSinkDown", "NodeResizeExporterAbsent", "NodeResizeExporterSeriesAbsent",
 }
+# absent() rules: about the whole job, so no node; their dashboard_url opens the fleet overview.
+FLEET_WIDE = {"NodeResizeExporterAbsent", "NodeResizeExporterSeriesAbsent"}
 
 
 def test_required_alerts_exist_once_each():
@@ -131,7 +135,12 @@ def test_dashboard_url_opens_a_committed_dashboard_on_the_alerts_node(alert):
     board = json.loads(uids[m.group(1)].read_text())
     variables = {v["name"] for v in board["templating"]["list"]}
     params = dict(part.split("=", 1) for part in m.group(2).split("&"))
-    assert params["var-node"] == "{{ $labels.node }}"
+    if alert["alert"] in FLEET_WIDE:
+        assert "absent(" in alert["expr"] and m.group(1) == "nre-fleet-overview", url
+        assert "var-node" not in params
+    else:
+        assert "absent(" not in alert["expr"], "an absent() rule is fleet-wide: list it"
+        assert params["var-node"] == "{{ $labels.node }}"
     assert params.get("var-cluster") == "{{ $labels.cluster }}"
     assert {k.removeprefix("var-") for k in params} <= variables
 
@@ -176,8 +185,12 @@ def test_alert_has_firing_and_silent_promtool_cases(alert):
         for exp in case["exp_alerts"]:
             assert exp["exp_labels"]["severity"] == alert["labels"]["severity"]
             assert set(exp["exp_annotations"]) == ANNOTATIONS
-            # Every alert is about one node: its dashboard_url has a node to open.
-            assert exp["exp_labels"].get("node"), exp
+            # Every alert but the absent() ones is about one node: its dashboard_url has a
+            # node to open.
+            if alert["alert"] in FLEET_WIDE:
+                assert "node" not in exp["exp_labels"], exp
+            else:
+                assert exp["exp_labels"].get("node"), exp
 
 
 # --- dashboards ------------------------------------------------------------------------------
@@ -349,13 +362,16 @@ def test_every_metric_in_dashboards_and_alerts_is_in_a_live_scrape(tmp_path):
     kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0])
     sock = str(tmp_path / "kubelet.sock")
     server = Server(sock, kubelet)
+    state = tmp_path / "state"  # a journal, for the sink's series
+    state.mkdir(mode=0o700)
     try:
         with FakeApiServer() as api:
             api.set_node("live-node", cpu="2", memory="8Gi")
             kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
             with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                                  "--node-name", "live-node",
-                                 "--podresources-socket", sock) as exporter:
+                                 "--podresources-socket", sock,
+                                 "--journal", str(state / "journal.db")) as exporter:
                 # podresources declares its families once it has had an answer, the kernel
                 # ones once the first sysfs read is in: two threads, either first.
                 scrape = exporter.wait_for(

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import Version, all_versions
 
-from testkit.deploy import container_of, load_manifest
+from testkit.deploy import container_of, exporter_namespace, load_manifest, render
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -85,17 +85,33 @@ def test_schema_validation_rejects_a_broken_daemonset():
             kubernetes_validate.validate(ds, version, strict=True)
 
 
+# Roles that live where what they grant is: the node's Lease and the Node's Events.
+FOREIGN_NAMESPACES = {("Role", "node-resize-exporter-node-lease"): "kube-node-lease",
+                      ("RoleBinding", "node-resize-exporter-node-lease"): "kube-node-lease",
+                      ("Role", "node-resize-exporter-node-events"): "default",
+                      ("RoleBinding", "node-resize-exporter-node-events"): "default"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+
+
 def test_namespaced_objects_share_one_namespace():
-    namespace = load_manifest("kustomization.yaml")["namespace"]
+    """As rendered (kubectl kustomize): everything in the exporter's namespace but the Roles
+    that must be elsewhere, and every binding names the exporter's own service account."""
+    namespace = exporter_namespace()
     assert load_manifest("namespace.yaml")["metadata"]["name"] == namespace
-    for name, doc in _manifests().items():
-        if doc["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
-                           "PrometheusRule"}:
+    account = load_manifest("serviceaccount.yaml")["metadata"]["name"]
+    docs = render()
+    for doc in docs:
+        if doc["kind"] in CLUSTER_SCOPED:
             continue
-        assert doc["metadata"]["namespace"] == namespace, name
-    subject = load_manifest("clusterrolebinding.yaml")["subjects"][0]
-    assert subject["namespace"] == namespace
-    assert subject["name"] == load_manifest("serviceaccount.yaml")["metadata"]["name"]
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert doc["metadata"]["namespace"] == FOREIGN_NAMESPACES.get(key, namespace), key
+    placed = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert set(FOREIGN_NAMESPACES) <= placed
+    for doc in docs:
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") and "scrape" not in \
+                doc["metadata"]["name"]:
+            assert doc["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                        "namespace": namespace}], doc["metadata"]["name"]
 
 
 # --- PrometheusRule: one source of truth -----------------------------------------------------
@@ -326,17 +342,55 @@ def test_kube_sources_exist():
     assert {"kube_node.py", "kube_pods.py"} <= set(names)
 
 
-def test_clusterrole_is_exactly_what_the_code_calls():
-    role = load_manifest("clusterrole.yaml")
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
+def _granted(docs: list[dict]) -> dict[tuple[str, str], dict[str | None, set[str]]]:
+    """(group, resource) -> {namespace (None: cluster-wide): verbs}, for the exporter's own
+    ClusterRoles and Roles (not the scrape role it grants Prometheus)."""
+    out: dict[tuple[str, str], dict[str | None, set[str]]] = {}
+    for doc in docs:
+        if doc["kind"] not in ("ClusterRole", "Role") or "scrape" in doc["metadata"]["name"]:
+            continue
+        where = doc["metadata"].get("namespace") if doc["kind"] == "Role" else None
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault((group, resource), {}).setdefault(where, set()).update(
+                        rule["verbs"])
+    return out
+
+
+def test_rbac_is_exactly_what_the_code_calls_and_where():
+    """Every list/watch the sources make is granted, nothing else is; cluster-wide only for
+    what is cluster-scoped or spans namespaces (nodes; pods of every namespace on this node),
+    a Role in the one namespace a source reads otherwise (its Lease, its Node's Events)."""
+    from exporter.sources.apiserver.kube_lease import KubeLeaseSource
+    from exporter.sources.apiserver.kube_node_events import KubeNodeEventsSource
+
+    granted = _granted(render())
     called = _code_api_calls()
     assert called, "found no lightkube list/watch/get calls under exporter/"
-    assert granted == called
-    assert set().union(*granted.values()) <= {"get", "list", "watch"}, "the exporter never writes"
+    assert {k: set().union(*v.values()) for k, v in granted.items()} == called
+    assert granted[("", "nodes")] == {None: {"list", "watch"}}
+    assert granted[("", "pods")] == {None: {"list", "watch"}}
+    assert granted[("coordination.k8s.io", "leases")] == \
+        {KubeLeaseSource.namespace: {"list", "watch"}} == {"kube-node-lease": {"list", "watch"}}
+    assert granted[("", "events")] == \
+        {KubeNodeEventsSource.namespace: {"list", "watch"}} == {"default": {"list", "watch"}}
+    verbs = {v for by_ns in granted.values() for vs in by_ns.values() for v in vs}
+    assert verbs <= {"get", "list", "watch"}, "the exporter never writes without --kube-events"
+
+
+def test_posting_events_is_a_role_in_default_only_with_the_component():
+    component = DEPLOY / "components" / "kube-events"
+    docs = render(DEPLOY, component)
+    granted = _granted(docs)
+    assert granted[("", "events")] == {"default": {"list", "watch", "create", "patch"}}
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert "--kube-events" in container_of(ds)["args"]
+    assert "--kube-events" not in container_of(load_manifest("daemonset.yaml"))["args"]
+    # Nothing else widened: the base's grants are the component's minus posting.
+    base = _granted(render())
+    assert {k: v for k, v in granted.items() if k != ("", "events")} == \
+        {k: v for k, v in base.items() if k != ("", "events")}
 
 
 def test_kubelet_metrics_rbac_matches_whether_it_is_enabled():
@@ -633,7 +687,7 @@ def test_every_committed_dashboard_is_a_configmap_the_grafana_sidecar_loads():
         meta = cm["metadata"]
         assert meta["labels"]["grafana_dashboard"] == "1", meta["name"]
         assert meta["annotations"]["grafana_folder"], meta["name"]
-        assert meta["namespace"] == load_manifest("kustomization.yaml")["namespace"]
+        assert meta["namespace"] == exporter_namespace()
         ((key, text),) = cm["data"].items()
         assert key.startswith("node-resize-exporter-") and key.endswith(".json")
         shipped[key.removeprefix("node-resize-exporter-")] = text
@@ -651,3 +705,18 @@ def test_dashboard_configmaps_validate_against_kubernetes_schema(version):
 def test_readme_installs_the_dashboards_in_one_line():
     readme = (REPO / "README.md").read_text()
     assert "kubectl apply -k deploy/components/dashboards/" in readme
+
+
+def test_the_no_node_lease_component_reads_no_lease_and_asks_for_none():
+    """Leases only with the lease watch: the component turns the watch off and drops its Role;
+    nothing else changes."""
+    docs = render(DEPLOY, DEPLOY / "components" / "no-node-lease")
+    granted = _granted(docs)
+    assert ("coordination.k8s.io", "leases") not in granted
+    assert not [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert "--no-node-lease" in container_of(ds)["args"]
+    base = _granted(render())
+    assert {k: v for k, v in base.items() if k != ("coordination.k8s.io", "leases")} == granted
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(ds, version, strict=True)

@@ -83,6 +83,8 @@ def test_parameters_reach_rules_dashboards_and_inhibit_rules(tmp_path):
         assert alert["annotations"]["runbook_url"] == \
             f"https://wiki.example/nre#{alert['alert'].lower()}"
         assert alert["annotations"]["dashboard_url"] == (
+            "https://grafana.example/sub/d/nre-fleet-overview/node-resize-fleet-overview"
+            "?var-cluster={{ $labels.k8s_cluster }}" if "absent(" in alert["expr"] else
             "https://grafana.example/sub/d/nre-node-detail/node-resize-node-detail"
             "?var-cluster={{ $labels.k8s_cluster }}&var-node={{ $labels.node }}")
     stale = next(a for a in alerts if a["alert"] == "NodeResizeCapacityStale")
@@ -117,7 +119,8 @@ def test_no_cluster_label_for_a_single_cluster_prometheus(tmp_path):
     rules = yaml.safe_load(text)
     urls = {r["annotations"]["dashboard_url"] for g in rules["groups"] for r in g["rules"]
             if "alert" in r}
-    assert urls == {"/d/nre-node-detail/node-resize-node-detail?var-node={{ $labels.node }}"}
+    assert urls == {"/d/nre-node-detail/node-resize-node-detail?var-node={{ $labels.node }}",
+                    "/d/nre-fleet-overview/node-resize-fleet-overview"}
 
 
 def test_a_regex_job_selector_filters_the_job_variable(tmp_path):
@@ -420,3 +423,115 @@ def test_a_real_alertmanager_applies_the_inhibit_rules(tmp_path):
         }
     finally:
         am.stop()
+
+
+# --- colours that mean what they say ---------------------------------------------------------
+
+RED, GREEN, AMBER = "red", "green", "#EAB839"
+GIB, MIB = 2**30, 2**20
+
+
+def _colour(steps: list[dict], value: float) -> str:
+    """The colour Grafana gives `value`: the last step whose value it reaches (the first step,
+    value null, is the base)."""
+    colour = steps[0]["color"]
+    for step in steps[1:]:
+        if value >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def _panels(board: dict) -> list[dict]:
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def _boards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((REPO / "dashboards").glob("*.json"))}
+
+
+def _drift_thresholds(panel: dict) -> list[tuple[str, list[dict]]]:
+    """(unit, steps) of each drift the panel shows: its defaults, or a table column's."""
+    config = panel["fieldConfig"]
+    if panel["type"] == "table":
+        out = []
+        for override in config["overrides"]:
+            props = {p["id"]: p["value"] for p in override["properties"]}
+            if "thresholds" in props:
+                name = override["matcher"]["options"]
+                out.append(("bytes" if "Memory" in name else "short",
+                            props["thresholds"]["steps"]))
+        return out
+    thresholds = config["defaults"].get("thresholds")
+    return [(config["defaults"]["unit"], thresholds["steps"] if thresholds else [])]
+
+
+def test_every_drift_panel_is_red_below_green_at_amber_above_in_sync():
+    """Negative drift (the kernel has less than the kubelet advertises: pods at risk) red, in
+    sync green, positive (capacity not advertised yet) amber; memory within KEP-3953's 100 MiB
+    jitter counts as in sync, as the alerts have it."""
+    checked = []
+    for name, board in _boards().items():
+        for panel in _panels(board):
+            exprs = " ".join(t["expr"] for t in panel.get("targets", []))
+            if not re.search(r"node_resize_capacity_drift\{", exprs):
+                continue
+            drawn = [t["expr"] for t in panel["targets"] if "node_resize_capacity_drift{" in
+                     t["expr"] and not t["expr"].startswith("count")]
+            if not drawn:
+                continue  # counts nodes in a state, not drift values
+            drifts = _drift_thresholds(panel)
+            assert drifts and all(steps for _, steps in drifts), (name, panel["title"])
+            for unit, steps in drifts:
+                if unit == "bytes":
+                    cases = {-2 * GIB: RED, -101 * MIB: RED, -50 * MIB: GREEN, 0: GREEN,
+                             50 * MIB: GREEN, 101 * MIB: AMBER, 2 * GIB: AMBER}
+                else:
+                    cases = {-2: RED, -1: RED, 0: GREEN, 1: AMBER, 4: AMBER}
+                got = {v: _colour(steps, v) for v in cases}
+                assert got == cases, (name, panel["title"], unit, steps)
+            checked.append((name, panel["title"]))
+    # The node's two stats and two graphs, the fleet's two top-10 graphs and its drift table.
+    assert len(checked) >= 7, checked
+
+
+def test_every_forecast_stat_is_green_at_zero_and_red_from_one_pod():
+    checked = []
+    for name, board in _boards().items():
+        for panel in _panels(board):
+            exprs = " ".join(t["expr"] for t in panel.get("targets", []))
+            if "readmission_forecast" not in exprs or panel["type"] != "stat":
+                continue
+            steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            assert (_colour(steps, 0), _colour(steps, 1), _colour(steps, 20)) == \
+                (GREEN, RED, RED), (name, panel["title"], steps)
+            checked.append((name, panel["title"]))
+    assert {n for n, _ in checked} == {"fleet-overview.json", "node-detail.json"}, checked
+
+
+def test_no_panel_mixes_units_on_one_axis():
+    """A graph's targets share one unit: no cores beside bytes (or a bytes/2^30 GiB line)."""
+    for name, board in _boards().items():
+        for panel in _panels(board):
+            if panel["type"] not in ("timeseries", "stat"):
+                continue
+            exprs = [t["expr"] for t in panel["targets"]]
+            # What each target draws is in its unit, unless it counts nodes (in any unit).
+            units = {u for e in exprs if not e.startswith("count(")
+                     for u in re.findall(r'unit="(core|byte)"', e)}
+            assert len(units) <= 1, (name, panel["title"], units)
+            assert not any("2^30" in e or "1073741824" in e for e in exprs), \
+                (name, panel["title"])
+            if "byte" in units:
+                assert panel["fieldConfig"]["defaults"]["unit"] == "bytes", panel["title"]
+
+
+def test_the_cluster_variable_is_hidden_unless_the_site_has_several(tmp_path):
+    for name, board in _boards().items():
+        (cluster,) = [v for v in board["templating"]["list"] if v["name"] == "cluster"]
+        assert cluster["hide"] == 2, name  # hidden: variable and label
+    gen = _gen()
+    assert gen.main(["--out", str(tmp_path), "--multi-cluster"]) == 0
+    for path in (tmp_path / "dashboards").glob("*.json"):
+        (cluster,) = [v for v in json.loads(path.read_text())["templating"]["list"]
+                      if v["name"] == "cluster"]
+        assert cluster["hide"] == 0, path.name

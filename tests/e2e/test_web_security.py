@@ -306,14 +306,29 @@ def test_healthz_needs_no_password(pki, auth_exporter):
     assert https_get(auth_exporter.port, "/healthz", pki.client_context())[0] == 200
 
 
-def test_plain_http_on_a_tls_port_gets_nothing(auth_exporter):
-    conn = http.client.HTTPConnection("127.0.0.1", auth_exporter.port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        with pytest.raises((http.client.HTTPException, ConnectionError)):
-            conn.getresponse()
-    finally:
-        conn.close()
+def test_plain_http_on_a_tls_port_gets_400_as_from_go(auth_exporter):
+    """Go's net/http answer, word for word (curl then says what is wrong, not "empty reply"),
+    and nothing after it: the connection is closed."""
+    with socket.create_connection(("127.0.0.1", auth_exporter.port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    assert answer == (b"HTTP/1.0 400 Bad Request\r\n\r\n"
+                      b"Client sent an HTTP request to an HTTPS server.\n")
+
+
+def test_the_status_line_carries_its_reason_phrase(pki, auth_exporter):
+    """HTTP/1.1 200 OK, 401 Unauthorized: the phrase each code has (RFC 9110), not empty."""
+    for path, auth, line in [("/healthz", None, b"HTTP/1.1 200 OK\r\n"),
+                             ("/metrics", None, b"HTTP/1.1 401 Unauthorized\r\n")]:
+        ctx = pki.client_context()
+        with socket.create_connection(("127.0.0.1", auth_exporter.port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                         .encode())
+            head = sock.recv(4096)
+        assert head.startswith(line), head[:80]
 
 
 # ------------------------------------------------------------------ default and bad files

@@ -40,8 +40,8 @@ def test_check_reports_config_and_rbac_from_self_subject_access_reviews(api):
     out = check("--kubeconfig", api.kubeconfig, "--node-name", NODE,
                 "--podresources-socket", "")
     assert f"OK   kubernetes config: server {api.url}" in out
-    assert ("OK   kubernetes RBAC: list and watch on nodes, pods, leases and events allowed"
-            in out)
+    assert ("OK   kubernetes RBAC: list and watch on nodes, pods, leases in kube-node-lease "
+            "and events in default allowed" in out)
     reviews = [p for p, q in api.requests if p.endswith("selfsubjectaccessreviews")]
     assert len(reviews) == 8
 
@@ -161,10 +161,11 @@ def test_the_kube_events_component_grants_create_and_patch_on_events_and_adds_th
     base = REPO / "deploy" / "components" / "kube-events"
     component = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
-    role = yaml.safe_load((base / "clusterrole.yaml").read_text())
+    role = yaml.safe_load((base / "role.yaml").read_text())
+    assert (role["kind"], role["metadata"]["namespace"]) == ("Role", "default")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"],
                              "verbs": ["create", "patch"]}]
-    binding = yaml.safe_load((base / "clusterrolebinding.yaml").read_text())
+    binding = yaml.safe_load((base / "rolebinding.yaml").read_text())
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     for doc in (role, binding):
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)

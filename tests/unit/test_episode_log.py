@@ -73,3 +73,35 @@ def test_a_storm_says_opened_flapping_ended(caplog):
     assert "opened" in lines[0] and "flapping" in lines[1]
     assert "ended kernel_only" in lines[2]
     assert "flapping: 200 offline and 200 online transitions" in lines[2]
+
+
+def _formatted(caplog, formatter) -> list[str]:
+    return [formatter.format(r) for r in caplog.records if r.name == "exporter.sinks.episode_log"]
+
+
+def test_json_episode_lines_carry_the_fields_an_index_searches_on(caplog):
+    """--log.format json: episode, resource, direction on every line of an episode; outcome and
+    duration_seconds (a number) on its end; the message is the same text as in logfmt."""
+    import json
+
+    from exporter.config import logs
+
+    caplog.set_level(logging.INFO, logger="exporter.sinks.episode_log")
+    s = Stream(kubernetes=False)
+    log = EpisodeLog(clock=lambda: 0.0)
+    s.snapshot(0, cpus=2)
+    s.transition(1.0, CPU, 1, Direction.OFFLINE)
+    s.tick(5.0)
+    for u in s.updates:
+        log.on_update(u)
+    ep = s.ended()[0]
+    opened, ended = map(json.loads, _formatted(caplog, logs.JsonFormatter()))
+    assert {k: opened[k] for k in ("episode", "resource", "direction")} == \
+        {"episode": ep.id, "resource": "cpu", "direction": "decrease"}
+    assert "outcome" not in opened and opened["msg"].startswith(f"episode {ep.id} opened")
+    assert ended["outcome"] == "kernel_only" and ended["episode"] == ep.id
+    assert isinstance(ended["duration_seconds"], float) and ended["duration_seconds"] >= 0
+    # logfmt: the same fields, as key=value pairs after the message.
+    logfmt = _formatted(caplog, logs.LogfmtFormatter())[1]
+    assert f" episode={ep.id} resource=cpu direction=decrease outcome=kernel_only " \
+        "duration_seconds=" in logfmt, logfmt

@@ -74,3 +74,23 @@ def test_a_newline_in_a_message_stays_on_one_line(fmt):
     line = formatter.format(record)
     assert "\n" not in line
     assert ("level=warn" in line) if fmt == "logfmt" else ('"level": "warn"' in line)
+
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json"])
+def test_extra_fields_are_fields_of_their_own_and_cannot_replace_ours(fmt):
+    import json
+
+    record = logging.LogRecord("exporter.agent", logging.WARNING, __file__, 1,
+                               "source %s down: %s", ("kube_pods", "forbidden"), None)
+    for key, value in {"source": "kube_pods", "up": False, "count": 3,
+                       "sources": ["bpf", "sysfs"], "level": "forged"}.items():
+        setattr(record, key, value)  # what logging does with extra=
+    line = (logs.JsonFormatter() if fmt == "json" else logs.LogfmtFormatter()).format(record)
+    if fmt == "json":
+        out = json.loads(line)
+        assert (out["source"], out["up"], out["count"], out["sources"]) == \
+            ("kube_pods", False, 3, ["bpf", "sysfs"])
+        assert out["level"] == "warn" and out["msg"] == "source kube_pods down: forbidden"
+    else:
+        assert line.endswith(' source=kube_pods up=false count=3 sources="bpf,sysfs"'), line
+        assert line.count("level=") == 1 and "level=warn" in line

@@ -19,7 +19,7 @@ from exporter.config.options import Opt
 from exporter.events import MalformedInput, NodeHeartbeat
 from exporter.sources.apiserver.one_object import OneObjectSource
 from exporter.sources.base import Emit
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 
@@ -88,4 +88,5 @@ register(SourceSpec(
                  "so a dead kubelet shows in node_resize_kubelet_heartbeat_age_seconds"
                  "{via=\"lease\"} within seconds (needs list/watch on leases).",
                  is_flag=True),),
-    watches=(("coordination.k8s.io", "leases"),)))
+    watches=(Watch("coordination.k8s.io", "leases", NODE_LEASE_NAMESPACE,
+                   "deploy/node-lease-role.yaml"),)))

@@ -23,7 +23,7 @@ from exporter.kube.client import RawNode, load_config, make_client
 from exporter.kube.convert import node_status
 from exporter.sources.apiserver.one_object import OneObjectSource
 from exporter.sources.base import Emit, Source
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
 
 
 class KubeNodeSource(OneObjectSource):
@@ -106,4 +106,4 @@ register(SourceSpec(
     "kube_node", KUBERNETES, "this node's Node object (list/watch)",
     lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
                                kubeconfig=ctx.options.kubeconfig), order=60,
-    watches=(("", "nodes"),), check=_check))
+    watches=(Watch("", "nodes"),), check=_check))

@@ -16,16 +16,19 @@ from exporter.clock import Clock
 from exporter.events import NodeWarningEvents
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
 
 REASON = "EmergencyCapacityReduced"
-ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/events
+# Where the kubelet records its Node's events (a cluster-scoped object's go to "default"):
+# the one namespace read, so RBAC grants a Role there (deploy/events-role.yaml), not a
+# ClusterRole over every namespace's Events.
+NODE_EVENTS_NAMESPACE = "default"
 MAX_EVENTS = 1000  # kept per source: the API aggregates repeats into one object
 
 
 class RawEvent(GenericNamespacedResource):
     _api_info = create_api_info("", "v1", "Event", "events",
-                                verbs=["list", "watch", "global_list", "global_watch"])
+                                verbs=["list", "watch"])
 
 
 def _time(obj: dict) -> float | None:
@@ -55,7 +58,7 @@ class KubeNodeEventsSource(ListWatchSource):
     name = "kube_node_events"
     resource = RawEvent
     plural = "events"
-    namespace = ALL_NAMESPACES
+    namespace = NODE_EVENTS_NAMESPACE
 
     def __init__(self, clock: Clock, *, node_name: str, **kwargs: object) -> None:
         super().__init__(clock, **kwargs)  # type: ignore[arg-type]
@@ -110,4 +113,4 @@ register(SourceSpec(
     "kube_node_events", KUBERNETES, "KEP-3953's Warning Events on this Node (list/watch)",
     lambda ctx: KubeNodeEventsSource(ctx.clock, node_name=ctx.node_name,
                                      kubeconfig=ctx.options.kubeconfig), order=63,
-    watches=(("", "events"),)))
+    watches=(Watch("", "events", NODE_EVENTS_NAMESPACE, "deploy/events-role.yaml"),)))

@@ -17,7 +17,7 @@ from exporter.kube.client import RawPod
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
-from exporter.sources.registry import KUBERNETES, SourceSpec, register
+from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
 
 ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
 
@@ -109,4 +109,4 @@ register(SourceSpec(
             "Pods of this PriorityClass are balloon pods too, whatever their labels "
             "(repeatable; for example the cluster-autoscaler's overprovisioning class).",
             KubeName("PriorityClass name", "class"), show_default=False, multiple=True)),
-    watches=(("", "pods"),)))
+    watches=(Watch("", "pods"),)))

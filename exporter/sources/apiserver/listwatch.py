@@ -357,9 +357,7 @@ class ListWatchSource(Source):
     def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
         if self._up is up:
             return
-        self._up = up
-        (self.log.info if up else self.log.warning)("%s %s: %s", self.name,
-                                                   "up" if up else "down", reason)
+        self._up = up  # the agent logs the change
         emit(SourceStatus(self.name, up, self.clock.now(), reason))
 
 

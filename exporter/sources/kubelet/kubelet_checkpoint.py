@@ -250,9 +250,7 @@ class KubeletCheckpointSource(PokedSource):
 
     def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
         if self._up is not up:  # each change once, not every read
-            self._up = up
-            if not up:
-                self.log.warning("kubelet_checkpoint down: %s", reason)
+            self._up = up  # the agent logs the change
             emit(SourceStatus(self.name, up, self.clock.now(), reason))
 
     def loop(self, emit: Emit) -> None:

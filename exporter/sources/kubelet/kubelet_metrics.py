@@ -193,8 +193,7 @@ class KubeletMetricsSource(Source):
     def _down(self, emit: Emit, reason: str) -> None:
         self._last = None
         if self._up is not False:
-            self._up = False
-            self.log.warning("kubelet_metrics down: %s", reason)
+            self._up = False  # the agent logs the change
             emit(SourceStatus(self.name, False, self.clock.now(), reason))
 
     def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
