@@ -104,6 +104,12 @@ class Correlator:
     def episodes_open(self) -> int:
         return self._tracker.episodes_open
 
+    @property
+    def episodes_looked_at(self) -> int:
+        """Work done per open episode so far (next decisions and resync checks worked out): an
+        event that concerns none of them adds nothing, whatever their number."""
+        return self._tracker.looked_at
+
     def open_episodes(self) -> list[Episode]:
         """Copies of the open episodes, oldest first."""
         return self._tracker.open_episodes()

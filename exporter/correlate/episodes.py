@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import replace
 
 from exporter.correlate.config import CorrelatorConfig
-from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
+from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines, Decide, Decision
 from exporter.correlate.ids import IdMaker
 from exporter.correlate.index import TRANSITIONS_KEPT, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
@@ -76,6 +76,7 @@ class EpisodeTracker:
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
         self._ids = IdMaker()
         self._deadlines = Deadlines(config, view, self._open)
+        self._resync_checks = 0
         # When the earliest deadline falls due (inf: none), for a caller's "anything due?" test.
         self.next_due = self._open.next_due
 
@@ -88,7 +89,7 @@ class EpisodeTracker:
             return []
         updates: list[EpisodeUpdate] = []
         for track in due:
-            updates += self._advance_one(track, upto)
+            updates += self._decide_due(track, upto)
             self._deadlines.schedule(track)
         return updates
 
@@ -112,6 +113,12 @@ class EpisodeTracker:
             self._remember_id(ep.id)
             updates.append(EpisodeUpdate(UpdateKind.RESUMED, ep.copy(), now))
         return updates
+
+    @property
+    def looked_at(self) -> int:
+        """How often an episode's next decision or its resync was looked at: the work done per
+        open episode (an event that concerns none of them adds nothing; tests count it)."""
+        return self._deadlines.looked_at + self._resync_checks
 
     @property
     def episodes_open(self) -> int:
@@ -259,43 +266,41 @@ class EpisodeTracker:
 
     # ------------------------------------------------------------ time
 
-    def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
-        ep, cfg = track.ep, self._config
+    def _decide_due(self, track: Track, upto: float) -> list[EpisodeUpdate]:
+        """Take every decision of the track that falls due at or before `upto`, each at its own
+        instant (closing the kernel phase may resync it at once, and a resync start the
+        readmission window: one look can take several)."""
         updates: list[EpisodeUpdate] = []
-        if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
-            updates += self._close_kernel(track)
-            # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
-            # snapshot can change that, and their handlers check: not every event re-checks.)
-            updates += self._check_resync(track) if cfg.kubernetes else []
-        if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
-            # A resumed episode from a run that had a Node source.
-            updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
-                                     "no Kubernetes source configured"))
+        while True:
+            decision = self._deadlines.next_decision(track)
+            if decision.due > upto:
+                return updates
+            updates += self._decide(track, decision)
+
+    def _decide(self, track: Track, decision: Decision) -> list[EpisodeUpdate]:
+        ep, at = track.ep, decision.at
+        what = decision.decide
+        if what is Decide.CLOSE_KERNEL:
+            updates = self._close_kernel(track)
+            if self._config.kubernetes:
+                # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
+                # snapshot can change that, and their handlers check: not every event re-checks.)
+                updates += self._check_resync(track)
             return updates
-        if ep.phase is Phase.RESYNC:
-            assert ep.kernel_done is not None
-            deadline = ep.kernel_done + cfg.resync_deadline
-            moved = self._deadlines.mismatch_since(track)
-            settled = None if moved is None else max(moved + cfg.readmission_settle,
-                                                      ep.kernel_done)
-            if settled is not None and settled <= min(upto, deadline):
-                updates.append(self._end_mismatch(track, settled))
-            elif upto >= deadline:
-                if moved is not None:
-                    updates.append(self._end_mismatch(track, deadline))
-                else:
-                    ep.kubelet_after = self._view.kubelet(ep.resource)
-                    updates.append(self._end(
-                        track, Outcome.RESYNC_TIMEOUT, deadline,
-                        f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
-                        f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
-                        f"{cfg.resync_deadline:g} s"))
-        if ep.phase is Phase.READMISSION:
-            assert ep.resynced is not None
-            since = max(ep.resynced, track.last_change or ep.resynced)
-            if upto >= since + cfg.readmission_settle:
-                updates.append(self._settle(track, since))
-        return updates
+        if what is Decide.KERNEL_ONLY:  # a resumed episode from a run that had a Node source
+            return [self._end(track, Outcome.KERNEL_ONLY, at, "no Kubernetes source configured")]
+        if what is Decide.MISMATCH:
+            return [self._end_mismatch(track, at)]
+        if what is Decide.RESYNC_TIMEOUT:
+            ep.kubelet_after = self._view.kubelet(ep.resource)
+            return [self._end(
+                track, Outcome.RESYNC_TIMEOUT, at,
+                f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not reach the "
+                f"kernel's {_num(self._deadlines.kernel_now(ep))} within "
+                f"{self._config.resync_deadline:g} s")]
+        if what is Decide.SETTLE:
+            return [self._settle(track, at)]
+        return []
 
     # ------------------------------------------------------------ phases
 
@@ -316,6 +321,7 @@ class EpisodeTracker:
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
+        self._resync_checks += 1
         if ep.phase is not Phase.RESYNC:
             return []
         assert ep.kernel_done is not None
