@@ -35,7 +35,7 @@ from exporter.events import (
 
 # Episodes that ended waiting for a kubelet: a restart would still have judged the pods.
 _RESTART_JUDGED = frozenset({Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH})
-_RESYNCED, _ENDED = UpdateKind.RESYNCED, UpdateKind.ENDED
+_RESYNCED, _ENDED, _POD = UpdateKind.RESYNCED, UpdateKind.ENDED, UpdateKind.POD
 
 
 class Correlator:
@@ -61,9 +61,7 @@ class Correlator:
         }
         self._kubelet_starts: list[float] = []  # Kubelet start times seen, newest last
         # The readmission forecast (what a kubelet restart would reject). An episode carries
-        # it as it stood just before the event that resynced the episode (or ended it waiting
-        # for a resync): computed then, once per episode, never per event (a flap storm's
-        # episodes end superseded and never need it).
+        # it as it stood just before the kubelet acted on the episode (_note_forecasts).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
         self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
 
@@ -89,9 +87,11 @@ class Correlator:
             now = self._clock.now()
             upto = float(when) if when < now else now
             if due <= upto:
-                return self._finish(self._tracker.advance(upto) + apply(event), event)
+                # (Finished first: their forecast is the one from before this event.)
+                decided = self._finish(self._tracker.advance(upto))
+                return decided + self._finish(apply(event))
         updates = apply(event)
-        return self._finish(updates, event) if updates else updates
+        return self._finish(updates) if updates else updates
 
     def tick(self) -> list[EpisodeUpdate]:
         return self._finish(self._tracker.advance(self._clock.now()))
@@ -122,21 +122,28 @@ class Correlator:
             return []
         return self._tracker.on_transition(t)
 
+    # The tracker sees each event before the forecast does: an episode the event resyncs (or
+    # the first pod it rejects) carries the forecast from before it (_note_forecasts).
+
     def _snapshot(self, snap: KernelSnapshot) -> list[EpisodeUpdate]:
         previous = self._view.snapshot
         self._view.on_snapshot(snap)
+        updates = self._note_forecasts(
+            self._tracker.on_snapshot(previous is not None and snap.time < previous.time))
         self.forecast.on_snapshot(snap)
-        return self._tracker.on_snapshot(previous is not None and snap.time < previous.time)
+        return updates
 
     def _node(self, node: NodeStatus) -> list[EpisodeUpdate]:
         self._view.on_node(node)
+        updates = self._note_forecasts(self._tracker.on_node())
         self.forecast.on_node(node)
-        return self._tracker.on_node()
+        return updates
 
     def _pod(self, pod: PodStatus) -> list[EpisodeUpdate]:
         prev = self._view.on_pod(pod)
+        updates = self._note_forecasts(self._tracker.on_pod(pod, prev))
         self.forecast.on_pod(pod)
-        return self._tracker.on_pod(pod, prev)
+        return updates
 
     def _relist(self, relist: PodsRelisted) -> list[EpisodeUpdate]:
         self._view.on_relist(relist)
@@ -161,28 +168,38 @@ class Correlator:
             self._kubelet_starts = (self._kubelet_starts + [start])[-16:]
         return []
 
-    def _finish(self, updates: list[EpisodeUpdate], event: object = None
-                ) -> list[EpisodeUpdate]:
+    def _finish(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         self._mark_resynced_by(updates)
-        self._stamp_forecasts(updates, event)
+        self._stamp_forecasts(self._note_forecasts(updates))
         return updates
 
-    def _stamp_forecasts(self, updates: list[EpisodeUpdate], event: object) -> None:
-        """An episode carries the forecast of what a kubelet restart would reject, as it stood
-        before the event that resynced it, or that ended it still waiting (resync_timeout,
-        mismatch: the restart never came, the forecast still says what it would do). Episodes
-        that end otherwise (superseded, kernel_failed, kernel_only) carry none; one resumed
-        from the journal keeps what it had. Runs on every update: nothing to do is cheap."""
+    def _note_forecasts(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
+        """Keep the forecast as it stands now for each episode the kubelet has just acted on
+        for the first time: the first pod it rejected or the Node update that resynced it,
+        whichever came first (called before the forecast is fed the event), or its end still
+        waiting (resync_timeout, mismatch: the restart never came, the forecast still says
+        what it would do). Computed once per episode, never per event (a flap storm's episodes
+        end superseded and never need it); one resumed from the journal keeps what it had."""
         carried = self._forecast_for
         for update in updates:
-            kind = update.kind
-            if kind is _RESYNCED or (kind is _ENDED and update.episode.resynced is None
-                                     and update.episode.outcome in _RESTART_JUDGED):
-                carried[update.episode.id] = self.forecast.result_before(event)
-            if carried:
-                ep = update.episode
-                if ep.id in carried:
-                    ep.forecast = carried.pop(ep.id) if kind is _ENDED else carried[ep.id]
+            ep, kind = update.episode, update.kind
+            if (kind is _POD or kind is _RESYNCED or (
+                    kind is _ENDED and ep.resynced is None and ep.outcome in _RESTART_JUDGED)) \
+                    and ep.id not in carried and ep.forecast is None:
+                carried[ep.id] = self.forecast.result()
+        return updates
+
+    def _stamp_forecasts(self, updates: list[EpisodeUpdate]) -> None:
+        """Each update's episode carries the forecast kept for it (_note_forecasts); episodes
+        the kubelet never acted on (superseded, kernel_failed, kernel_only) carry none. Runs
+        on every update: nothing to do is cheap."""
+        carried = self._forecast_for
+        if not carried:
+            return
+        for update in updates:
+            ep = update.episode
+            if ep.id in carried:
+                ep.forecast = carried.pop(ep.id) if update.kind is _ENDED else carried[ep.id]
 
     def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
         """A resynced episode says what resynced it: a kubelet that started after the
