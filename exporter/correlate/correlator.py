@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, Outcome, UpdateKind
+from exporter.correlate.model import (
+    Episode,
+    EpisodeUpdate,
+    Outcome,
+    ResyncedBy,
+    UpdateKind,
+)
 from exporter.correlate.node_view import NodeView
 from exporter.correlate.readmission_forecast import Forecast, ReadmissionForecast
 from exporter.events import (
@@ -30,9 +36,12 @@ from exporter.events import (
     PodResourcesAllocatable,
     PodsRelisted,
     PodStatus,
+    SourceStatus,
     Transition,
 )
 
+# What resynced an episode, once known for sure.
+KNOWN = (ResyncedBy.LIVE, ResyncedBy.RESTART)
 # Episodes that ended waiting for a kubelet: a restart would still have judged the pods.
 _RESTART_JUDGED = frozenset({Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH})
 _RESYNCED, _ENDED, _POD = UpdateKind.RESYNCED, UpdateKind.ENDED, UpdateKind.POD
@@ -60,6 +69,10 @@ class Correlator:
             CpuManagerCheckpoint: self._cpu_manager,
         }
         self._kubelet_starts: list[float] = []  # Kubelet start times seen, newest last
+        # The start time of the kubelet each source sees now, by the source's name: while one
+        # does, a resync without a restart is the running kubelet's (kubelet_live).
+        self._kubelet_seen: dict[str | None, float] = {}
+        self._resynced_by: dict[str, ResyncedBy] = {}  # by episode id, once decided
         # The readmission forecast (what a kubelet restart would reject). An episode carries
         # it as it stood just before the kubelet acted on the episode (_note_forecasts).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
@@ -72,7 +85,10 @@ class Correlator:
                 # first): let the episode keep the better record.
                 self._tracker.enrich(event)
             return []
-        apply = self._apply.get(type(event))
+        kind = type(event)
+        if kind is KubeletProcess or kind is SourceStatus:
+            self._watch(cast("KubeletProcess | SourceStatus", event), source)
+        apply = self._apply.get(kind)
         if apply is None:
             return []
         when: object = event.end if isinstance(event, Transition) else event.time
@@ -201,15 +217,39 @@ class Correlator:
             if ep.id in carried:
                 ep.forecast = carried.pop(ep.id) if update.kind is _ENDED else carried[ep.id]
 
-    def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> list[EpisodeUpdate]:
-        """A resynced episode says what resynced it: a kubelet that started after the
-        kernel was done and by the resync (a restart, today's only remedy), else the running one.
-        Set on each update's copy, so a restart seen late still reaches the ENDED update."""
+    def _watch(self, event: KubeletProcess | SourceStatus, source: str | None) -> None:
+        """Which sources see the kubelet now: one that reports none, or goes down, no longer
+        vouches for it."""
+        if isinstance(event, SourceStatus):
+            if not event.up:
+                self._kubelet_seen.pop(event.source, None)
+        elif event.start_time is not None and isfinite(event.start_time):
+            self._kubelet_seen[source] = event.start_time
+        else:
+            self._kubelet_seen.pop(source, None)
+
+    def _mark_resynced_by(self, updates: list[EpisodeUpdate]) -> None:
+        """A resynced episode says what resynced it: a kubelet that started after the kernel
+        was done and by the resync (a restart, today's only remedy); the running one when a
+        kubelet watched now started before the kernel was done (the same process all along);
+        else unknown (no kubelet watched: no hostPID, no --kubelet-metrics-url). Set on each
+        update's copy, so a restart seen late still reaches the ENDED update; once known, it is
+        never unknown again (a restart after the resync ends the watch of the old kubelet)."""
+        decided = self._resynced_by
         for update in updates:
             ep = update.episode
             if ep.resynced is None or ep.kernel_done is None:
                 continue
             done, resynced = ep.kernel_done, ep.resynced
-            restarted = any(done < start <= resynced for start in self._kubelet_starts)
-            ep.resynced_by = RESYNCED_BY[1] if restarted else RESYNCED_BY[0]
-        return updates
+            if any(done < start <= resynced for start in self._kubelet_starts):
+                by = ResyncedBy.RESTART
+            else:
+                before = decided.get(ep.id, ep.resynced_by)
+                live = any(start <= done for start in self._kubelet_seen.values())
+                by = ResyncedBy.LIVE if live else before if before in KNOWN else \
+                    ResyncedBy.UNKNOWN
+            if update.kind is _ENDED:
+                decided.pop(ep.id, None)
+            else:
+                decided[ep.id] = by
+            ep.resynced_by = by

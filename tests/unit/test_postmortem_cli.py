@@ -559,3 +559,28 @@ def test_list_defaults_to_the_newest_fifty(tmp_path):
     assert [d["id"] for d in json.loads(out.stdout)] == [f"cpu-dec-{k:03d}"
                                                         for k in range(59, 9, -1)]
     assert "the newest 50 of 60 episodes" in out.stderr
+
+
+def test_a_flap_that_never_changed_the_node_says_so():
+    """cpu1 offline and online twice within the window: the kernel ends where it began, the
+    Node never moved. Not "Node resynced live after 0.0 ms": the Node never changed."""
+    from exporter.report import text
+    from testkit.correlator_stream import Stream
+
+    s = Stream(kubernetes=True, coalesce_window=1.0, readmission_settle=1.0)
+    s.snapshot(0, cpus=2)
+    s.node(0.25, cpu=2)
+    for k, direction in enumerate([Direction.OFFLINE, Direction.ONLINE] * 2):
+        s.transition(1.0 + k * 0.25, Resource.CPU, 1, direction)
+        s.snapshot(1.0625 + k * 0.25, cpus=1 if direction is Direction.OFFLINE else 2)
+    s.tick(10.0)
+    [ep] = s.ended()
+    assert ep.flapping and ep.outcome is Outcome.CONVERGED
+    words, bad = timeline.headline(ep)
+    assert words == ("cpu flapping: 2 offline and 2 online transitions in 757.8 ms; "
+                     "the Node never changed (2 cores)"), words
+    assert not bad
+    shown = text.timeline(ep)
+    assert "resynced" not in shown and "Node capacity 2, never changed" in shown
+    tl = timeline.build(ep)
+    assert [b.label for b in tl.bars if b.kind == "resync"] == ["the Node never changed"]
