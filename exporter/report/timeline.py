@@ -53,7 +53,7 @@ class Timeline:
     instants: list[Marker] = field(default_factory=list)
     subtitle: str = ""  # node, resource and change, episode id, UTC start
     bad: bool = False  # the headline reports harm: drawn in red
-    forecast: str = ""  # what a kubelet restart would reject, as forecast before the resync
+    forecast: str = ""  # what a kubelet restart would reject, forecast before the kubelet acted
 
 
 def utc(t: float, date: bool = True) -> str:
