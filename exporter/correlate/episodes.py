@@ -30,7 +30,7 @@ from exporter.correlate.model import (
     UpdateKind,
 )
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.records import describe_failures, flap_words
+from exporter.correlate.detail_words import describe_failures, flap_words
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
