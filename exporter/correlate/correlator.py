@@ -1,7 +1,8 @@
 """The correlator: events in, episode updates out. Pure (no I/O), clock injected.
 
     events ──► KernelLedger (counts, de-duplicates) ──► NodeView (both sides now: the gauges)
-                                                   └──► EpisodeTracker (episodes) ──► updates
+                                                   ├──► EpisodeTracker (episodes) ──► updates
+                                                   └──► ReadmissionForecast (kept per episode)
 
 Statistics are no part of it: the metrics sink counts them from the updates. The ledger and the
 view are built by the composition root and handed both to the Correlator, which alone writes

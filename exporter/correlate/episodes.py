@@ -1,9 +1,10 @@
 """The episode state machine: kernel transitions joined with what the kubelet says, as episodes.
 
-Pure: the Correlator hands it events in order, after the NodeView has taken them in (a pod:
-before, see on_pod), and it returns EpisodeUpdates. It keeps no statistics and no gauges: the
-metrics sink counts from the updates, the gauges are the NodeView's. Every timed decision
-(coalescing window, resync deadline, mismatch and readmission settle windows) is taken at the
+Pure: the Correlator hands it events in order, after the NodeView has taken them in (a pod
+comes with the view's record of it from before: on_pod), and it returns EpisodeUpdates. It
+keeps no statistics and no gauges: the metrics sink counts from the updates, the gauges are
+the NodeView's. Every timed decision (coalescing window, resync deadline, mismatch and
+readmission settle windows; when each falls due is Deadlines.next_decision) is taken at the
 instant it falls due, not when tick() happens to run: before an event is applied the state is
 advanced to that event's time, so the outcome does not depend on the tick rate and a replay of
 the same events gives the same episodes. The README's "Episodes and the Kubernetes join"
@@ -17,8 +18,9 @@ from dataclasses import replace
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines, Decide, Decision
+from exporter.correlate.detail_words import describe_failures, flap_words
 from exporter.correlate.ids import IdMaker
-from exporter.correlate.index import TRANSITIONS_KEPT, OpenEpisodes, Track, by_seq
+from exporter.correlate.index import TRANSITIONS_KEPT, Kind, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (
     Episode,
@@ -30,7 +32,6 @@ from exporter.correlate.model import (
     UpdateKind,
 )
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.detail_words import describe_failures, flap_words
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
@@ -164,7 +165,6 @@ class EpisodeTracker:
         change = t.direction.change
         began = t.end if t.start is None else min(t.start, t.end)
         kind = (resource, change)
-        updates: list[EpisodeUpdate] = []
         window = self._config.coalesce_window
         # A flap: an opposite change while an episode is still in its kernel phase joins it
         # (README, "Flap storms"), so a storm of offline/online cycles is one episode with its
@@ -175,29 +175,44 @@ class EpisodeTracker:
             flapped = None
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
-        if t.result is Result.SUCCESS:
-            for track in self._open.of_kind((resource, _OPPOSITE[change])):
-                if track is flapped:
-                    continue
-                if track.ep.kernel_done is None:
-                    success_end = track.success_end
-                    track.ep.kernel_done = track.last_end if success_end is None else success_end
-                updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
-                                         _SUPERSEDED[kind]))
+        updates = self._supersede(t, kind, flapped, began) if t.result is Result.SUCCESS else []
         joined = flapped or self._open.joinable(kind, t.end, window)
         if joined is not None:
-            self._open.append(joined, t)
-            # Sources deliver out of order: a transition that began earlier widens the episode
-            # (its id stays, so that a replay keeps it).
-            joined.ep.opened = min(joined.ep.opened, began)
-            self._note_kernel_after(joined)
-            # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not
-            # on each: the journal rewrites its row that much less often (the counters count
-            # every transition; its end has them all).
-            seen = joined.ep.offline_transitions + joined.ep.online_transitions
-            if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
-                updates.append(EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end))
-            return updates
+            updates += self._join(joined, t, began)
+        else:
+            updates.append(self._open_episode(t, kind, began))
+        return updates
+
+    def _supersede(self, t: Transition, kind: Kind, flapped: Track | None, began: float
+                   ) -> list[EpisodeUpdate]:
+        """End the open episodes of the opposite change (bar the flap `t` joins)."""
+        updates = []
+        for track in self._open.of_kind((t.resource, _OPPOSITE[kind[1]])):
+            if track is flapped:
+                continue
+            if track.ep.kernel_done is None:
+                success_end = track.success_end
+                track.ep.kernel_done = track.last_end if success_end is None else success_end
+            updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
+                                     _SUPERSEDED[kind]))
+        return updates
+
+    def _join(self, joined: Track, t: Transition, began: float) -> list[EpisodeUpdate]:
+        self._open.append(joined, t)
+        # Sources deliver out of order: a transition that began earlier widens the episode
+        # (its id stays, so that a replay keeps it).
+        joined.ep.opened = min(joined.ep.opened, began)
+        self._note_kernel_after(joined)
+        # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not on
+        # each: the journal rewrites its row that much less often (the counters count every
+        # transition; its end has them all).
+        seen = joined.ep.offline_transitions + joined.ep.online_transitions
+        if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
+            return [EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end)]
+        return []
+
+    def _open_episode(self, t: Transition, kind: Kind, began: float) -> EpisodeUpdate:
+        resource, change = kind
         ep_id = base_id = self._ids.make(resource, change, began)
         n = 1
         while ep_id in self._open or ep_id in self._recent_ids:
@@ -217,8 +232,7 @@ class EpisodeTracker:
         track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
         self._open.add(track)
         self._deadlines.schedule(track)  # (_add, less the resync a new episode is not in)
-        updates.append(EpisodeUpdate(UpdateKind.OPENED, ep.copy(), began))
-        return updates
+        return EpisodeUpdate(UpdateKind.OPENED, ep.copy(), began)
 
     def on_snapshot(self, regressed: bool) -> list[EpisodeUpdate]:
         """`regressed`: the new snapshot is stamped before the one it replaced."""

@@ -81,7 +81,8 @@ class Episode:
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
     # What a kubelet restart would have done with the node's pods, as last forecast before the
-    # resync (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
+    # kubelet first acted on the episode: its resync or its first rejected pod
+    # (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
     forecast: Forecast | None = None
     # Every transition that joined, by direction (0 and 0 in journals from before they were
     # counted). `transitions` keeps a sample when there are more than index.TRANSITIONS_KEPT.
