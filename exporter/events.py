@@ -278,8 +278,9 @@ class KubeletFeatures:
     native_metrics: frozenset[str] = frozenset()
 
 
-# ---------------------------------------------------------------- the kubelet's local state
-# (What a kubelet restart would find on this node; read from files, not the API)
+# ------------------------------------------------------- the node's state around the kubelet
+# (What a kubelet restart would meet: its files, cgroups and process, sysfs's memory policy, and
+# KEP-3953's Node condition and Warning Events from the API. Each replaces the one before.)
 
 
 @dataclass(frozen=True)
@@ -413,8 +414,8 @@ class RunningContainers:
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
              | NodeHeartbeat)
-KubeletLocalEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
-                     | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
-                     | NodeWarningEvents | RunningContainers)
-Event = (KernelEvent | KubeEvent | KubeletLocalEvent | SourceStatus | ProgramStatus | EventsLost
+NodeStateEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
+                  | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
+                  | NodeWarningEvents | RunningContainers)
+Event = (KernelEvent | KubeEvent | NodeStateEvent | SourceStatus | ProgramStatus | EventsLost
          | MalformedInput)

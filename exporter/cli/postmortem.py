@@ -189,8 +189,9 @@ def export_events(journal_path: Path | None, since: float | None, until: float |
 def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
     """Feed recorded events through the correlator with a clock set to each event's time.
 
-    The clock never runs backwards (sources deliver slightly out of order); after the last
-    event it is moved past every window so episodes that were waiting end as they would have.
+    The clock never runs backwards (sources deliver slightly out of order). It stops at the
+    latest event: that is the export's own "now", so an episode still waiting then (its
+    deadline not yet come) is shown open, as the live agent had it, not decided in advance.
     """
     clock = FakeClock(event_time(events[0]) if events else 0.0)
     correlator = Correlator(config, clock)
@@ -204,9 +205,7 @@ def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
         clock.t = max(clock.t, event_time(event))
         take(correlator.tick())  # what the live agent's tick did before this event arrived
         take(correlator.handle(event))
-    clock.t += (config.coalesce_window + config.resync_deadline + config.readmission_settle
-                + 1.0)
-    take(correlator.tick())
+    take(correlator.tick())  # what falls due at the latest event's own instant
     return sorted(found.values(), key=lambda ep: (ep.opened, ep.id))
 
 

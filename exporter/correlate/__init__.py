@@ -1,5 +1,6 @@
 """Correlate: the pure middle of the flow. Events in, episode updates and state out; no I/O,
 the clock injected. correlator.py is the entry; ledger.py counts the kernel's transitions once,
-node_view.py holds both sides' view of the node now, episodes.py (with index.py, deadlines.py)
-follows each capacity change to its end, kubelet_view.py judges what a kubelet restart would
-find."""
+node_view.py holds both sides' view of the node now, episodes.py (with index.py, and
+deadlines.py: when each decision falls due) follows each capacity change to its end,
+readmission_forecast.py says which pods a kubelet restart would reject, kubelet_view.py
+whether it would start at all, running_pods.py what the running containers risk."""

@@ -1,7 +1,8 @@
 """When each open episode's next decision falls due, kept current as the node view moves.
 
 The tracker decides an episode only when its deadline entry pops (index.OpenEpisodes), so an
-entry must never be later than the decision it stands for. Most decisions depend on the
+entry must never be later than the decision it stands for. Both read next_decision(), the one
+statement of when each decision falls due. Most decisions depend on the
 episode alone (coalescing window, resync deadline, readmission settle) and only move later.
 A mismatch (the kubelet settled on a value that is not the kernel's) also depends on the view,
 and comes forward only when the kubelet's value moves, when the Node and the kernel come apart,
@@ -11,7 +12,9 @@ episode. Pure, like the rest of the correlator.
 """
 from __future__ import annotations
 
+import enum
 import math
+from typing import NamedTuple
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.index import OpenEpisodes, Track, by_seq
@@ -23,6 +26,26 @@ from exporter.events import Resource
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
 
 
+class Decide(enum.Enum):
+    """What an open episode has to decide next, once its time comes."""
+
+    CLOSE_KERNEL = "close_kernel"  # the coalescing window ran out: the kernel phase is done
+    KERNEL_ONLY = "kernel_only"  # no Node source any more: end it without judging a resync
+    MISMATCH = "mismatch"  # the kubelet settled on a value that is not the kernel's
+    RESYNC_TIMEOUT = "resync_timeout"  # no resync within the deadline
+    SETTLE = "settle"  # readmission: no pod changed for the settle window
+    NOTHING = "nothing"  # ended
+
+
+class Decision(NamedTuple):
+    due: float  # when it falls due: the heap's key (-inf: at once, inf: never)
+    decide: Decide
+    at: float  # the instant it is recorded at (a settle: the last pod change)
+
+
+_NOTHING = Decision(math.inf, Decide.NOTHING, math.inf)
+
+
 class Deadlines:
     def __init__(self, config: CorrelatorConfig, view: NodeView, open_: OpenEpisodes) -> None:
         self._config = config
@@ -31,9 +54,12 @@ class Deadlines:
         # What the view said per resource when last looked at.
         self._seen_since: dict[Resource, float | None] = {}
         self._seen_apart: dict[Resource, bool] = {}
+        # How many times an episode's next decision was worked out: an event that changes
+        # nothing for an episode must not add to it (tests count it, the bench times it).
+        self.looked_at = 0
 
     def schedule(self, track: Track) -> None:
-        self._open.schedule(track, self.due(track))
+        self._open.schedule(track, self.next_decision(track).due)
 
     def entered_resync(self, track: Track) -> None:
         """The track is now waiting for a resync: if no snapshot postdates its kernel phase
@@ -47,25 +73,33 @@ class Deadlines:
         if self.kernel_now(track.ep) is None:
             self._open.kernel_unknown(track)
 
-    def due(self, track: Track) -> float:
-        """When the tracker next has something to decide for this track, given the state now:
-        the conditions of EpisodeTracker._advance_one, solved for `upto`."""
+    def next_decision(self, track: Track) -> Decision:
+        """The track's next timed decision, given the state now: the one rule both the heap
+        (schedule) and the tracker (EpisodeTracker.advance) read, so that a window changed
+        here moves both."""
         ep, cfg = track.ep, self._config
+        self.looked_at += 1
         if ep.phase is Phase.KERNEL:
-            return track.last_end + cfg.coalesce_window
+            due = track.last_end + cfg.coalesce_window
+            return Decision(due, Decide.CLOSE_KERNEL, due)
         if ep.phase is Phase.ENDED:
-            return math.inf
+            return _NOTHING
         if not cfg.kubernetes:
-            return -math.inf  # a resumed episode from a run that had a Node source: at once
+            # A resumed episode from a run that had a Node source: at once.
+            return Decision(-math.inf, Decide.KERNEL_ONLY, ep.kernel_done or ep.opened)
         if ep.phase is Phase.RESYNC:
             assert ep.kernel_done is not None
             deadline = ep.kernel_done + cfg.resync_deadline
             moved = self.mismatch_since(track)
             if moved is None:
-                return deadline
-            return min(max(moved + cfg.readmission_settle, ep.kernel_done), deadline)
+                return Decision(deadline, Decide.RESYNC_TIMEOUT, deadline)
+            settled = min(max(moved + cfg.readmission_settle, ep.kernel_done), deadline)
+            return Decision(settled, Decide.MISMATCH, settled)
         assert ep.resynced is not None
-        return max(ep.resynced, track.last_change or ep.resynced) + cfg.readmission_settle
+        # Settled when no pod changed for readmission_settle: decided then, dated at the
+        # last change.
+        since = max(ep.resynced, track.last_change or ep.resynced)
+        return Decision(since + cfg.readmission_settle, Decide.SETTLE, since)
 
     def view_moved(self, regressed: bool = False) -> list[Track]:
         """After a Node update or a kernel snapshot: reschedule what the new view may bring

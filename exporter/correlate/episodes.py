@@ -1,9 +1,10 @@
 """The episode state machine: kernel transitions joined with what the kubelet says, as episodes.
 
-Pure: the Correlator hands it events in order, after the NodeView has taken them in (a pod:
-before, see on_pod), and it returns EpisodeUpdates. It keeps no statistics and no gauges: the
-metrics sink counts from the updates, the gauges are the NodeView's. Every timed decision
-(coalescing window, resync deadline, mismatch and readmission settle windows) is taken at the
+Pure: the Correlator hands it events in order, after the NodeView has taken them in (a pod
+comes with the view's record of it from before: on_pod), and it returns EpisodeUpdates. It
+keeps no statistics and no gauges: the metrics sink counts from the updates, the gauges are
+the NodeView's. Every timed decision (coalescing window, resync deadline, mismatch and
+readmission settle windows; when each falls due is Deadlines.next_decision) is taken at the
 instant it falls due, not when tick() happens to run: before an event is applied the state is
 advanced to that event's time, so the outcome does not depend on the tick rate and a replay of
 the same events gives the same episodes. The README's "Episodes and the Kubernetes join"
@@ -16,9 +17,10 @@ from collections import deque
 from dataclasses import replace
 
 from exporter.correlate.config import CorrelatorConfig
-from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines
+from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines, Decide, Decision
+from exporter.correlate.detail_words import describe_failures, flap_words
 from exporter.correlate.ids import IdMaker
-from exporter.correlate.index import TRANSITIONS_KEPT, OpenEpisodes, Track, by_seq
+from exporter.correlate.index import TRANSITIONS_KEPT, Kind, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
 from exporter.correlate.model import (
     Episode,
@@ -30,7 +32,6 @@ from exporter.correlate.model import (
     UpdateKind,
 )
 from exporter.correlate.node_view import NodeView
-from exporter.correlate.records import describe_failures, flap_words
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
@@ -76,6 +77,7 @@ class EpisodeTracker:
         self._recent_ids: set[str] = set()  # the same ids, for O(1) lookups
         self._ids = IdMaker()
         self._deadlines = Deadlines(config, view, self._open)
+        self._resync_checks = 0
         # When the earliest deadline falls due (inf: none), for a caller's "anything due?" test.
         self.next_due = self._open.next_due
 
@@ -88,7 +90,7 @@ class EpisodeTracker:
             return []
         updates: list[EpisodeUpdate] = []
         for track in due:
-            updates += self._advance_one(track, upto)
+            updates += self._decide_due(track, upto)
             self._deadlines.schedule(track)
         return updates
 
@@ -112,6 +114,12 @@ class EpisodeTracker:
             self._remember_id(ep.id)
             updates.append(EpisodeUpdate(UpdateKind.RESUMED, ep.copy(), now))
         return updates
+
+    @property
+    def looked_at(self) -> int:
+        """How often an episode's next decision or its resync was looked at: the work done per
+        open episode (an event that concerns none of them adds nothing; tests count it)."""
+        return self._deadlines.looked_at + self._resync_checks
 
     @property
     def episodes_open(self) -> int:
@@ -157,7 +165,6 @@ class EpisodeTracker:
         change = t.direction.change
         began = t.end if t.start is None else min(t.start, t.end)
         kind = (resource, change)
-        updates: list[EpisodeUpdate] = []
         window = self._config.coalesce_window
         # A flap: an opposite change while an episode is still in its kernel phase joins it
         # (README, "Flap storms"), so a storm of offline/online cycles is one episode with its
@@ -168,29 +175,44 @@ class EpisodeTracker:
             flapped = None
         # Only a change the kernel made supersedes: a refused opposite transition (EBUSY)
         # leaves the capacity, and so the open episode, as they were.
-        if t.result is Result.SUCCESS:
-            for track in self._open.of_kind((resource, _OPPOSITE[change])):
-                if track is flapped:
-                    continue
-                if track.ep.kernel_done is None:
-                    success_end = track.success_end
-                    track.ep.kernel_done = track.last_end if success_end is None else success_end
-                updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
-                                         _SUPERSEDED[kind]))
+        updates = self._supersede(t, kind, flapped, began) if t.result is Result.SUCCESS else []
         joined = flapped or self._open.joinable(kind, t.end, window)
         if joined is not None:
-            self._open.append(joined, t)
-            # Sources deliver out of order: a transition that began earlier widens the episode
-            # (its id stays, so that a replay keeps it).
-            joined.ep.opened = min(joined.ep.opened, began)
-            self._note_kernel_after(joined)
-            # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not
-            # on each: the journal rewrites its row that much less often (the counters count
-            # every transition; its end has them all).
-            seen = joined.ep.offline_transitions + joined.ep.online_transitions
-            if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
-                updates.append(EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end))
-            return updates
+            updates += self._join(joined, t, began)
+        else:
+            updates.append(self._open_episode(t, kind, began))
+        return updates
+
+    def _supersede(self, t: Transition, kind: Kind, flapped: Track | None, began: float
+                   ) -> list[EpisodeUpdate]:
+        """End the open episodes of the opposite change (bar the flap `t` joins)."""
+        updates = []
+        for track in self._open.of_kind((t.resource, _OPPOSITE[kind[1]])):
+            if track is flapped:
+                continue
+            if track.ep.kernel_done is None:
+                success_end = track.success_end
+                track.ep.kernel_done = track.last_end if success_end is None else success_end
+            updates.append(self._end(track, Outcome.SUPERSEDED, max(began, track.ep.opened),
+                                     _SUPERSEDED[kind]))
+        return updates
+
+    def _join(self, joined: Track, t: Transition, began: float) -> list[EpisodeUpdate]:
+        self._open.append(joined, t)
+        # Sources deliver out of order: a transition that began earlier widens the episode
+        # (its id stays, so that a replay keeps it).
+        joined.ep.opened = min(joined.ep.opened, began)
+        self._note_kernel_after(joined)
+        # Past its sample, a storm's episode goes out every UPDATE_EVERY transitions, not on
+        # each: the journal rewrites its row that much less often (the counters count every
+        # transition; its end has them all).
+        seen = joined.ep.offline_transitions + joined.ep.online_transitions
+        if seen <= TRANSITIONS_KEPT or seen % UPDATE_EVERY == 0:
+            return [EpisodeUpdate(UpdateKind.TRANSITION, joined.ep.copy(), t.end)]
+        return []
+
+    def _open_episode(self, t: Transition, kind: Kind, began: float) -> EpisodeUpdate:
+        resource, change = kind
         ep_id = base_id = self._ids.make(resource, change, began)
         n = 1
         while ep_id in self._open or ep_id in self._recent_ids:
@@ -210,8 +232,7 @@ class EpisodeTracker:
         track = Track(ep, last_end=t.end, kind=kind, following=snap is not None)
         self._open.add(track)
         self._deadlines.schedule(track)  # (_add, less the resync a new episode is not in)
-        updates.append(EpisodeUpdate(UpdateKind.OPENED, ep.copy(), began))
-        return updates
+        return EpisodeUpdate(UpdateKind.OPENED, ep.copy(), began)
 
     def on_snapshot(self, regressed: bool) -> list[EpisodeUpdate]:
         """`regressed`: the new snapshot is stamped before the one it replaced."""
@@ -259,43 +280,41 @@ class EpisodeTracker:
 
     # ------------------------------------------------------------ time
 
-    def _advance_one(self, track: Track, upto: float) -> list[EpisodeUpdate]:
-        ep, cfg = track.ep, self._config
+    def _decide_due(self, track: Track, upto: float) -> list[EpisodeUpdate]:
+        """Take every decision of the track that falls due at or before `upto`, each at its own
+        instant (closing the kernel phase may resync it at once, and a resync start the
+        readmission window: one look can take several)."""
         updates: list[EpisodeUpdate] = []
-        if ep.phase is Phase.KERNEL and upto >= track.last_end + cfg.coalesce_window:
-            updates += self._close_kernel(track)
-            # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
-            # snapshot can change that, and their handlers check: not every event re-checks.)
-            updates += self._check_resync(track) if cfg.kubernetes else []
-        if ep.phase in (Phase.RESYNC, Phase.READMISSION) and not cfg.kubernetes:
-            # A resumed episode from a run that had a Node source.
-            updates.append(self._end(track, Outcome.KERNEL_ONLY, ep.kernel_done or ep.opened,
-                                     "no Kubernetes source configured"))
+        while True:
+            decision = self._deadlines.next_decision(track)
+            if decision.due > upto:
+                return updates
+            updates += self._decide(track, decision)
+
+    def _decide(self, track: Track, decision: Decision) -> list[EpisodeUpdate]:
+        ep, at = track.ep, decision.at
+        what = decision.decide
+        if what is Decide.CLOSE_KERNEL:
+            updates = self._close_kernel(track)
+            if self._config.kubernetes:
+                # Just entered RESYNC: the Node may already agree. (Later, only a Node or kernel
+                # snapshot can change that, and their handlers check: not every event re-checks.)
+                updates += self._check_resync(track)
             return updates
-        if ep.phase is Phase.RESYNC:
-            assert ep.kernel_done is not None
-            deadline = ep.kernel_done + cfg.resync_deadline
-            moved = self._deadlines.mismatch_since(track)
-            settled = None if moved is None else max(moved + cfg.readmission_settle,
-                                                      ep.kernel_done)
-            if settled is not None and settled <= min(upto, deadline):
-                updates.append(self._end_mismatch(track, settled))
-            elif upto >= deadline:
-                if moved is not None:
-                    updates.append(self._end_mismatch(track, deadline))
-                else:
-                    ep.kubelet_after = self._view.kubelet(ep.resource)
-                    updates.append(self._end(
-                        track, Outcome.RESYNC_TIMEOUT, deadline,
-                        f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not "
-                        f"reach the kernel's {_num(self._deadlines.kernel_now(ep))} within "
-                        f"{cfg.resync_deadline:g} s"))
-        if ep.phase is Phase.READMISSION:
-            assert ep.resynced is not None
-            since = max(ep.resynced, track.last_change or ep.resynced)
-            if upto >= since + cfg.readmission_settle:
-                updates.append(self._settle(track, since))
-        return updates
+        if what is Decide.KERNEL_ONLY:  # a resumed episode from a run that had a Node source
+            return [self._end(track, Outcome.KERNEL_ONLY, at, "no Kubernetes source configured")]
+        if what is Decide.MISMATCH:
+            return [self._end_mismatch(track, at)]
+        if what is Decide.RESYNC_TIMEOUT:
+            ep.kubelet_after = self._view.kubelet(ep.resource)
+            return [self._end(
+                track, Outcome.RESYNC_TIMEOUT, at,
+                f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not reach the "
+                f"kernel's {_num(self._deadlines.kernel_now(ep))} within "
+                f"{self._config.resync_deadline:g} s")]
+        if what is Decide.SETTLE:
+            return [self._settle(track, at)]
+        return []
 
     # ------------------------------------------------------------ phases
 
@@ -316,6 +335,7 @@ class EpisodeTracker:
 
     def _check_resync(self, track: Track) -> list[EpisodeUpdate]:
         ep = track.ep
+        self._resync_checks += 1
         if ep.phase is not Phase.RESYNC:
             return []
         assert ep.kernel_done is not None

@@ -29,9 +29,20 @@ class Outcome(str, enum.Enum):
     KERNEL_ONLY = "kernel_only"
 
 
-# What resynced an episode: a kubelet (re)started after the kernel was done, or the
-# kubelet that was already running (no released kubelet does that yet).
-RESYNCED_BY = ("kubelet_live", "kubelet_restart")
+class ResyncedBy(enum.StrEnum):
+    """What resynced an episode: on the episode, its resync span, in the journal, and the
+    `resynced_by` label of the resync histogram (the Correlator decides it)."""
+
+    NOT_YET = ""  # not resynced (yet)
+    LIVE = "kubelet_live"  # the kubelet that was already running (no released kubelet does)
+    RESTART = "kubelet_restart"  # a kubelet (re)started after the kernel was done
+    # Neither can be told: no kubelet process (hostPID) nor its metrics
+    # (--kubelet-metrics-url) watched when it resynced.
+    UNKNOWN = "unknown"
+
+
+# The values the resync histogram's `resynced_by` label takes.
+RESYNCED_BY = (ResyncedBy.LIVE, ResyncedBy.RESTART, ResyncedBy.UNKNOWN)
 
 
 class PodVerdict(str, enum.Enum):
@@ -63,14 +74,15 @@ class Episode:
     phase: Phase = Phase.KERNEL
     resynced: float | None = None  # watch delivery time of the matching Node update
     kubelet_after: float | None = None  # the Node capacity it settled on (match or mismatch)
-    resynced_by: str = ""  # One of RESYNCED_BY once resynced (the Correlator sets it)
+    resynced_by: ResyncedBy = ResyncedBy.NOT_YET  # set by the Correlator once resynced
     readmission_settled: float | None = None
     pods: list[PodOutcome] = field(default_factory=list)
     outcome: Outcome | None = None
     ended: float | None = None
     detail: str = ""  # human words for the outcome: "cpuhp state 85 (ap:offline) ret=-16"
     # What a kubelet restart would have done with the node's pods, as last forecast before the
-    # resync (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
+    # kubelet first acted on the episode: its resync or its first rejected pod
+    # (readmission_forecast.py; the Correlator sets it). None: nothing to forecast from.
     forecast: Forecast | None = None
     # Every transition that joined, by direction (0 and 0 in journals from before they were
     # counted). `transitions` keeps a sample when there are more than index.TRANSITIONS_KEPT.

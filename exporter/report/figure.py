@@ -87,7 +87,27 @@ def draw(tl: Timeline):
              color=COLOURS["rejected"] if tl.bad else "black", va="top", linespacing=1.3)
     fig.text(0.01, 1 - (header_in - 0.3) / height, tl.subtitle, fontsize=9, color="#333333",
              va="center")
+    _time_axis(ax, tl, rows)
+    labels = _plot(ax, tl)
 
+    y = bottom - axis_in / height
+    if tl.forecast:  # what the exporter said a restart would reject, before it happened
+        fig.text(0.01, y, _elide(tl.forecast, 150), fontsize=9, style="italic", va="top",
+                 color="#333333")
+        y -= LINE_IN * 1.5 / height
+    if pods:
+        fig.text(0.01, y, "Pods judged at readmission:", fontsize=9, weight="bold", va="top")
+        for k, (line, kind) in enumerate(pods, 1):
+            rejected = kind == "rejected"
+            fig.text(0.03, y - k * LINE_IN / height, line, fontsize=9, va="top",
+                     color=COLOURS["rejected"] if rejected else "#333333",
+                     weight="bold" if rejected else "normal")
+    _keep_inside(fig, ax, labels)
+    return fig
+
+
+def _time_axis(ax, tl: Timeline, rows: int) -> None:
+    """The symmetric-log time axis, its named ticks, one row per lane."""
     end = axis_end(tl.length)
     ax.set_xscale("symlog", linthresh=LINTHRESH, linscale=0.6)
     ax.set_xlim(0, end)
@@ -106,6 +126,9 @@ def draw(tl: Timeline):
     ax.set_xlabel(f"time since {utc(tl.origin)} (linear to 10 ms, then logarithmic)",
                   fontsize=9)
 
+
+def _plot(ax, tl: Timeline) -> list:
+    """Bars, pod markers and instants; returns the labels _keep_inside must place."""
     labels = []
     for b in tl.bars:
         b = b if len(b.label) <= 90 else type(b)(b.row, _elide(b.label, 90), b.start, b.end,
@@ -123,21 +146,7 @@ def draw(tl: Timeline):
         _number_markers(ax, tl)
     for m in tl.instants:
         labels.append(_draw_instant(ax, m))
-
-    y = bottom - axis_in / height
-    if tl.forecast:  # what the exporter said a restart would reject, before it happened
-        fig.text(0.01, y, _elide(tl.forecast, 150), fontsize=9, style="italic", va="top",
-                 color="#333333")
-        y -= LINE_IN * 1.5 / height
-    if pods:
-        fig.text(0.01, y, "Pods judged at readmission:", fontsize=9, weight="bold", va="top")
-        for k, (line, kind) in enumerate(pods, 1):
-            rejected = kind == "rejected"
-            fig.text(0.03, y - k * LINE_IN / height, line, fontsize=9, va="top",
-                     color=COLOURS["rejected"] if rejected else "#333333",
-                     weight="bold" if rejected else "normal")
-    _keep_inside(fig, ax, labels)
-    return fig
+    return labels
 
 
 def axis_end(length: float) -> float:

@@ -5,10 +5,16 @@ import time
 from typing import Iterable
 
 from exporter import codec
-from exporter.correlate.model import Episode, PodVerdict
+from exporter.correlate.model import Episode, PodVerdict, ResyncedBy
 from exporter.correlate.readmission_forecast import LISTED_MAX
 from exporter.events import Resource, Result
-from exporter.report.timeline import forecast_words, headline, seconds, unit_name
+from exporter.report.timeline import (
+    forecast_words,
+    headline,
+    node_unchanged,
+    seconds,
+    unit_name,
+)
 
 COLUMNS = ("ID", "RESOURCE", "DIRECTION", "START", "KERNEL", "RESYNC", "READMISSION", "OUTCOME")
 
@@ -88,11 +94,13 @@ def timeline(ep: Episode) -> str:
     if ep.kernel_done is not None:
         entries.append((ep.kernel_done, 2, "kernel", "kernel phase done"))
     if ep.resynced is not None:
-        by = {"kubelet_restart": ", by a kubelet restart", "kubelet_live": ", live"}
-        entries.append((ep.resynced, 3, "resync",
-                        f"Node capacity {capacity(ep.resource, ep.kubelet_after)} "
-                        f"(after {duration(ep.resync_seconds)}"
-                        f"{by.get(ep.resynced_by, '')})"))
+        if node_unchanged(ep):
+            words = f"Node capacity {capacity(ep.resource, ep.kubelet_after)}, never changed"
+        else:
+            by = {ResyncedBy.RESTART: ", by a kubelet restart", ResyncedBy.LIVE: ", live"}
+            words = (f"Node capacity {capacity(ep.resource, ep.kubelet_after)} "
+                     f"(after {duration(ep.resync_seconds)}{by.get(ep.resynced_by, '')})")
+        entries.append((ep.resynced, 3, "resync", words))
     for p in ep.pods:
         verdict = "REJECTED" if p.outcome is PodVerdict.REJECTED else "kept"
         entries.append((p.time, 4, "readmission", f"pod {p.namespace}/{p.name} {verdict}"

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict
-from exporter.events import Resource, Result
+from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict, ResyncedBy
+from exporter.events import Resource, Result, Transition
 
 KERNEL_LANE = "kernel"
 RESYNC_LANE = "kubelet.resync"
@@ -53,7 +53,7 @@ class Timeline:
     instants: list[Marker] = field(default_factory=list)
     subtitle: str = ""  # node, resource and change, episode id, UTC start
     bad: bool = False  # the headline reports harm: drawn in red
-    forecast: str = ""  # what a kubelet restart would reject, as forecast before the resync
+    forecast: str = ""  # what a kubelet restart would reject, forecast before the kubelet acted
 
 
 def utc(t: float, date: bool = True) -> str:
@@ -122,6 +122,23 @@ def watched(ep: Episode) -> bool:
         ep.phase in (Phase.RESYNC, Phase.READMISSION)
 
 
+def outcome_words(ep: Episode) -> str:
+    return ep.outcome.value if ep.outcome else f"open ({ep.phase.value})"
+
+
+def node_unchanged(ep: Episode) -> bool:
+    """The Node's capacity was the same before and after, and matched the kernel as soon as
+    its kernel phase was done: it never changed (a flap that ended where it began)."""
+    return (ep.resynced is not None and ep.kernel_done is not None
+            and ep.resynced <= ep.kernel_done and ep.kubelet_before is not None
+            and ep.kubelet_before == ep.kubelet_after)
+
+
+def capacity_words(resource: Resource, value: float) -> str:
+    """"2 cores", "8 GiB"."""
+    return f"{value:g} cores" if resource is Resource.CPU else amount(resource, value)
+
+
 def kubernetes_words(ep: Episode) -> tuple[str, bool]:
     """What Kubernetes did (or the kernel refused), and whether that did harm."""
     if ep.outcome is Outcome.KERNEL_FAILED:
@@ -135,9 +152,13 @@ def kubernetes_words(ep: Episode) -> tuple[str, bool]:
         return "Kubernetes not watched", False
     if ep.resynced is not None and ep.kernel_done is not None:
         took = seconds(max(0.0, ep.resynced - ep.kernel_done))
-        words = {"kubelet_restart": f"Node resynced after {took} by a kubelet restart",
-                 "kubelet_live": f"Node resynced live after {took}"
-                 }.get(ep.resynced_by, f"Node resynced after {took}")
+        if node_unchanged(ep):
+            assert ep.kubelet_after is not None
+            words = f"the Node never changed ({capacity_words(ep.resource, ep.kubelet_after)})"
+        else:
+            words = {ResyncedBy.RESTART: f"Node resynced after {took} by a kubelet restart",
+                     ResyncedBy.LIVE: f"Node resynced live after {took}"
+                     }.get(ep.resynced_by, f"Node resynced after {took}")
         if ep.outcome is Outcome.MISMATCH:
             return words + _mismatch(ep), True
         if ep.outcome is None:
@@ -206,21 +227,27 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
     """Lay the episode out: one row per kernel unit (cpu1, memory60), then resync (only when
     Kubernetes was watched), then readmission. Every episode draws something: a transition
     without a start (uevent/sysfs) is an instant marker, not a bar of no width."""
-    t0 = ep.opened
-    outcome = ep.outcome.value if ep.outcome else f"open ({ep.phase.value})"
     words, bad = headline(ep)
     change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
     subtitle = (f"node {node or '(unknown: no Node status recorded)'}  |  {ep.resource.value} "
-                f"{change}  |  episode {ep.id}  |  opened {utc(t0)}")
-    tl = Timeline(title=words, origin=t0, length=0.0, subtitle=subtitle, bad=bad,
+                f"{change}  |  episode {ep.id}  |  opened {utc(ep.opened)}")
+    tl = Timeline(title=words, origin=ep.opened, length=0.0, subtitle=subtitle, bad=bad,
                   forecast=forecast_words(ep))
-    latest = [0.0]
+    _kernel_rows(tl, ep)
+    _resync_row(tl, ep)
+    _readmission_row(tl, ep)
+    times = [0.0, *(t for b in tl.bars for t in (b.start, b.end)),
+             *(m.at for m in tl.markers), *(m.at for m in tl.instants)]
+    if ep.ended is not None:
+        times.append(ep.ended - ep.opened)
+    tl.length = max(max(times), 1e-3)
+    return tl
 
-    def rel(t: float) -> float:
-        latest[0] = max(latest[0], t - t0)
-        return t - t0
 
-    by_unit: dict[str, list] = {}
+def _kernel_rows(tl: Timeline, ep: Episode) -> None:
+    """One row per kernel unit: a bar per transition, an instant where it has no start."""
+    t0 = ep.opened
+    by_unit: dict[str, list[Transition]] = {}
     for t in ep.transitions:
         by_unit.setdefault(unit_name(t.resource, t.unit), []).append(t)
     for name, seen in by_unit.items():
@@ -236,50 +263,56 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
                 words += f" refused ({t.error or t.failed_state or 'failed'})"
             if t.start is None:
                 tl.instants.append(Marker(row, f"{words}: no duration, seen by {t.source}"
-                                          if len(seen) == 1 else "", rel(t.end),
+                                          if len(seen) == 1 else "", t.end - t0,
                                           "failed" if failed else "transition"))
                 continue
             if not failed and t.duration is not None:
                 words += f" {seconds(t.duration)}"
-            tl.bars.append(Bar(row, words if len(seen) == 1 else "", rel(t.start), rel(t.end),
+            tl.bars.append(Bar(row, words if len(seen) == 1 else "", t.start - t0, t.end - t0,
                                "failed" if failed else "transition"))
+
+
+def _resync_row(tl: Timeline, ep: Episode) -> None:
+    """The wait for the Node, when Kubernetes was watched: how long, and what resynced it."""
     waited = ep.outcome in (Outcome.RESYNC_TIMEOUT, Outcome.MISMATCH) or (
         ep.outcome is Outcome.SUPERSEDED and watched(ep)) or (
         ep.outcome is None and ep.phase is Phase.RESYNC)
-    if ep.kernel_done is not None and (ep.resynced is not None or waited):
-        row = len(tl.rows)
-        tl.rows.append(RESYNC_LANE)
-        if ep.resynced is not None:
-            end, kind = ep.resynced, "resync"
-            took = seconds(max(0.0, end - ep.kernel_done))
-            if ep.resynced_by == "kubelet_restart":
-                words = f"resynced by a kubelet restart after {took}"
-                tl.instants.append(Marker(row, "kubelet restarted", rel(end), "restart"))
-            else:
-                words = f"resync {took}" + (" (live)" if ep.resynced_by == "kubelet_live"
-                                            else "")
+    if ep.kernel_done is None or (ep.resynced is None and not waited):
+        return
+    t0, row = ep.opened, len(tl.rows)
+    tl.rows.append(RESYNC_LANE)
+    if ep.resynced is not None:
+        end, kind = ep.resynced, "resync"
+        took = seconds(max(0.0, end - ep.kernel_done))
+        if node_unchanged(ep):
+            words = "the Node never changed"
+        elif ep.resynced_by == ResyncedBy.RESTART:
+            words = f"resynced by a kubelet restart after {took}"
+            tl.instants.append(Marker(row, "kubelet restarted", end - t0, "restart"))
         else:
-            end, kind = (ep.ended or ep.kernel_done), "waiting"
-            words = f"no resync ({outcome})" if ep.outcome else "not resynced yet (open)"
-            if ep.ended is not None:
-                words += f" after {seconds(max(0.0, end - ep.kernel_done))}"
-        tl.bars.append(Bar(row, words, rel(ep.kernel_done), rel(max(end, ep.kernel_done)),
-                           kind))
-    if ep.readmission_settled is not None or ep.pods:
-        row = len(tl.rows)
-        tl.rows.append(READMISSION_LANE)
-        start = ep.resynced if ep.resynced is not None else (ep.kernel_done or t0)
-        settled = ep.readmission_settled
-        end = settled if settled is not None else max([start, *(p.time for p in ep.pods)])
-        rejected = sum(p.outcome is PodVerdict.REJECTED for p in ep.pods)
-        words = f"readmission: {rejected} rejected, {len(ep.pods) - rejected} kept"
-        tl.bars.append(Bar(row, words, rel(start), rel(end), "readmission"))
-        for p in ep.pods:
-            label = f"{p.namespace}/{p.name} {p.outcome.value}"
-            if p.reason:
-                label += f" ({p.reason})"
-            tl.markers.append(Marker(row, label, rel(p.time), p.outcome.value))
-    if ep.ended is not None:
-        rel(ep.ended)
-    tl.length = max(latest[0], 1e-3)
-    return tl
+            words = f"resync {took}" + (" (live)" if ep.resynced_by == ResyncedBy.LIVE else "")
+    else:
+        end, kind = (ep.ended or ep.kernel_done), "waiting"
+        words = f"no resync ({outcome_words(ep)})" if ep.outcome else "not resynced yet (open)"
+        if ep.ended is not None:
+            words += f" after {seconds(max(0.0, end - ep.kernel_done))}"
+    tl.bars.append(Bar(row, words, ep.kernel_done - t0, max(end, ep.kernel_done) - t0, kind))
+
+
+def _readmission_row(tl: Timeline, ep: Episode) -> None:
+    """Readmission: its bar, and a marker per pod judged."""
+    if ep.readmission_settled is None and not ep.pods:
+        return
+    t0, row = ep.opened, len(tl.rows)
+    tl.rows.append(READMISSION_LANE)
+    start = ep.resynced if ep.resynced is not None else (ep.kernel_done or t0)
+    settled = ep.readmission_settled
+    end = settled if settled is not None else max([start, *(p.time for p in ep.pods)])
+    rejected = sum(p.outcome is PodVerdict.REJECTED for p in ep.pods)
+    words = f"readmission: {rejected} rejected, {len(ep.pods) - rejected} kept"
+    tl.bars.append(Bar(row, words, start - t0, end - t0, "readmission"))
+    for p in ep.pods:
+        label = f"{p.namespace}/{p.name} {p.outcome.value}"
+        if p.reason:
+            label += f" ({p.reason})"
+        tl.markers.append(Marker(row, label, p.time - t0, p.outcome.value))

@@ -32,7 +32,14 @@ from exporter.correlate.histogram import (
     Histogram,
 )
 from exporter.correlate.kube_view import BalloonResizes
-from exporter.correlate.model import RESYNCED_BY, EpisodeUpdate, Outcome, PodVerdict, UpdateKind
+from exporter.correlate.model import (
+    RESYNCED_BY,
+    EpisodeUpdate,
+    Outcome,
+    PodVerdict,
+    ResyncedBy,
+    UpdateKind,
+)
 from exporter.events import Change, Event, PodsRelisted, PodStatus, Resource
 
 EPISODE_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -104,7 +111,7 @@ class EpisodeStats:
         elif kind is UpdateKind.RESYNCED:
             if ep.resynced is not None and ep.kernel_done is not None:
                 self.resync_duration[(ep.resource, ep.change)].observe(ep.resynced - ep.kernel_done)
-                by = ep.resynced_by if ep.resynced_by in RESYNCED_BY else RESYNCED_BY[0]
+                by = ep.resynced_by if ep.resynced_by in RESYNCED_BY else ResyncedBy.UNKNOWN
                 self.resync_duration_by[(ep.resource, ep.change, by)].observe(
                     ep.resynced - ep.kernel_done
                 )

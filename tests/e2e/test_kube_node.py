@@ -336,21 +336,46 @@ def test_poison_quantities_are_counted_and_skipped_without_a_relist_loop(api, ru
     assert [e.up for e in log.of(SourceStatus)] == [True]
 
 
-def test_a_list_followed_by_the_same_failure_backs_off(api, running):
+class RecordedBackoff(Backoff):
+    """The source's backoff, noting each delay it hands out (what the source then waits)."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        super().__init__(initial, maximum)
+        self.delays: list[float] = []
+
+    def next(self) -> float:
+        delay = super().next()
+        self.delays.append(delay)
+        return delay
+
+
+def test_a_list_followed_by_the_same_failure_backs_off(api):
     """Item 6: the backoff was reset by every successful list, so list-then-fail looped at
     the initial delay. Only a watch that delivers resets it now."""
     api.set_node("n1", cpu="2")
     api.set_watch_error(500)
-    source, log = running()  # backoff 0.05 s doubling to 0.5 s
-    wait_until(lambda: source.lists >= 6, "six list-then-fail rounds")
-    assert source.backoff._next == source.backoff.maximum  # grew to the cap, never reset
-    down = log.wait_for(SourceStatus, lambda e: not e.up)
-    assert "answered 500" in down.reason
-    api.set_watch_error(None)
-    api.wait_for_watches(1, "nodes")
-    api.update_node("n1", cpu="3")
-    log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 3.0)
-    assert source.backoff._next == source.backoff.initial  # a delivered event resets it
+    log = EventLog()
+    source = KubeNodeSource(MonotonicWallClock(), node_name="n1", kubeconfig=api.kubeconfig_path)
+    backoff = source.backoff = RecordedBackoff(0.05, 0.5)  # doubling to 0.5 s, +-20 % jitter
+    source.open()
+    source.start(log.emit)
+    try:
+        wait_until(lambda: source.lists >= 6, "six list-then-fail rounds")
+        # Grew to the cap (0.05, 0.1, 0.2, 0.4, 0.5 ...), never reset by the lists between.
+        assert backoff.delays[4] >= 0.8 * 0.5, backoff.delays
+        down = log.wait_for(SourceStatus, lambda e: not e.up)
+        assert "answered 500" in down.reason
+        api.set_watch_error(None)
+        api.wait_for_watches(1, "nodes")
+        api.update_node("n1", cpu="3")
+        log.wait_for(NodeStatus, lambda e: e.capacity[Resource.CPU] == 3.0)
+        grown = len(backoff.delays)
+        api.set_watch_error(500)  # fails again: the next wait starts from the initial delay
+        api.drop_watches()
+        wait_until(lambda: len(backoff.delays) > grown, "a retry after the delivered event")
+        assert backoff.delays[grown] <= 1.2 * 0.05, backoff.delays
+    finally:
+        source.stop()
 
 
 def test_a_watch_line_past_the_bound_is_refused_down_and_relisted(api, running):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from exporter.clock import MonotonicWallClock
 from exporter.correlate.kubelet_view import SAME_START, KubeletView
-from exporter.events import KubeletProcess
+from exporter.events import KubeletProcess, SourceStatus
 from exporter.sources.kubelet.kubelet_process import KubeletProcessSource, start_time_from_metrics
 from testkit.exporter_proc import terminate
 
@@ -24,26 +24,32 @@ def spawn(tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([str(exe), "600"])
 
 
+def _of(kind, emitted: list) -> list:
+    return [e for e in emitted if isinstance(e, kind)]
+
+
 def test_a_new_process_is_a_restart_and_the_same_one_is_not(tmp_path):
-    emitted: list[KubeletProcess] = []
+    emitted: list = []
     source = KubeletProcessSource(MonotonicWallClock(), process_name=NAME)
     view = KubeletView()
     first = spawn(tmp_path)
     second = None
     try:
         source.poll(emitted.append)
-        assert emitted[-1].pid == first.pid and emitted[-1].start_time is not None
+        seen = _of(KubeletProcess, emitted)
+        assert seen[-1].pid == first.pid and seen[-1].start_time is not None
         source.poll(emitted.append)  # the same process: nothing new
-        assert len(emitted) == 1
+        assert len(_of(KubeletProcess, emitted)) == 1
         terminate(first)
         source.poll(emitted.append)
-        assert emitted[-1].start_time is None  # no kubelet running (between stop and start)
+        # no kubelet running (between stop and start)
+        assert _of(KubeletProcess, emitted)[-1].start_time is None
         # A kubelet takes seconds to start; start times within SAME_START are one process
         # read two ways (psutil and the kubelet's own metric), so the new one starts later.
         time.sleep(SAME_START + 0.1)
         second = spawn(tmp_path)
         source.poll(emitted.append)
-        assert emitted[-1].pid == second.pid
+        assert _of(KubeletProcess, emitted)[-1].pid == second.pid
     finally:
         for proc in (first, second):
             if proc is not None:
@@ -51,16 +57,23 @@ def test_a_new_process_is_a_restart_and_the_same_one_is_not(tmp_path):
     for event in emitted:
         view.handle(event)
     assert view.restarts == 1
+    # Up only while it sees one: up, down while none ran, up again.
+    assert [e.up for e in _of(SourceStatus, emitted)] == [True, False, True]
 
 
-def test_no_such_process_is_reported_once():
-    emitted: list[KubeletProcess] = []
+def test_no_such_process_is_reported_once_and_the_source_is_down():
+    """Without hostPID no kubelet process is visible: the source says so and is down (not up
+    "looking" forever), once."""
+    emitted: list = []
     source = KubeletProcessSource(MonotonicWallClock(), process_name="no-such-proc-x")
     source.poll(emitted.append)
     source.poll(emitted.append)
-    assert [(e.start_time, e.pid) for e in emitted] == [(None, None)]
+    assert [(e.start_time, e.pid) for e in _of(KubeletProcess, emitted)] == [(None, None)]
+    [down] = _of(SourceStatus, emitted)
+    assert not down.up and "no 'no-such-proc-x' process visible" in down.reason
+    assert "hostPID" in down.reason and "--kubelet-metrics-url" in down.reason
     view = KubeletView()
-    view.handle(emitted[0])
+    view.handle(_of(KubeletProcess, emitted)[0])
     assert view.restarts == 0
 
 
@@ -149,15 +162,16 @@ def test_the_process_table_is_read_from_path_procfs(tmp_path):
         pytest.fail("mounting a procfs needs root (CI runs as root)")
     proc = spawn(tmp_path)
     try:
-        found: list[KubeletProcess] = []
+        found: list = []
         KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
                              procfs_root=str(elsewhere)).poll(found.append)
         assert psutil.PROCFS_PATH == str(elsewhere)
-        assert [e.pid for e in found] == [proc.pid]
-        nothing: list[KubeletProcess] = []
+        assert [e.pid for e in _of(KubeletProcess, found)] == [proc.pid]
+        nothing: list = []
         KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
                              procfs_root=str(empty)).poll(nothing.append)
-        assert [e.pid for e in nothing] == [None]  # no process table there: not found
+        # no process table there: not found
+        assert [e.pid for e in _of(KubeletProcess, nothing)] == [None]
     finally:
         psutil.PROCFS_PATH = "/proc"
         terminate(proc)

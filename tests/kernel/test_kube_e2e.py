@@ -6,6 +6,7 @@ import pytest
 
 from testkit.exporter_proc import RunningExporter, free_port
 from testkit.fakes.apiserver import FakeApiServer, serving_node
+from testkit.fakes.kubelet_metrics import Hostile
 
 pytestmark = pytest.mark.kernel
 NODE = "resize-test-node"
@@ -35,13 +36,30 @@ def drift(s, resource="cpu", unit="core"):
     return s.value("node_resize_capacity_drift", resource=resource, unit=unit)
 
 
-def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api):
-    with kube_exporter(api) as exp:
+@pytest.fixture
+def kubelet_metrics():
+    """The kubelet's /metrics, as far as the exporter reads them: a kubelet started an hour
+    ago, watched through --kubelet-metrics-url (this host runs no kubelet process)."""
+    started = time.time() - 3600
+    body = f"process_start_time_seconds {started:.2f}\n".encode()
+    server = Hostile(lambda h: (h.send_response(200),
+                                h.send_header("Content-Length", str(len(body))),
+                                h.end_headers(), h.wfile.write(body)))
+    yield server
+    server.stop()
+
+
+def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api, kubelet_metrics):
+    with kube_exporter(api, "--kubelet-metrics-url", kubelet_metrics.url) as exp:
         # The Node (its watch) and the kernel's snapshot (sysfs) come from two threads.
         s = exp.wait_for(lambda s: s.value("node_resize_kubelet_capacity", resource="cpu",
                                            unit="core") == 2 and drift(s) is not None)
         assert drift(s) == 0
         assert s.value("node_resize_exporter_source_up", source="kube_node") == 1
+        # No kubelet process visible here: that source says so; the metrics watch the kubelet.
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                           source="kubelet_metrics") == 1)
+        assert s.value("node_resize_exporter_source_up", source="kubelet_process") == 0
 
         # Hot-unplug: the kernel drops to 1 CPU, the Node still says 2.
         unplugged = time.monotonic()
@@ -52,7 +70,7 @@ def test_unplug_then_plug_resynced_by_the_kubelet(cpu1, api):
         assert s.value("node_resize_exporter_episodes_open") == 1
         time.sleep(DELAY)
         api.update_node(NODE, cpu="1", allocatable_cpu="1")
-        # No kubelet process here restarted: the (test) API server's update is a live resync.
+        # The kubelet watched did not restart: the (test) API server's update is a live resync.
         s = exp.wait_for(lambda s: s.value("node_resize_resync_duration_seconds_count",
                                            resource="cpu", direction="decrease",
                                            resynced_by="kubelet_live") == 1)

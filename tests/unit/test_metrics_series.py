@@ -22,10 +22,10 @@ from exporter.correlate.model import (
     PodVerdict,
     UpdateKind,
 )
-from exporter.events import Change, Direction, Resource
+from exporter.events import Change, Direction, KubeletProcess, Resource
 from exporter.sinks.metrics import MetricsSink
 from exporter.sinks.stats import MAX_READMISSION_REASONS
-from testkit.correlator_stream import Stream
+from testkit.correlator_stream import T0, Stream
 
 
 def lines(sink: MetricsSink) -> list[str]:
@@ -53,6 +53,7 @@ def test_no_bucket_until_an_observation_then_only_what_occurred():
     assert not named(before, "node_resize_readmission_duration_seconds")
     assert not named(before, "node_resize_balloon_resize_duration_seconds")
     s.snapshot(0, cpus=2)
+    s.feed(0.25, KubeletProcess(T0 + 0.25, T0 - 3600, 100))  # the kubelet, watched
     s.node(0.5, cpu=2)
     s.transition(1.0, Resource.CPU, 1, Direction.OFFLINE)
     s.snapshot(1.05, cpus=1)

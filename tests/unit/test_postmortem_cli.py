@@ -20,6 +20,7 @@ from exporter.correlate.model import Outcome, PodOutcome, PodVerdict
 from exporter.events import (
     Direction,
     KernelSnapshot,
+    KubeletProcess,
     NodeStatus,
     PodStatus,
     Resource,
@@ -84,14 +85,16 @@ def cpu(t: float, direction: Direction, result: Result = Result.SUCCESS, **kw) -
 
 
 def live_stream() -> list:
-    """cpu1 offline -> resync -> a pod rejected; cpu1 online -> no resync; a refused offline."""
+    """cpu1 offline -> resync (by the running kubelet) -> a pod rejected; cpu1 online -> no
+    resync; a refused offline; a last snapshot after every window."""
     return [
-        snapshot(T0, 2), node(T0 + 0.1, 2), pod(T0 + 0.2, "a"), pod(T0 + 0.3, "b"),
+        snapshot(T0, 2), KubeletProcess(T0 + 0.05, T0 - 3600, 100), node(T0 + 0.1, 2),
+        pod(T0 + 0.2, "a"), pod(T0 + 0.3, "b"),
         cpu(T0 + 10, Direction.OFFLINE), snapshot(T0 + 10.01, 1),
         node(T0 + 14, 1), pod(T0 + 14.5, "a", "Failed", "OutOfcpu"),
         cpu(T0 + 40, Direction.ONLINE), snapshot(T0 + 40.01, 2),
         cpu(T0 + 200, Direction.OFFLINE, Result.FAILED, failed_state="85", error="ret=-16"),
-        snapshot(T0 + 200.01, 2),
+        snapshot(T0 + 200.01, 2), snapshot(T0 + 260, 2),
     ]
 
 
@@ -163,16 +166,30 @@ def test_export_then_replay_reproduces_the_live_episodes(live_journal, tmp_path)
     lines = result.stdout.splitlines()
     assert len(lines) == len(live_stream())
     assert [codec.loads(x) for x in lines] == live_stream()
-    assert "exported 5/12 events" in result.stderr and "exported 12 events" in result.stderr
+    assert "exported 5/14 events" in result.stderr and "exported 14 events" in result.stderr
     exported = tmp_path / "events.jsonl"
     exported.write_text(result.stdout)
     live = json.loads(run("episodes", "list", "--json", "--journal", str(live_journal)).output)
     replayed = run("replay", str(exported), "--json", "--resync-deadline", "60")
     assert json.loads(replayed.stdout) == live[::-1]  # (list: newest first)
-    assert "replayed 12 events: 3 episodes" in replayed.stderr
+    assert "replayed 14 events: 3 episodes" in replayed.stderr
     # A window of the journal: only the second half of the events.
     part = run("episodes", "export", "--since", str(T0 + 40), "--journal", str(live_journal))
-    assert len(part.stdout.splitlines()) == 4
+    assert len(part.stdout.splitlines()) == 5
+
+
+def test_replay_keeps_an_episode_open_until_its_deadline_in_the_exports_own_time(tmp_path):
+    """An export that ends a minute into a 600 s resync deadline: the episode was still
+    waiting, and the replay says so; only an export that runs past the deadline ends it."""
+    events = [snapshot(T0, 1), node(T0 + 0.1, 1), cpu(T0 + 10, Direction.ONLINE),
+              snapshot(T0 + 10.01, 2), snapshot(T0 + 70, 2)]
+    f = tmp_path / "e.jsonl"
+    f.write_text("".join(codec.dumps(e) + "\n" for e in events))
+    (ep,) = json.loads(run("replay", str(f), "--json", "--resync-deadline", "600").stdout)
+    assert (ep["outcome"], ep["phase"], ep["ended"]) == (None, "resync", None)
+    f.write_text("".join(codec.dumps(e) + "\n" for e in [*events, snapshot(T0 + 700, 2)]))
+    (ep,) = json.loads(run("replay", str(f), "--json", "--resync-deadline", "600").stdout)
+    assert ep["outcome"] == "resync_timeout" and ep["ended"] == pytest.approx(T0 + 610)
 
 
 def test_replay_skips_malformed_lines(tmp_path):
@@ -542,3 +559,28 @@ def test_list_defaults_to_the_newest_fifty(tmp_path):
     assert [d["id"] for d in json.loads(out.stdout)] == [f"cpu-dec-{k:03d}"
                                                         for k in range(59, 9, -1)]
     assert "the newest 50 of 60 episodes" in out.stderr
+
+
+def test_a_flap_that_never_changed_the_node_says_so():
+    """cpu1 offline and online twice within the window: the kernel ends where it began, the
+    Node never moved. Not "Node resynced live after 0.0 ms": the Node never changed."""
+    from exporter.report import text
+    from testkit.correlator_stream import Stream
+
+    s = Stream(kubernetes=True, coalesce_window=1.0, readmission_settle=1.0)
+    s.snapshot(0, cpus=2)
+    s.node(0.25, cpu=2)
+    for k, direction in enumerate([Direction.OFFLINE, Direction.ONLINE] * 2):
+        s.transition(1.0 + k * 0.25, Resource.CPU, 1, direction)
+        s.snapshot(1.0625 + k * 0.25, cpus=1 if direction is Direction.OFFLINE else 2)
+    s.tick(10.0)
+    [ep] = s.ended()
+    assert ep.flapping and ep.outcome is Outcome.CONVERGED
+    words, bad = timeline.headline(ep)
+    assert words == ("cpu flapping: 2 offline and 2 online transitions in 757.8 ms; "
+                     "the Node never changed (2 cores)"), words
+    assert not bad
+    shown = text.timeline(ep)
+    assert "resynced" not in shown and "Node capacity 2, never changed" in shown
+    tl = timeline.build(ep)
+    assert [b.label for b in tl.bars if b.kind == "resync"] == ["the Node never changed"]

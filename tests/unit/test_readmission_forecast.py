@@ -443,3 +443,42 @@ def test_the_episode_keeps_the_forecast_from_before_the_resyncing_node_status():
     clock.t = T + 45
     [ended] = [u.episode for u in c.tick() if u.kind is UpdateKind.ENDED]
     assert rejected(ended.forecast) == [("b", OUT_OF_CPU)]
+
+
+def test_the_episode_keeps_the_forecast_from_before_a_pod_rejected_ahead_of_the_node():
+    """A restarted kubelet may fail a pod a millisecond before its Node update arrives: the
+    forecast kept is the one from before the kubelet first acted (that pod is in it), so the
+    postmortem does not print "1 pod rejected" beside "would reject none"."""
+    from exporter.report.text import timeline
+
+    clock = FakeClock(T)
+    c = Correlator(config(kubernetes=True, readmission_settle=10), clock)
+    c.handle(snapshot(2, when=T))
+    c.handle(node_status(node(cpu="2", allocatable_cpu="1500m"), T).event)
+    for name, second in (("a", "01"), ("b", "02"), ("c", "03")):
+        c.handle(pod_status(pod(name, {"cpu": "300m"}, created=f"08:00:{second}"), T, None).event)
+    off = T + 10
+    clock.t = off
+    c.handle(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS, off,
+                        off - 0.0078125))
+    c.handle(snapshot(1, when=off))
+    clock.t = T + 20
+    c.tick()
+    assert rejected(c.forecast.result()) == [("b", OUT_OF_CPU), ("c", OUT_OF_CPU)]
+    clock.t = T + 30
+    obj = pod("c", {"cpu": "300m"}, created="08:00:03", phase="Failed")
+    obj["status"]["reason"] = OUT_OF_CPU
+    failed = pod_status(obj, T + 30, None).event
+    [first] = [u.episode for u in c.handle(failed) if u.kind is UpdateKind.POD]
+    assert rejected(first.forecast) == [("b", OUT_OF_CPU), ("c", OUT_OF_CPU)]
+    clock.t = T + 30.001
+    updates = c.handle(node_status(node(cpu="1", allocatable_cpu="500m"), T + 30.001).event)
+    [resynced] = [u.episode for u in updates if u.kind is UpdateKind.RESYNCED]
+    assert rejected(resynced.forecast) == [("b", OUT_OF_CPU), ("c", OUT_OF_CPU)]
+    clock.t = T + 45
+    [ended] = [u.episode for u in c.tick() if u.kind is UpdateKind.ENDED]
+    assert [p.name for p in ended.pods if p.outcome.value == "rejected"] == ["c"]
+    assert rejected(ended.forecast) == [("b", OUT_OF_CPU), ("c", OUT_OF_CPU)]
+    shown = timeline(ended)
+    assert "1 pod rejected OutOfcpu" in shown
+    assert "would reject 2 of 3 pods: default/b OutOfcpu, default/c OutOfcpu" in shown

@@ -1,12 +1,12 @@
-"""What resynced an episode (kubelet_restart or kubelet_live), on the episode, in the
-resync histogram's label, in the trace and in the journal."""
+"""What resynced an episode (kubelet_restart, kubelet_live, or unknown when no kubelet is
+watched), on the episode, in the resync histogram's label, in the trace and in the journal."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import codec
 from exporter.correlate.model import Outcome, UpdateKind
-from exporter.events import Change, Direction, KubeletProcess, Resource
+from exporter.events import Change, Direction, KubeletProcess, Resource, SourceStatus
 from testkit.correlator_stream import T0, Stream
 
 CPU = Resource.CPU
@@ -56,6 +56,39 @@ def test_the_running_kubelet_resynced_it():
     assert resynced.episode.resynced_by == "kubelet_live"
     assert resynced.episode.change is Change.DECREASE
     assert resync_duration(s, "kubelet_live") == 1
+
+
+def test_without_a_kubelet_watched_it_is_unknown():
+    """The default DaemonSet: no hostPID, no --kubelet-metrics-url. Nothing shows whether the
+    kubelet restarted, so the label does not guess kubelet_live."""
+    s = Stream(kubernetes=True, readmission_settle=1.0)
+    unplug_cpu1(s)
+    [resynced] = [u for u in s.node(6.0, cpu=1) if u.kind is UpdateKind.RESYNCED]
+    assert resynced.episode.resynced_by == "unknown"
+    assert resync_duration(s, "unknown") == 1 and resync_duration(s, "kubelet_live") is None
+
+
+def test_a_source_that_no_longer_sees_the_kubelet_no_longer_vouches_for_it():
+    s = Stream(kubernetes=True, readmission_settle=1.0)
+    s.correlator.handle(KubeletProcess(T0, T0 - 3600, 100))
+    s.correlator.handle(KubeletProcess(T0, T0 - 60, 7), "kubelet_metrics")
+    unplug_cpu1(s)
+    s.correlator.handle(KubeletProcess(T0 + 4.0, None, None))  # the process source lost it
+    s.correlator.handle(SourceStatus("kubelet_metrics", False, T0 + 4.5, "unreachable"),
+                        "kubelet_metrics")
+    [resynced] = [u for u in s.node(6.0, cpu=1) if u.kind is UpdateKind.RESYNCED]
+    assert resynced.episode.resynced_by == "unknown"
+
+
+def test_a_restart_after_the_resync_does_not_unmake_kubelet_live():
+    s = Stream(kubernetes=True, readmission_settle=1.0)
+    unplug_cpu1(s, kubelet_started=T0 - 3600)
+    [resynced] = [u for u in s.node(6.0, cpu=1) if u.kind is UpdateKind.RESYNCED]
+    assert resynced.episode.resynced_by == "kubelet_live"
+    s.feed(6.5, KubeletProcess(T0 + 6.5, None, None))  # stopped: no kubelet seen now
+    s.feed(6.75, KubeletProcess(T0 + 6.75, T0 + 6.6, 300))  # and started after the resync
+    [ended] = [u for u in s.tick(8.0) if u.kind is UpdateKind.ENDED]
+    assert ended.episode.resynced_by == "kubelet_live"
 
 
 def test_an_episode_never_resynced_says_nothing():

@@ -191,7 +191,8 @@ class KubeletMetricsSource(Source):
         return bytes(body)
 
     def _down(self, emit: Emit, reason: str) -> None:
-        self._last = None
+        # Down, it no longer vouches for the kubelet: back up, it states both again.
+        self._last, self._last_start = None, None
         if self._up is not False:
             self._up = False  # the agent logs the change
             emit(SourceStatus(self.name, False, self.clock.now(), reason))

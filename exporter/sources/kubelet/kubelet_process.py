@@ -3,8 +3,12 @@
 Restarting the kubelet is today's only way to make it resync capacity after a hotplug (no
 released kubelet resyncs live), and a restart can fail (see kubelet_checkpoint.py). The kubelet
 is found by its process name through psutil where the exporter shares the host's PID namespace
-(hostPID: true, as deploy/ runs it); a new start time is a restart. A check is one stat of
-/proc/<pid>; the whole process table is scanned only while no kubelet is known.
+(hostPID: true, the kubelet-state component of deploy/); a new start time is a restart. A check
+is one stat of /proc/<pid>; the whole process table is scanned only while no kubelet is known.
+
+The source is up only while it sees a kubelet process: without hostPID none is visible, and it
+reports down saying so (the episodes' `resynced_by` is then "unknown", unless the kubelet's
+metrics give its start time).
 """
 from __future__ import annotations
 
@@ -79,14 +83,13 @@ class KubeletProcessSource(Source):
         self._pid: int | None = None
         self._start: float | None = None
         self._emitted = False
+        self._up: bool | None = None
         # A process-table scan costs ~3 ms (90 processes): while no kubelet runs, scans back
         # off from every check to every MAX_SCAN_GAP checks, so a node without one stays idle.
         self._scan_gap = 0
         self._until_scan = 0
 
     def loop(self, emit: Emit) -> None:
-        emit(SourceStatus(self.name, True, self.clock.now(),
-                          f"looking for a {self.process_name!r} process"))
         while not self.stopping.is_set():
             self.poll(emit)
             self.stopping.wait(self.interval)
@@ -103,10 +106,24 @@ class KubeletProcessSource(Source):
             self._pid, start = found if found else (None, None)
             self._scan_gap = 0 if found else min(MAX_SCAN_GAP, max(1, self._scan_gap * 2))
             self._until_scan = 0 if found else self._scan_gap - 1
+        self._report(emit, start is not None)
         if self._emitted and start == self._start:
             return
         self._start, self._emitted = start, True
         emit(KubeletProcess(self.clock.now(), start, self._pid))
+
+    def _report(self, emit: Emit, seen: bool) -> None:
+        """Up while a kubelet process is seen, down (once, with the reason) while none is."""
+        if seen is self._up:
+            return
+        self._up = seen
+        if seen:
+            reason = f"watching the {self.process_name!r} process (pid {self._pid})"
+        else:
+            reason = (f"no {self.process_name!r} process visible in {psutil.PROCFS_PATH}: "
+                      "without hostPID the kubelet is in another PID namespace (deploy the "
+                      "kubelet-state component, or give --kubelet-metrics-url)")
+        emit(SourceStatus(self.name, seen, self.clock.now(), reason))
 
 
 register(SourceSpec(
