@@ -120,12 +120,15 @@ def _read_order(blocks: Iterable[BlockLike]) -> list[BlockLike]:
 
 def judge_blocks(hardware: HardwareLike, page_flags: PageFlags | None, budget: int,
                  enough: int | None = None) -> list[BlockVerdict]:
-    """A verdict for every online block, reading the page flags of kernel-zone blocks (those
-    not already read) until `enough` blocks can go or `budget` reads are spent."""
+    """A verdict for every online block (with `enough`: until that many can go, the movable
+    ones all judged), reading the page flags of kernel-zone blocks not read yet, at most
+    `budget` of them."""
     out: list[BlockVerdict] = []
     ok = 0
     reads = 0
     for block in _read_order(hardware.blocks):
+        if enough is not None and ok >= enough and block.zones[:1] != (MOVABLE_ZONE,):
+            break  # enough found, every movable block among them (they come first)
         flags = block.page_flags
         single = len(block.zones) == 1 and block.zones[0] != "none"
         if (flags is None and page_flags is not None and single
@@ -438,3 +441,45 @@ def steps(p: Plan, inputs: Inputs) -> list[str]:
         out.append("restart the kubelet so the Node shows the new capacity (it reads the "
                    "machine once, at start), then check that no pod was rejected")
     return out
+
+
+# ---------------------------------------------------------------- what can leave now
+
+
+def _harmless(change: Change, inputs: Inputs, verdicts: list[BlockVerdict]) -> bool:
+    """No pod rejected, no container left stale, no refusal expected. The kubelet's
+    checkpoints are not counted: they block a restart until deleted (a step of the
+    procedure), not the capacity."""
+    try:
+        p = plan(change, inputs, verdicts=verdicts)
+    except TooLarge:
+        return False
+    return not (p.rejected_total > p.rejected_now or p.stale_containers or p.cpu_short
+                or p.memory_short_bytes)
+
+
+def _most(limit: int, ok: Callable[[int], bool]) -> int:
+    """The largest n in 0..limit with ok(n), by bisection (harm only grows with n)."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def unpluggable(inputs: Inputs, verdicts: list[BlockVerdict]) -> tuple[int, int]:
+    """(CPUs, bytes of memory) that can be removed now, each on its own, with no pod
+    rejected, no running container stale and no kernel refusal expected."""
+    candidates, _ = cpu_candidates(inputs)
+    cpus = _most(min(len(candidates), len(inputs.snapshot.cpus_online) - 1),
+                 lambda n: _harmless(Change(-n, 0), inputs, verdicts))
+    size = inputs.hardware.block_size or inputs.snapshot.memory_block_size
+    if size <= 0:
+        return cpus, 0
+    can = sum(1 for v in verdicts if v.ok)
+    can = min(can, max(0, (inputs.snapshot.mem_total_bytes - 1) // size))
+    blocks = _most(can, lambda n: _harmless(Change(0, -n * size), inputs, verdicts))
+    return cpus, blocks * size
