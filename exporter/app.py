@@ -261,6 +261,10 @@ def serve(options: Options) -> int:
     agent = built.agent
 
     registry_ = CollectorRegistry()
+    # Before you unplug: GET /plan and the unpluggable gauges, fed like the correlator.
+    from exporter.sinks.plan import PlanSink
+    plan = PlanSink.attach(agent, options.sysfs_root, options.procfs_root,
+                           options.kubelet_root_dir or "/var/lib/kubelet")
     try:
         server = MetricsServer(options.listen_host, options.listen_port, registry_,
                                healthy=agent.alive.is_set, web_config=options.web_config_file,
@@ -268,7 +272,8 @@ def serve(options: Options) -> int:
                                telemetry_path=options.web_telemetry_path,
                                auth=options.web_auth, node_name=node,
                                kubeconfig=options.kubeconfig,
-                               token_audiences=tuple(options.web_auth_token_audience))
+                               token_audiences=tuple(options.web_auth_token_audience),
+                               plan=plan.http)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         agent.close_sources()
         return _fail(str(e))
@@ -304,6 +309,7 @@ def serve(options: Options) -> int:
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
     from exporter.sinks.forecast_collector import ForecastCollector
     registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+    registry_.register(plan)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))
