@@ -3,7 +3,6 @@ refuse, the pods and containers the change would hurt, the kubelet's restart aft
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
 
