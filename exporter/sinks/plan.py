@@ -44,7 +44,6 @@ from exporter.events import (
     Transition,
 )
 from exporter.plan.model import BadChange, parse_change
-from exporter.plan.pages import MOVABLE_ZONE
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
 from exporter.sinks import PokingSink
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
@@ -236,8 +235,10 @@ class PlanSink(PokingSink):
             can.add_metric(["cpu", "core"], value[0])
             can.add_metric(["memory", "byte"], value[1])
         if hw is not None and hw.block_size:
-            counts = dict.fromkeys(ZONES[:4], 0)
-            new = dict.fromkeys((MOVABLE_ZONE, "Normal"), 0)
+            # Only the zones this node has: a series per zone at 0 would be series at every
+            # node of a fleet that say nothing.
+            counts: dict[str, int] = {}
+            new: dict[str, int] = {}
             for b in hw.blocks:
                 if b.online:
                     zone = _zone(b)

@@ -55,6 +55,10 @@ EMPTY_BY_DESIGN = {
     ("fleet-overview.json", "panel 'Top 10 nodes by memory drift (kernel - kubelet)' A"):
         "only cpu1 was unplugged: memory never drifted",
     ("node-detail.json", "annotation 'Kubelet restarts'"): "no kubelet on the recording host",
+    # The recording is older than the plan's gauges; a new one (scripts/gen-monitoring-recording.py)
+    # has them.
+    **{("node-detail.json", f"panel 'Before you unplug: what can leave now' {ref}"):
+       "recorded before node_resize_unpluggable existed" for ref in "ABCD"},
 }
 
 pytestmark = pytest.mark.promtool
