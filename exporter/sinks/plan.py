@@ -50,6 +50,7 @@ from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsRead
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
+GAUGE_MAX_AGE = 15.0  # seconds the gauges may lag a pod change (a kernel change: none)
 PAGE_BUDGET = 64  # blocks whose page flags one plan reads at most (~0.5 s)
 QUERY_KEYS = ("cpu", "memory")
 MAX_QUERY = 256  # bytes of query string
@@ -78,7 +79,8 @@ class PlanSink(PokingSink):
         self._version = 0  # bumped by every input: the gauges' cache key
         self._hardware: tuple[float, HotplugHardware] | None = None
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
-        self._gauges: tuple[tuple[int, int], tuple[int, int]] | None = None  # key, value
+        # (key, value, computed at): the gauges' cache
+        self._gauges: tuple[tuple[int, int, int], tuple[int, int], float] | None = None
         self._io = threading.Lock()  # one reader of sysfs/kpageflags at a time
         self.plans = 0
 
@@ -198,7 +200,9 @@ class PlanSink(PokingSink):
                 raise BadChange(f"unknown query key {key[:40]!r}: only cpu and memory")
             if key in seen:
                 raise BadChange(f"query key {key!r} given twice")
-            seen[key] = value
+            # A query string's "+" means a space: `cpu=+2` arrives as " 2". Read it as the
+            # sign it was meant to be (%2B works too).
+            seen[key] = "+" + value[1:] if value.startswith(" ") else value
         return seen.get("cpu"), seen.get("memory")
 
     # ------------------------------------------------------------ the gauges
@@ -209,12 +213,18 @@ class PlanSink(PokingSink):
             inputs = self._inputs(hw) if hw is not None else None
             value = None
             if inputs is not None and hw is not None:
-                key = (self._version, id(hw))
-                if self._gauges is not None and self._gauges[0] == key:
-                    value = self._gauges[1]
+                # Kept until an input changes; a pod's change alone (a busy node: every
+                # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a kernel
+                # change at once.
+                key = (self._version, id(hw), id(self.snapshot))
+                now = time.monotonic()
+                cached = self._gauges
+                if cached is not None and (cached[0] == key or (
+                        cached[0][1:] == key[1:] and now - cached[2] < GAUGE_MAX_AGE)):
+                    value = cached[1]
                 else:
                     value = unpluggable(inputs, judge_blocks(hw, None, 0))
-                    self._gauges = (key, value)
+                    self._gauges = (key, value, now)
             hot_added = set(self.hot_added)
         can = GaugeMetricFamily(
             "node_resize_unpluggable",
