@@ -418,8 +418,8 @@ def steps(p: Plan, inputs: Inputs) -> list[str]:
         out.append("stop the kubelet before the CPUs go (its static CPU manager checkpoint "
                    "names them)")
     if p.cpu_take:
-        out.append("offline " + ", ".join(f"cpu{c}" for c in p.cpu_take) + ": echo 0 > "
-                   "/sys/devices/system/cpu/cpuN/online, then let the hypervisor unplug them")
+        out.append("offline the CPUs, then let the hypervisor unplug them: " + "; ".join(
+            f"echo 0 > /sys/devices/system/cpu/cpu{c}/online" for c in p.cpu_take))
     if p.memory_add or p.change.memory > 0:
         out.append("let the hypervisor add the memory, then online the new blocks as "
                    "online_movable")
@@ -427,8 +427,8 @@ def steps(p: Plan, inputs: Inputs) -> list[str]:
         if static:
             out.append("stop the kubelet before the CPUs come (its static CPU manager "
                        "checkpoint lacks them)")
-        out.append("online " + ", ".join(f"cpu{c}" for c in p.cpu_add) + ": echo 1 > "
-                   "/sys/devices/system/cpu/cpuN/online")
+        out.append("online the CPUs: " + "; ".join(
+            f"echo 1 > /sys/devices/system/cpu/cpu{c}/online" for c in p.cpu_add))
     if static and (p.cpu_take or p.cpu_add):
         out.append(f"delete {cp.path if cp is not None else inputs.kubelet_root} and start the "
                    "kubelet: it writes a new checkpoint for the CPUs online")

@@ -69,7 +69,7 @@ def test_both_recorded_pods_are_named_out_of_cpu_and_the_kubelet_would_not_resta
     assert "would NOT restart" in text.stdout
     steps = text.stdout.split("steps, in this order:")[1]
     assert steps.index("move away the pods") < steps.index("stop the kubelet") \
-        < steps.index("offline cpu1") < steps.index("delete ")
+        < steps.index("echo 0 > /sys/devices/system/cpu/cpu1/online") < steps.index("delete ")
 
 
 def test_only_best_effort_pods_is_safe(api, tmp_path):

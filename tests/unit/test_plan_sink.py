@@ -86,3 +86,18 @@ def test_the_gauges_are_kept_until_an_input_changes(sink, monkeypatch):
     sink.on_event(SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
     values(sink)
     assert len(calls) == 2  # the kernel changed: at once
+
+
+def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
+    import os
+    import threading
+
+    from exporter.sources.kernel.memory_blocks import PageFlagsReader
+    os.mkfifo(tmp_path / "kpageflags")
+    got: list[object] = []
+    reader = PageFlagsReader(128 * 2**20, str(tmp_path))
+    t = threading.Thread(target=lambda: got.append(reader.read(3)), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [None]
+    reader.close()

@@ -15,6 +15,7 @@ The pure planner (exporter/plan/) reads these through its own protocols; nothing
 from __future__ import annotations
 
 import os
+import stat
 from array import array
 from collections import Counter
 from dataclasses import dataclass
@@ -134,7 +135,13 @@ class PageFlagsReader:
             return None
         try:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                # Non-blocking, and only a regular file: --path.procfs names a tree the
+                # exporter does not control (a FIFO there would block the open forever).
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    return None
+                self._fd = fd
             data = os.pread(self._fd, self.pages * 8, block * self.pages * 8)
         except OSError:
             return None
