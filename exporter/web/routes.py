@@ -45,6 +45,9 @@ class Routes:
                 or any(c in telemetry_path for c in "?# \r\n\"<>"):
             raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
                              "/metrics (starting with /, not / or /healthz)")
+        if plan is not None and telemetry_path == PLAN_PATH:
+            raise ValueError(f"--web.telemetry-path {PLAN_PATH}: the plan's path; choose "
+                             "another, such as /metrics")
         self.exposition = exposition
         self.auth = auth
         self.kube_auth = kube_auth
