@@ -69,6 +69,11 @@ def test_a_block_the_plan_takes_goes_and_one_it_expects_refused_is_refused():
 
 @needs_root
 def test_the_plan_command_on_this_machine_changes_nothing():
+    with kernel.hotplug_lock():  # no other test's hotplug meanwhile
+        _plan_changes_nothing()
+
+
+def _plan_changes_nothing() -> None:
     before = sorted((p.name, (p / "state").read_text()) for p in MEM.glob("memory[0-9]*"))
     cpus = Path("/sys/devices/system/cpu/online").read_text()
     done = subprocess.run([sys.executable, "-m", "exporter", "plan", "--memory", "-1Gi",
