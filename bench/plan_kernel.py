@@ -10,7 +10,8 @@ whose pages are pinned loops in the kernel until a fatal signal (offline_pages()
 migration), which turns the kill into EINTR.
 
     .venv/bin/python bench/plan_kernel.py                      # this machine as it is
-    .venv/bin/python bench/plan_kernel.py --load page-tables   # with 1 GiB of page tables held
+    .venv/bin/python bench/plan_kernel.py --load page-tables   # with page tables held
+    .venv/bin/python bench/plan_kernel.py --load pinned        # with io_uring-pinned pages
 
 `--load page-tables` starts a process that maps a sparse region without reserving it and reads
 one byte every 2 MiB (transparent huge pages off for it): each read maps the shared zero page
@@ -56,6 +57,35 @@ sys.stdin.read()
 """
 
 
+# Pinned pages: anonymous memory written page by page, then registered as io_uring fixed
+# buffers (IORING_REGISTER_BUFFERS pins them with FOLL_LONGTERM, as RDMA and vfio do). They stay
+# LRU pages in kpageflags, but migration cannot move them.
+PIN_CHILD = r"""
+import ctypes, mmap, sys
+size = int(sys.argv[1]) // 4096 * 4096
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m.madvise(mmap.MADV_NOHUGEPAGE)
+for i in range(0, size, 4096):
+    m[i] = 1
+params = ctypes.create_string_buffer(120)
+ring = libc.syscall(425, 8, params)  # io_uring_setup
+if ring < 0:
+    sys.exit(f"io_uring_setup: {ctypes.get_errno()}")
+base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+chunk = 1 << 30  # at most 1 GiB a buffer
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+n = (size + chunk - 1) // chunk
+iov = (Iovec * n)(*[Iovec(base + i * chunk, min(chunk, size - i * chunk)) for i in range(n)])
+if libc.syscall(427, ring, 0, iov, n) < 0:  # io_uring_register(IORING_REGISTER_BUFFERS)
+    sys.exit(f"io_uring_register: {ctypes.get_errno()}")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
 def zone_free_pages(zone: str) -> tuple[int, int]:
     """(free pages, high watermark) of a zone of node 0 (/proc/zoneinfo)."""
     free = high = 0
@@ -78,18 +108,21 @@ def page_tables_kb() -> int:
 
 
 def start_load(kind: str, spill_mib: int) -> subprocess.Popen[str] | None:
-    """Page tables enough to fill ZONE_NORMAL's free pages down to its high watermark and
-    `spill_mib` more, which the kernel then takes from the next zone (DMA32): unmovable pages
-    in blocks that were free."""
+    """Page tables (or pinned pages) enough to fill ZONE_NORMAL's free pages down to its high
+    watermark and `spill_mib` more, which the kernel then takes from the next zone (DMA32):
+    pages that cannot move in blocks that were free."""
     if kind == "none":
         return None
     free, high = zone_free_pages("Normal")
-    touches = max(0, free - high) + spill_mib * 256
-    proc = subprocess.Popen([sys.executable, "-c", LOAD_CHILD, str(touches)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pages = max(0, free - high) + spill_mib * 256
+    if kind == "pinned":
+        argv = [sys.executable, "-c", PIN_CHILD, str(pages * 4096)]
+    else:
+        argv = [sys.executable, "-c", LOAD_CHILD, str(pages)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
-        raise SystemExit("the page-table load did not start")
+        raise SystemExit(f"the {kind} load did not start")
     return proc
 
 
@@ -147,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sample", type=int, default=40,
                     help="blocks predicted to stay that are tried anyway")
-    ap.add_argument("--load", choices=["none", "page-tables"], default="none")
+    ap.add_argument("--load", choices=["none", "page-tables", "pinned"], default="none")
     ap.add_argument("--spill-mib", type=int, default=512,
                     help="page tables beyond ZONE_NORMAL's free pages (--load page-tables)")
     ap.add_argument("--timeout", type=float, default=10.0)
