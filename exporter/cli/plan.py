@@ -136,6 +136,10 @@ def text(p: Plan) -> str:
     cap = p.capacity_after
     lines.append(f"capacity after: {cap.get('cpu', 0):g} CPUs, {int(cap.get('memory', 0))} "
                  "bytes of memory (what the Node shows once the kubelet has restarted)")
+    alloc = p.allocatable_after
+    if alloc:
+        lines.append(f"allocatable after: {alloc.get('cpu', 0):g} CPUs, "
+                     f"{int(alloc.get('memory', 0))} bytes (less the kubelet's reservations)")
     if p.refusals:
         lines.append(f"the kernel is expected to refuse ({p.refusals_total}):")
         lines += [f"  {r.resource} {r.unit}: {r.detail}" for r in p.refusals]

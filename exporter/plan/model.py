@@ -167,6 +167,9 @@ class Plan:
     # What should have been judged and could not be (the API server unreachable): a plan
     # that cannot say is not safe.
     unjudged: tuple[str, ...] = ()
+    # What the Node's status.allocatable should show after the kubelet's restart: the
+    # capacity less its reservations (cores, bytes); empty without the Node.
+    allocatable_after: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def memory_bytes(self) -> int:
@@ -206,6 +209,7 @@ class Plan:
                        "blocks_needed": self.memory_blocks_needed,
                        "short_bytes": self.memory_short_bytes},
             "capacity_after": dict(self.capacity_after),
+            "allocatable_after": dict(self.allocatable_after),
             "rejected_pods": [p.json() for p in self.rejected_pods],
             "rejected_total": self.rejected_total,
             "rejected_by_reason": {k: v for k, v in self.rejected_by_reason.items() if v},

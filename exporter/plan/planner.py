@@ -201,17 +201,22 @@ def after(snap: KernelSnapshot, cpus_off: Iterable[int] = (), cpus_on: Iterable[
         mem_total_bytes=max(0, snap.mem_total_bytes + size * (len(b_on) - len(b_off))))
 
 
-def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot,
-                 real: KernelSnapshot) -> tuple[list[RejectedPod], int, dict[str, int]] | None:
+def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot, real: KernelSnapshot
+                 ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, float]] | None:
+    """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
+    kubelet would offer), the forecast given back `real` after."""
     forecast.on_snapshot(hypo)
     try:
         result = forecast.result()
+        offered = forecast.allocatable()
     finally:
         forecast.on_snapshot(real)
-    if result is None:
+    if result is None or offered is None:
         return None
+    (milli, memory, _, _), _, _ = offered
     return ([RejectedPod(r.namespace, r.name, r.reason) for r in result.rejected],
-            result.rejected_total, dict(result.by_reason))
+            result.rejected_total, dict(result.by_reason),
+            {"cpu": milli / 1000, "memory": float(memory)})
 
 
 def _key(f: Finding) -> tuple[str, str, str, str]:
@@ -349,6 +354,7 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
     capacity = {"cpu": float(len(hypo.cpus_online)), "memory": float(hypo.mem_total_bytes)}
 
     rejected: list[RejectedPod] = []
+    allocatable: dict[str, float] = {}
     rejected_total = rejected_now = 0
     by_reason: dict[str, int] = {}
     if inputs.forecast is not None:
@@ -357,7 +363,7 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
         if now is not None:
             rejected_now = now[1]
         if later is not None:
-            rejected, rejected_total, by_reason = later
+            rejected, rejected_total, by_reason, allocatable = later
     kubernetes = inputs.forecast is not None and inputs.forecast.allocatable() is not None
     if inputs.forecast is not None and not kubernetes:
         notes.append("pods not judged: no Node status read")
@@ -383,7 +389,7 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
                  by_reason, rejected_now, tuple(stale[:STALE_LISTED]),
                  tuple(refusals[:REFUSALS_LISTED]), refusals_total, not problem, problem,
                  inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
-                 kubernetes, running, (), tuple(notes))
+                 kubernetes, running, (), tuple(notes), allocatable_after=allocatable)
     return dataclasses.replace(plan_, steps=tuple(steps(plan_, inputs)))
 
 

@@ -61,6 +61,7 @@ def test_both_recorded_pods_are_named_out_of_cpu_and_the_kubelet_would_not_resta
     assert answer["kubelet"]["restarts"] is False
     assert "names cpu1, which is offline" in answer["kubelet"]["problem"]
     assert answer["capacity_after"]["cpu"] == 1
+    assert answer["allocatable_after"]["cpu"] == 0  # as the recorded Node showed after
     # The text for people says the same, with the order of steps.
     text = plan("--cpu", "-1", *common)
     assert text.returncode == 1
