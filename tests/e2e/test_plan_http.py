@@ -134,7 +134,8 @@ def test_with_kubernetes_auth_plan_needs_its_own_grant(api, tmp_path):
                               lambda got: isinstance(got, tuple) and got[0] not in (503, 429),
                               30, 0.3, lambda got: AssertionError(f"{got}"))
         assert answered("metrics-only", "/metrics")[0] == 200
-        assert answered("metrics-only", "/plan?cpu=-1")[0] == 403
-        status, _, body = answered("planner", "/plan?cpu=-1")
+        # A memory plan: valid whatever other tests do to cpu1 meanwhile.
+        assert answered("metrics-only", "/plan?memory=-128Mi")[0] == 403
+        status, _, body = answered("planner", "/plan?memory=-128Mi")
         assert status == 200 and "rejected_pods" in json.loads(body)
-        assert answered(None, "/plan?cpu=-1")[0] == 401
+        assert answered(None, "/plan?memory=-128Mi")[0] == 401
