@@ -114,7 +114,7 @@ def test_bad_queries_are_400_with_the_fix(exporter, query, fix):
 
 def test_a_flood_of_plans_gets_429_and_the_exporter_carries_on(exporter):
     def one(_):
-        return get(exporter.url + "/plan?cpu=-1")[0]
+        return get(exporter.url + "/plan?memory=-128Mi")[0]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         statuses = list(pool.map(one, range(200)))
     assert statuses.count(429) > 100 and set(statuses) <= {200, 429}
