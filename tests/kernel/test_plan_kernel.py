@@ -25,10 +25,11 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="kpageflags and hotplu
 def test_every_memory_block_is_read_with_its_zone_and_state():
     if not MEM.exists():
         pytest.skip("no memory hotplug in sysfs")
-    hw = read_hardware()
+    with kernel.hotplug_lock():  # no block changes state between the two reads
+        hw = read_hardware()
+        on_disk = {int(p.name[6:]): (p / "state").read_text().strip()
+                   for p in MEM.glob("memory[0-9]*")}
     assert hw.block_size == int((MEM / "block_size_bytes").read_text(), 16)
-    on_disk = {int(p.name[6:]): (p / "state").read_text().strip()
-               for p in MEM.glob("memory[0-9]*")}
     assert {b.number: ("online" if b.online else "offline") for b in hw.blocks} == \
         {n: ("online" if s == "online" else "offline") for n, s in on_disk.items()}
     for b in hw.blocks:
