@@ -49,6 +49,7 @@ from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
+from exporter.sinks.plan import PlanSink
 from exporter.sinks.running_pods import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
@@ -267,15 +268,18 @@ def open_journal(decisions: Decisions, clock: MonotonicWallClock) -> JournalSink
 
 def open_server(options: Options, decisions: Decisions, metrics: CollectorRegistry,
                 healthy: Callable[[], bool] = lambda: True,
-                version: Callable[[], object] = lambda: None) -> MetricsServer:
-    """The endpoint, its web config read and checked and its port bound (not serving yet)."""
+                version: Callable[[], object] = lambda: None,
+                plan: Callable[[str], tuple[int, bytes]] | None = None) -> MetricsServer:
+    """The endpoint, its web config read and checked and its port bound (not serving yet);
+    `plan` answers GET /plan."""
     try:
         return MetricsServer(options.listen_host, options.listen_port, metrics,
                              healthy=healthy, web_config=options.web_config_file,
                              version=version, telemetry_path=options.web_telemetry_path,
                              auth=options.web_auth, node_name=decisions.node,
                              kubeconfig=options.kubeconfig,
-                             token_audiences=tuple(options.web_auth_token_audience))
+                             token_audiences=tuple(options.web_auth_token_audience),
+                             plan=plan)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
     except OSError as e:
@@ -355,14 +359,18 @@ def serve(options: Options) -> int:
     except StartupError as e:
         return _fail(str(e))
     agent = built.agent
+    # Before you unplug: GET /plan and the unpluggable gauges, a sink fed like the correlator.
+    plan = PlanSink.attach(agent, options.sysfs_root, options.procfs_root,
+                           options.kubelet_root_dir or "/var/lib/kubelet")
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
-                             agent.state_version)
+                             agent.state_version, plan=plan.http)
     except StartupError as e:
         agent.close_sources()
         return _fail(str(e))
     _drop_privileges(built.keep)
     events = collect(options, decisions, agent, metrics, built.metrics, journal, traces)
+    metrics.register(plan)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))

@@ -336,6 +336,98 @@ def memory_hot_remove(run: LabRun, out: Outcome) -> None:
 
 
 
+# ---------------------------------------------------------------- before you unplug
+
+
+def _plan_http(run: LabRun, query: str) -> dict:
+    """GET /plan through the hostfwd (2 a second at most: a 429 is waited out)."""
+    deadline = time.monotonic() + run.budget(60)
+    while True:
+        try:
+            status, body = run.lab.http_get(f"/plan?{query}", timeout=30)
+        except OSError as e:  # urllib raises HTTPError (an OSError) for 4xx
+            if getattr(e, "code", None) == 429 and time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            raise
+        check(status == 200, f"GET /plan?{query}: {status}")
+        return json.loads(body)
+
+
+@scenario("plan: the online_movable DIMM can leave (GET /plan, gauges)")
+def plan_movable_dimm(run: LabRun, out: Outcome) -> None:
+    """After the hot-add, the plan takes the DIMM's blocks (ZONE_MOVABLE, preferred) for
+    -1 GiB and calls it safe; the gauges count them. The hot-remove that follows is the
+    kernel's answer."""
+    check(bool(run.dimm_blocks), "no DIMM was added (hot-add scenario failed)")
+    answer = _plan_http(run, "memory=-1Gi")
+    taken = {f"memory{n}" for n in answer["memory"]["take"]}
+    c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
+                                                 zone="Movable") == len(run.dimm_blocks),
+                        "the DIMM's blocks as hot-added into Movable")
+    can = c.scrape.value("node_resize_unpluggable", None, resource="memory", unit="byte")
+    out.kernel = f"{block_range(run.dimm_blocks)} online_movable"
+    out.exporter = (f"plan -1Gi takes {block_range(taken) if taken else 'nothing'}, safe "
+                    f"{answer['safe']}; unpluggable memory {can:.0f} bytes")
+    check(taken == run.dimm_blocks, f"the plan took {sorted(taken)}, not the DIMM's "
+          f"{sorted(run.dimm_blocks)}")
+    check(answer["safe"] is True, f"the plan says it would hurt: {answer['harm']}")
+    check(can is not None and can >= GiB, f"unpluggable memory {can} < 1 GiB")
+
+
+NORMAL_DIMM_ID = "dimm1"
+AUTO_ONLINE = "/sys/devices/system/memory/auto_online_blocks"
+
+
+@scenario("plan: a DIMM onlined into Normal, then device_del")
+def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
+    """A DIMM left offline at hot-add and onlined into ZONE_NORMAL by hand (online_kernel):
+    the gauges show it hot-added into Normal (the alert's case), `plan` (the CLI, reading
+    kpageflags as root) says whether its blocks can go, and device_del says whether they did."""
+    lab = run.lab
+    policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
+    check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
+          "cannot set auto_online_blocks")
+    try:
+        before = set(lab.state()["memory_blocks"])
+        lab.guest.qmp.add_dimm(NORMAL_DIMM_ID, GiB)
+        st = run.wait_guest(lambda st: len(set(st["memory_blocks"]) - before) == 8,
+                            "8 new (offline) memory blocks")
+    finally:
+        lab.call("write", path=AUTO_ONLINE, value=policy)
+    blocks = set(st["memory_blocks"]) - before
+    for name in sorted(blocks):
+        r = lab.call("write", path=f"/sys/devices/system/memory/{name}/state",
+                     value="online_kernel")
+        check(r["errno"] == 0, f"online_kernel {name}: {r['error']}")
+    zones = {lab.call("read", path=f"/sys/devices/system/memory/{n}/valid_zones")["value"]
+             .strip() for n in blocks}
+    c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
+                                                 zone="Normal") == 8,
+                        "8 hot-added blocks in Normal")
+    rc, text = lab.run_program([GUEST_PYTHON, "-m", "exporter", "plan", "--memory", "-1Gi",
+                                "--output", "json", "--kubernetes", "off"],
+                               "plan-normal.json", timeout=run.budget(120))
+    check(rc in (0, 1), f"plan exited {rc}")
+    answer = json.loads(text)
+    taken = {f"memory{n}" for n in answer["memory"]["take"]}
+    predicted = blocks <= taken
+    try:
+        lab.guest.qmp.remove_dimm(NORMAL_DIMM_ID, timeout=run.budget(90))
+        removed = True
+    except (TimeoutError, RuntimeError):
+        removed = False  # the guest refused to offline a block: the DIMM stays
+    out.kernel = (f"{block_range(blocks)} online in {', '.join(sorted(zones))}; device_del "
+                  f"{'done' if removed else 'refused (not ejected)'}")
+    added = c.scrape.value("node_resize_memory_hot_added_blocks", None, zone="Normal")
+    out.exporter = (f"hot-added Normal {added:.0f}; "
+                    f"plan -1Gi takes {block_range(taken) if taken else 'nothing'} "
+                    f"({'all of the DIMM' if predicted else 'not all of the DIMM'})")
+    check(zones == {"Normal"}, f"valid_zones {zones}")
+    check(predicted == removed, f"the plan said the DIMM {'could' if predicted else 'could not'} "
+          f"leave, device_del {'did' if removed else 'did not'} remove it")
+
+
 # ---------------------------------------------------------------- CPU
 
 
@@ -443,8 +535,8 @@ def cpu_episodes(run: LabRun, out: Outcome) -> None:
 
 INFRASTRUCTURE: tuple[Scenario, ...] = (hostfwd_http, exporter_up)
 SCENARIOS: tuple[Scenario, ...] = (
-    memory_hot_add, memory_refused_offline, memory_hot_remove,
-    cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
+    memory_hot_add, plan_movable_dimm, memory_refused_offline, memory_hot_remove,
+    plan_normal_dimm, cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
 )
 
 

@@ -6,6 +6,7 @@ import sys
 import click
 
 from exporter import __version__
+from exporter.cli import plan as plan_command
 from exporter.cli import postmortem
 from exporter.config import options
 from exporter.config.options import Options
@@ -62,3 +63,4 @@ def check(**values) -> None:
 
 
 postmortem.register(main)
+plan_command.register(main)

@@ -11,6 +11,7 @@ import base64
 import binascii
 import concurrent.futures
 import html
+import time
 from typing import Callable
 
 import h11
@@ -18,6 +19,7 @@ import h11
 from exporter.web.auth import AUTH_CONCURRENCY, AUTH_WAIT, AuthBusy, BasicAuth
 from exporter.web.exposition import Exposition
 from exporter.web.kubeauth import REFUSALS, KubeAuth, Verdict, WebAuthStats
+from exporter.web.kubeauth import _Bucket as Bucket
 
 RENDER_THREADS = 2
 AUTH_THREADS = AUTH_CONCURRENCY  # more threads would only wait for a slot
@@ -28,16 +30,24 @@ INDEX = """<html><head><title>node-resize-exporter</title></head><body>
 </body></html>"""
 
 Response = tuple[int, str, bytes, dict[str, str]]  # status, content type, body, more headers
+# GET /plan (exporter/sinks/plan.py): its answer for a query string, computed off the loop.
+PLAN_PATH = "/plan"
+PLAN_RATE, PLAN_BURST = 2.0, 5  # plans per second, and at once; past it 429
+Plan = Callable[[str], tuple[int, bytes]]
 
 
 class Routes:
     def __init__(self, exposition: Exposition, auth: BasicAuth, healthy: Callable[[], bool],
                  telemetry_path: str, kube_auth: KubeAuth | None = None,
-                 stats: WebAuthStats | None = None):
+                 stats: WebAuthStats | None = None, plan: Plan | None = None,
+                 plan_auth: KubeAuth | None = None):
         if not telemetry_path.startswith("/") or telemetry_path in ("/", "/healthz") \
                 or any(c in telemetry_path for c in "?# \r\n\"<>"):
             raise ValueError(f"--web.telemetry-path {telemetry_path!r}: must be a path such as "
                              "/metrics (starting with /, not / or /healthz)")
+        if plan is not None and telemetry_path == PLAN_PATH:
+            raise ValueError(f"--web.telemetry-path {PLAN_PATH}: the plan's path; choose "
+                             "another, such as /metrics")
         self.exposition = exposition
         self.auth = auth
         self.kube_auth = kube_auth
@@ -46,6 +56,9 @@ class Routes:
         self.telemetry_path = telemetry_path
         self.index = INDEX.format(path=html.escape(telemetry_path, quote=True)).encode()
         self._auth_waiting = 0
+        self.plan, self.plan_auth = plan, plan_auth
+        self._plans = Bucket(PLAN_RATE, float(PLAN_BURST), time.monotonic)
+        self._planning = False
         self._auth_slots = asyncio.Semaphore(AUTH_THREADS)
         self._render_pool = concurrent.futures.ThreadPoolExecutor(RENDER_THREADS, "http-render")
         self._bcrypt_pool = concurrent.futures.ThreadPoolExecutor(AUTH_THREADS, "http-auth")
@@ -59,6 +72,8 @@ class Routes:
         path = request.target.split(b"?", 1)[0].decode("latin-1")
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
+        if path == PLAN_PATH and self.plan is not None:
+            return await self._plan(request)
         if path == self.telemetry_path and self.kube_auth is not None:
             # Only the telemetry path is protected: /healthz is for probes, and the index
             # page and 404s are constant text.
@@ -92,6 +107,35 @@ class Routes:
         if path == "/":
             return 200, "text/html; charset=utf-8", self.index, {}
         return 404, "text/plain", b"not found\n", {}
+
+    async def _plan(self, request: h11.Request) -> Response:
+        """GET /plan: behind the telemetry path's authentication (a SubjectAccessReview on
+        /plan with --web.auth=kubernetes), PLAN_RATE a second and one at a time (429 past it),
+        computed on the render pool."""
+        assert self.plan is not None
+        if self.plan_auth is not None:
+            decision = await self.plan_auth.authorize(_header(request, b"authorization"))
+            if decision is not Verdict.ALLOWED:
+                code, text, headers = REFUSALS[decision]
+                return code, "text/plain", text, headers
+        elif self.auth.enabled:
+            verdict = await self._authorized(request)
+            if verdict is None:
+                return 429, "text/plain", b"too many password checks at once\n", \
+                    {"Retry-After": "1"}
+            if not verdict:
+                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        if self._planning or not self._plans.take():
+            return 429, "application/json", b'{"error": "too many plans at once", ' \
+                b'"fix": "ask again in a second"}\n', {"Retry-After": "1"}
+        query = request.target.partition(b"?")[2].decode("latin-1")
+        self._planning = True
+        try:
+            loop = asyncio.get_running_loop()
+            code, body = await loop.run_in_executor(self._render_pool, self.plan, query)
+        finally:
+            self._planning = False
+        return code, "application/json", body, {"Cache-Control": "no-store"}
 
     async def _authorized(self, request: h11.Request) -> bool | None:
         """True/False, or None when bcrypt is saturated (the caller answers 429)."""

@@ -45,7 +45,7 @@ from exporter.web.kubeauth import (
     review_client_factory,
 )
 from exporter.web.memory import Trimmer
-from exporter.web.routes import Routes
+from exporter.web.routes import PLAN_PATH, Routes
 from exporter.web.stream import Plain, Tls
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,8 @@ class MetricsServer:
                  version: Callable[[], object] = lambda: None,
                  telemetry_path: str = "/metrics", auth: str = "config", node_name: str = "",
                  kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
-                 review_client: Callable[[], ReviewClient] | None = None):
+                 review_client: Callable[[], ReviewClient] | None = None,
+                 plan: Callable[[str], tuple[int, bytes]] | None = None):
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth_mode = auth
         self.generated_certificate: bytes | None = None  # PEM, when made at start
@@ -137,8 +138,12 @@ class MetricsServer:
         self.auth = BasicAuth(self.web.users)
         self.exposition = Exposition(registry, version)
         # ValueError on a bad path, before the socket is bound.
+        # GET /plan (exporter/sinks/plan.py): the same tokens, reviewed for the path /plan.
+        plan_auth = None if self.kube_auth is None or plan is None else KubeAuth(
+            review_client, PLAN_PATH, token_audiences, stats=self.auth_stats)  # type: ignore[arg-type]
         self.routes = Routes(self.exposition, self.auth, healthy, telemetry_path,
-                             kube_auth=self.kube_auth, stats=self.auth_stats)
+                             kube_auth=self.kube_auth, stats=self.auth_stats, plan=plan,
+                             plan_auth=plan_auth)
         registry.register(WebAuthCollector(self.auth_stats))
         self.telemetry_path = telemetry_path
         self.extra_headers = dict(self.web.headers)

@@ -73,6 +73,14 @@ EMPTY_BY_DESIGN = {
         RECORDED_BEFORE,
     ("node-detail.json", "panel 'Running containers stale, by kind' A"): RECORDED_BEFORE,
     ("node-detail.json", "panel 'Sinks up' A"): RECORDED_BEFORE,
+    # The recording is older than the plan's gauges; a new one (scripts/gen-monitoring-recording.py)
+    # has them.
+    ("node-detail.json", "panel 'Before you unplug: CPUs that can leave now' A"):
+        "recorded before node_resize_unpluggable existed",
+    ("node-detail.json", "panel 'Before you unplug: memory that can leave now' A"):
+        "recorded before node_resize_unpluggable existed",
+    **{("node-detail.json", f"panel 'Memory blocks by zone' {ref}"):
+       "recorded before node_resize_unpluggable existed" for ref in "AB"},
 }
 
 pytestmark = pytest.mark.promtool

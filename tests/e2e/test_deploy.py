@@ -351,7 +351,7 @@ def _granted(docs: list[dict]) -> dict[tuple[str, str], dict[str | None, set[str
             continue
         where = doc["metadata"].get("namespace") if doc["kind"] == "Role" else None
         for rule in doc["rules"]:
-            for group in rule["apiGroups"]:
+            for group in rule.get("apiGroups", ()):  # nonResourceURLs rules grant no API
                 for resource in rule["resources"]:
                     out.setdefault((group, resource), {}).setdefault(where, set()).update(
                         rule["verbs"])

@@ -34,6 +34,8 @@ from lab.scenarios import (
     memory_hot_add,
     memory_hot_remove,
     memory_refused_offline,
+    plan_movable_dimm,
+    plan_normal_dimm,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,8 +147,8 @@ def test_exporter_runs_in_the_guest_with_every_source(lab_run):
 @pytest.mark.lab
 @needs_lab
 @pytest.mark.parametrize("scenario", [
-    memory_hot_add, memory_refused_offline, memory_hot_remove,
-    cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
+    memory_hot_add, plan_movable_dimm, memory_refused_offline, memory_hot_remove,
+    plan_normal_dimm, cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
 ], ids=lambda s: s.fn.__name__)
 def test_scenario(lab_run, scenario):
     if lab_run.lab.exporter_pid is None:

@@ -109,6 +109,11 @@ def test_the_exporter_has_no_import_cycles():
     ("exporter.correlate", "exporter.web"), ("exporter.events", "exporter.correlate"),
     ("exporter.sources", "exporter.sinks"), ("exporter.sources", "exporter.correlate"),
     ("exporter.config", "exporter.sources"), ("exporter.kube", "exporter.sources"),
+    # The plan: judged by the correlator's pure code, read by the sinks, the web and the CLI.
+    ("exporter.correlate", "exporter.plan"), ("exporter.sources", "exporter.plan"),
+    ("exporter.plan", "exporter.sources"), ("exporter.plan", "exporter.sinks"),
+    ("exporter.plan", "exporter.web"), ("exporter.plan", "exporter.cli"),
+    ("exporter.web", "exporter.plan"),
 ])
 def test_a_stage_never_imports_a_later_one(low, high):
     graph = import_graph()

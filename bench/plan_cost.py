@@ -1,0 +1,105 @@
+"""What a plan costs with many pods and memory blocks.
+
+    .venv/bin/python -m bench.plan_cost [--pods 10000] [--blocks 4096] [--containers 1000]
+
+10,000 pods (bench/forecast.py's, with 5m CPU and 16 MiB each) on a 64-CPU, 512 GiB node of 4,096
+memory blocks of 128 MiB (a quarter in ZONE_MOVABLE, the rest in Normal with their page flags
+already read: the planner's part, not the kernel's), and the running containers of the first
+`--containers` pods. Prints the median of repeats, in milliseconds, of:
+- a plan that hurts nothing (-1 CPU, -4 GiB): the forecast's O(1) path;
+- a plan that rejects pods (-40 CPUs): one pass over every pod in readmission order;
+- a plan that takes 2,000 blocks (-250 GiB), with every block judged;
+- the unpluggable gauges (the largest safe removal, by bisection over plans).
+Reading the page flags is the kernel's part: bench/plan_kernel.py times it (about 8 ms a block).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections import Counter
+
+from bench.forecast import T0, node, pods
+from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.running_pods import RunningPodsView
+from exporter.events import ContainerCgroup, KernelSnapshot, Resource, RunningContainers
+from exporter.plan.model import Change
+from exporter.plan.pages import KPF_BUDDY, KPF_LRU, KPF_SLAB
+from exporter.plan.planner import Inputs, judge_blocks, plan, unpluggable
+from exporter.sources.kernel.memory_blocks import HotplugHardware, MemoryBlock
+
+GiB = 2**30
+BLOCK = 128 * 2**20
+
+
+def ms(f, repeat: int = 9) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def build(n_pods: int, n_blocks: int, n_containers: int) -> Inputs:
+    cpus = 64
+    online = frozenset(range(cpus))
+    snap = KernelSnapshot(time=T0, cpus_online=online, cpus_offline=frozenset(),
+                          cpus_present=online, cpus_possible=online,
+                          memory_block_size=BLOCK, memory_blocks_online=frozenset(
+                              range(n_blocks)), memory_blocks_offline=frozenset(),
+                          mem_total_bytes=n_blocks * BLOCK, swap_total_bytes=0)
+    free = Counter({KPF_BUDDY: 30000, KPF_LRU: 2768})
+    busy = Counter({KPF_BUDDY: 30000, KPF_LRU: 2000, KPF_SLAB: 768})
+    blocks = tuple(MemoryBlock(n, True, ("Movable",)) if n >= n_blocks * 3 // 4 else
+                   MemoryBlock(n, True, ("Normal",), True, free if n % 2 else busy)
+                   for n in range(n_blocks))
+    hw = HotplugHardware(frozenset(range(1, cpus)), BLOCK, blocks, "online_movable")
+    forecast = ReadmissionForecast()
+    forecast.on_snapshot(snap)
+    forecast.on_node(dataclasses.replace(
+        node(float(cpus)), capacity={Resource.CPU: float(cpus), Resource.MEMORY: float(
+            n_blocks * BLOCK)}, allocatable={Resource.CPU: cpus - 1.0, Resource.MEMORY: float(
+                n_blocks * BLOCK - 8 * GiB)}))
+    events = [dataclasses.replace(p, admission_requests={Resource.CPU: 0.005,
+                                                         Resource.MEMORY: 16.0 * 2**20})
+              for p in pods(n_pods)]
+    for p in events:
+        forecast.on_pod(p)
+    forecast.result()
+    view = RunningPodsView()
+    view.handle(snap)
+    view.handle(RunningContainers(T0, 2, tuple(
+        ContainerCgroup(p.uid, f"{i:064x}", "burstable", cpus=online, cpu_limit=1.0)
+        for i, p in enumerate(events[:n_containers]))))
+    return Inputs(snap, hw, forecast, view)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pods", type=int, default=10_000)
+    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--containers", type=int, default=1000)
+    args = ap.parse_args()
+    inputs = build(args.pods, args.blocks, args.containers)
+    verdicts = judge_blocks(inputs.hardware, None, 0)
+    safe = plan(Change(-1, -4 * GiB), inputs)
+    hurt = plan(Change(-40, 0), inputs)
+    big = plan(Change(0, -250 * GiB), inputs)
+    assert safe.safe and hurt.rejected_total > 0 and len(big.memory_take) == 2000, \
+        (safe.harm, hurt.rejected_total, len(big.memory_take))
+    rows = [
+        ("plan -1 CPU -4 GiB (hurts nothing)", ms(lambda: plan(Change(-1, -4 * GiB), inputs))),
+        ("plan -40 CPUs (pods rejected)", ms(lambda: plan(Change(-40, 0), inputs))),
+        ("plan -250 GiB (2,000 blocks)", ms(lambda: plan(Change(0, -250 * GiB), inputs))),
+        ("judge every block", ms(lambda: judge_blocks(inputs.hardware, None, 0))),
+        ("unpluggable gauges", ms(lambda: unpluggable(inputs, verdicts), repeat=3)),
+    ]
+    print(f"{args.pods} pods, {args.blocks} blocks, {args.containers} running containers")
+    for name, value in rows:
+        print(f"  {name:40s} {value:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""`node-resize-exporter plan`: before you unplug (or plug), what the change would do.
+
+Reads what `run` reads, once (the kernel's CPUs and memory blocks, the page flags of the blocks
+it considers, the kubelet's checkpoints, the running containers' cgroups, this node's Node and
+pods from the API server), hands them to the pure planner (exporter/plan/planner.py) and prints
+the plan. It changes nothing. Exit 0: the change hurts nothing; 1: it would; 2: bad input.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from typing import Any
+
+import click
+
+from exporter.config import options
+from exporter.config.options import Options
+from exporter.plan.model import BadChange, Plan, parse_change
+
+PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
+
+EPILOG = """\b
+Examples:
+  node-resize-exporter plan --cpu -1                   # which CPU to take, and who it hurts
+  node-resize-exporter plan --memory -4Gi --output json
+  node-resize-exporter plan --cpu +2 --memory +8Gi     # what a hot-add would give
+"""
+
+
+def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
+    """(Inputs, page-flags reader or None, what could not be read), read once."""
+    from exporter.config.decide import kubernetes_enabled, resolve_node_name
+    from exporter.correlate.readmission_forecast import ReadmissionForecast
+    from exporter.correlate.running_pods import RunningPodsView
+    from exporter.plan.planner import Inputs
+    from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
+    from exporter.sources.kernel.sysfs import SysfsReader
+    snap = SysfsReader(opts.sysfs_root, opts.procfs_root).read(0.0)
+    hardware = read_hardware(opts.sysfs_root)
+    unjudged: list[str] = []
+    cpu_cp = mem_cp = None
+    root = opts.kubelet_root_dir
+    if root:
+        from exporter.sources.kubelet.kubelet_checkpoint import (
+            read_cpu_manager_state,
+            read_memory_manager_state,
+        )
+        try:
+            cpu_cp = read_cpu_manager_state(root, 0.0)
+            mem_cp = read_memory_manager_state(root, 0.0)
+        except (OSError, ValueError) as e:
+            unjudged.append(f"the kubelet's checkpoints in {root} could not be read ({e})")
+    forecast = None
+    pods: list[Any] = []
+    if kubernetes_enabled(opts):
+        forecast = ReadmissionForecast()
+        forecast.on_snapshot(snap)
+        if cpu_cp is not None:
+            forecast.on_cpu_manager(cpu_cp)
+        problem = _read_kubernetes(opts, resolve_node_name(opts), forecast, pods)
+        if problem:
+            unjudged.append(problem)
+    running = None
+    if opts.cgroup_root and opts.running_pods_max_containers > 0:
+        from exporter.sources.kubelet.running_pods import scan
+        found = scan(opts.cgroup_root, opts.procfs_root, 0.0,
+                     max_containers=opts.running_pods_max_containers)
+        if found.cgroup_version:
+            running = RunningPodsView()
+            for event in (snap, found, *pods) + ((cpu_cp,) if cpu_cp is not None else ()):
+                running.handle(event)
+    reader = None
+    if page_budget > 0 and hardware.block_size:
+        reader = PageFlagsReader(hardware.block_size, opts.procfs_root)
+    inputs = Inputs(snap, hardware, forecast, running, cpu_cp, mem_cp,
+                    kubelet_root=root or "/var/lib/kubelet")
+    return inputs, reader, unjudged
+
+
+def _read_kubernetes(opts: Options, node: str, forecast: Any, pods: list[Any]) -> str:
+    """This node's Node and pods into the forecast (and `pods`); "" or why not."""
+    from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+    from exporter.kube.convert import node_status, pod_status
+    from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
+    try:
+        config = load_config(opts.kubeconfig)
+    except KubeUnavailable as e:
+        return f"pods: {e.reason} ({e.fix})"
+    client, transport = make_client(config, request_timeout=10.0)
+    try:
+        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
+                                              chunk_size=1)]
+        raw = [dict(o) for o in itertools.islice(
+            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
+                        chunk_size=500), PODS_MAX)]
+    except Exception as e:  # noqa: BLE001 - unreachable, 403: said in the plan, never a traceback
+        return f"pods: listing node {node} and its pods failed: " \
+            f"{str(e)[:200] or type(e).__name__}"
+    finally:
+        transport.close()
+    if not nodes:
+        return f"pods: the API server has no Node {node} (pass --node-name)"
+    converted = node_status(nodes[0], 0.0).event
+    if converted is None or not hasattr(converted, "allocatable"):
+        return f"pods: the Node {node} is not readable"
+    forecast.on_node(converted)
+    for obj in raw:
+        event = pod_status(obj, 0.0, None).event
+        if event is not None:
+            forecast.on_pod(event)
+            pods.append(event)
+    return ""
+
+
+def text(p: Plan) -> str:
+    """The plan for people."""
+    lines = []
+    change = []
+    if p.change.cpus:
+        change.append(f"cpu {p.change.cpus:+d}")
+    if p.change.memory:
+        change.append(f"memory {p.change.memory:+d} bytes")
+    verdict = "SAFE: hurts nothing" if p.safe else "WOULD HURT: " + "; ".join(p.harm)
+    lines.append(f"plan for {', '.join(change)}: {verdict}")
+    if p.cpu_take:
+        lines.append("take CPUs: " + " ".join(f"cpu{c}" for c in p.cpu_take))
+    if p.cpu_add:
+        lines.append("add CPUs: " + " ".join(f"cpu{c}" for c in p.cpu_add))
+    if p.memory_take:
+        lines.append(f"take memory blocks ({p.memory_bytes} bytes): "
+                     + " ".join(f"memory{n}" for n in p.memory_take))
+    if p.memory_add:
+        lines.append(f"online memory blocks ({p.memory_bytes} bytes): "
+                     + " ".join(f"memory{n}" for n in p.memory_add))
+    cap = p.capacity_after
+    lines.append(f"capacity after: {cap.get('cpu', 0):g} CPUs, {int(cap.get('memory', 0))} "
+                 "bytes of memory (what the Node shows once the kubelet has restarted)")
+    alloc = p.allocatable_after
+    if alloc:
+        lines.append(f"allocatable after: {alloc.get('cpu', 0):g} CPUs, "
+                     f"{int(alloc.get('memory', 0))} bytes (less the kubelet's reservations)")
+    if p.refusals:
+        lines.append(f"the kernel is expected to refuse ({p.refusals_total}):")
+        lines += [f"  {r.resource} {r.unit}: {r.detail}" for r in p.refusals]
+        if p.refusals_total > len(p.refusals):
+            lines.append(f"  ... and {p.refusals_total - len(p.refusals)} more")
+    if p.rejected_total:
+        lines.append(f"pods the kubelet would reject at its next restart ({p.rejected_total}):")
+        lines += [f"  {r.namespace}/{r.name}: {r.reason}" for r in p.rejected_pods]
+        if p.rejected_total > len(p.rejected_pods):
+            lines.append(f"  ... and {p.rejected_total - len(p.rejected_pods)} more")
+    if p.stale_containers:
+        lines.append("running containers left stale:")
+        lines += [f"  {c.namespace}/{c.pod} {c.container}: {c.kind}: {c.detail}"
+                  for c in p.stale_containers]
+    lines.append("kubelet: " + ("restarts" if p.kubelet_restarts
+                                else f"would NOT restart: {p.kubelet_problem}"))
+    if p.steps:
+        lines.append("steps, in this order:")
+        lines += [f"  {i}. {s}" for i, s in enumerate(p.steps, 1)]
+    for note in p.notes + p.unjudged:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def register(main: click.Group) -> None:
+    @main.command(epilog=EPILOG)
+    @options.apply(options.RUN)
+    @click.option("--cpu", "cpu_change", default=None, metavar="-N|+N",
+                  help="CPUs to take away (-N) or add (+N).")
+    @click.option("--memory", "memory_change", default=None, metavar="-SIZE|+SIZE",
+                  help="Memory to take away or add: bytes or a quantity (-4Gi, +512Mi).")
+    @click.option("--output", "output", type=click.Choice(["text", "json"]), default="text",
+                  show_default=True, help="text for people, json for programs.")
+    @click.option("--page-flags-blocks", "page_budget", type=click.IntRange(0, 1 << 20),
+                  default=4096, show_default=True,
+                  help="Memory blocks whose /proc/kpageflags are read at most (about 8 ms "
+                  "each); 0: judge kernel-zone blocks unread (never taken).")
+    def plan(cpu_change: str | None, memory_change: str | None, output: str,
+             page_budget: int, **values: Any) -> None:
+        """Before you unplug: which CPUs and memory blocks to take, what the kernel would
+        refuse, which pods the kubelet would reject and which containers would be stale.
+
+        Takes the options `run` takes. Changes nothing. Exit 0 when the change hurts
+        nothing, 1 when it would, 2 on bad input."""
+        from exporter.plan.planner import TooLarge, plan
+        try:
+            change = parse_change(cpu_change, memory_change)
+        except BadChange as e:
+            raise click.UsageError(str(e).replace("cpu ", "--cpu ", 1)
+                                   .replace("memory ", "--memory ", 1)) from None
+        opts = Options.from_cli(values)
+        try:
+            inputs, reader, unjudged = gather(opts, page_budget=page_budget)
+        except (OSError, ValueError) as e:
+            click.echo(f"node-resize-exporter: error: cannot read the kernel's state ({e}); "
+                       "run plan as root on the node, or point --path.sysfs/--path.procfs at "
+                       "the host's", err=True)
+            sys.exit(2)
+        try:
+            result = plan(change, inputs, reader.read if reader is not None else None,
+                          page_budget)
+        except TooLarge as e:
+            raise click.UsageError(f"--{e}") from None
+        finally:
+            if reader is not None:
+                reader.close()
+        if unjudged:
+            import dataclasses
+            result = dataclasses.replace(result, unjudged=tuple(unjudged))
+        if output == "json":
+            click.echo(json.dumps(result.json(), indent=2))
+        else:
+            click.echo(text(result))
+        sys.exit(0 if result.safe else 1)

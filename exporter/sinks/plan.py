@@ -1,0 +1,275 @@
+"""Before you unplug, from the running agent: the plan over HTTP (`GET /plan?cpu=-2&memory=-4Gi`)
+and what can leave now as gauges, both from the same pure planner (exporter/plan/planner.py)
+as `node-resize-exporter plan`.
+
+A sink and a Collector in one (exporter/sinks/__init__.py ViewSink): the agent hands it every
+event, which it feeds, under its own lock, to its own readmission forecast (the Correlator's
+code, fed the same events), a running-pods view and the latest kubelet checkpoints. The kernel's
+memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL seconds or until a
+kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each block's
+flags kept PAGE_FLAGS_TTL seconds. The gauges are computed at scrape time and kept until an
+input changes, like the forecast's.
+
+The composition root wires it (exporter/app.py):
+
+    plan = PlanSink.attach(agent, sysfs=..., procfs=...)   # an agent sink
+    MetricsServer(..., plan=plan.http)                      # GET /plan
+    registry.register(plan)                                 # the gauges
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.running_pods import RunningPodsView
+from exporter.events import (
+    CpuManagerCheckpoint,
+    DeviceChange,
+    Event,
+    KernelSnapshot,
+    KubeletFeatures,
+    MemoryManagerCheckpoint,
+    NodeStatus,
+    PodsRelisted,
+    PodStatus,
+    Resource,
+    RunningContainers,
+    Transition,
+)
+from exporter.plan.model import BadChange, parse_change
+from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.sinks import ViewSink
+from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
+
+HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
+PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
+GAUGE_MAX_AGE = 15.0  # seconds the gauges may lag a pod change (a kernel change: none)
+PAGE_BUDGET = 64  # blocks whose page flags one plan reads at most (~0.5 s)
+QUERY_KEYS = ("cpu", "memory")
+MAX_QUERY = 256  # bytes of query string
+ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
+FIX = "ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once)"
+
+
+def _zone(block: Any) -> str:
+    zone = block.zones[0] if len(block.zones) == 1 else "none"
+    return zone if zone in ZONES else "other"
+
+
+class PlanSink(ViewSink):
+    def __init__(self, sysfs: str = "/sys", procfs: str = "/proc",
+                 kubelet_root: str = "/var/lib/kubelet") -> None:
+        super().__init__()
+        self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
+        self.forecast = ReadmissionForecast()
+        self.running = RunningPodsView()
+        self.kubernetes = False  # a Node status was seen
+        self.snapshot: KernelSnapshot | None = None
+        self.cpu_checkpoint: CpuManagerCheckpoint | None = None
+        self.memory_checkpoint: MemoryManagerCheckpoint | None = None
+        self.kubelet_resizes = False
+        self.hot_added: set[int] = set()  # memory blocks seen added while running
+        self._version = 0  # bumped by every input: the gauges' cache key
+        self._hardware: tuple[float, HotplugHardware] | None = None
+        self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
+        # (key, value, computed at): the gauges' cache
+        self._gauges: tuple[tuple[int, int, int], tuple[int, int], float] | None = None
+        self._io = threading.Lock()  # one reader of sysfs/kpageflags at a time
+        self.plans = 0
+
+    @classmethod
+    def attach(cls, agent: Any, sysfs: str = "/sys", procfs: str = "/proc",  # type: ignore[override]
+               kubelet_root: str = "/var/lib/kubelet") -> "PlanSink":
+        sink = cls(sysfs, procfs, kubelet_root)
+        agent.add_sink(sink)
+        return sink
+
+    # ------------------------------------------------------------ inputs (agent thread)
+
+    def feed(self, event: Event) -> None:
+        self._version += 1
+        self.running.handle(event)
+        if isinstance(event, KernelSnapshot):
+            self.snapshot = event
+            self.forecast.on_snapshot(event)
+        elif isinstance(event, NodeStatus):
+            self.kubernetes = True
+            self.forecast.on_node(event)
+        elif isinstance(event, PodStatus):
+            self.forecast.on_pod(event)
+        elif isinstance(event, PodsRelisted):
+            self.forecast.on_relist(event.uids, event.time)
+        elif isinstance(event, CpuManagerCheckpoint):
+            self.cpu_checkpoint = event
+            self.forecast.on_cpu_manager(event)
+        elif isinstance(event, MemoryManagerCheckpoint):
+            self.memory_checkpoint = event
+        elif isinstance(event, KubeletFeatures):
+            self.kubelet_resizes = bool(event.gates.get("NodeResourceHotPlug"))
+        elif isinstance(event, (Transition, DeviceChange)) and \
+                event.resource is Resource.MEMORY:
+            self._hardware = None  # the blocks changed: read again when asked
+            if isinstance(event, DeviceChange):
+                (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
+                    event.unit)
+        elif isinstance(event, RunningContainers):
+            pass  # the running-pods view has it
+
+    # ------------------------------------------------------------ reading the kernel
+
+    def hardware(self) -> HotplugHardware:
+        with self.lock:
+            cached = self._hardware
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < HARDWARE_TTL:
+            return cached[1]
+        with self._io:
+            hw = read_hardware(self.sysfs)
+        with self.lock:
+            self._hardware = (now, hw)
+        return hw
+
+    def _page_flags(self, reader: PageFlagsReader) -> Any:
+        def read(block: int) -> Any:
+            now = time.monotonic()
+            hit = self._flags.get(block)
+            if hit is not None and now - hit[0] < PAGE_FLAGS_TTL:
+                return hit[1]
+            flags = reader.read(block)
+            if flags is not None:
+                self._flags[block] = (now, flags)
+            return flags
+        return read
+
+    def _inputs(self, hw: HotplugHardware) -> Inputs | None:
+        """Under the lock."""
+        if self.snapshot is None:
+            return None
+        return Inputs(self.snapshot, hw, self.forecast if self.kubernetes else None,
+                      self.running if self.running.scan is not None else None,
+                      self.cpu_checkpoint, self.memory_checkpoint, self.kubelet_root,
+                      self.kubelet_resizes)
+
+    # ------------------------------------------------------------ GET /plan
+
+    def http(self, query: str) -> tuple[int, bytes]:
+        """The answer to GET /plan?<query>: (status, JSON body). Never raises for what the
+        client sends. Runs off the event loop (it reads sysfs and kpageflags)."""
+        try:
+            change = parse_change(*self._query(query))
+        except BadChange as e:
+            return 400, _error(str(e), FIX)
+        hw = self.hardware()
+        verdicts = None
+        if change.memory < 0 and hw.block_size > 0:
+            needed = -(change.memory // hw.block_size)  # ceil of the bytes asked
+            with self._io, PageFlagsReader(hw.block_size, self.procfs) as reader:
+                verdicts = judge_blocks(hw, self._page_flags(reader), PAGE_BUDGET,
+                                        enough=needed)
+        with self.lock:
+            inputs = self._inputs(hw)
+            if inputs is None:
+                return 503, _error("the kernel has not been read yet", "ask again in a "
+                                   "second")
+            try:
+                result = plan(change, inputs, verdicts=verdicts)
+            except TooLarge as e:
+                return 400, _error(str(e), FIX)
+            self.plans += 1
+        return (200, json.dumps(result.json(), indent=1).encode())
+
+    @staticmethod
+    def _query(query: str) -> tuple[str | None, str | None]:
+        if len(query) > MAX_QUERY:
+            raise BadChange(f"query longer than {MAX_QUERY} bytes")
+        try:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True,
+                                           max_num_fields=len(QUERY_KEYS) + 1) if query else []
+        except ValueError as e:
+            raise BadChange(f"query {query[:60]!r} does not parse ({e})") from None
+        seen: dict[str, str] = {}
+        for key, value in pairs:
+            if key not in QUERY_KEYS:
+                raise BadChange(f"unknown query key {key[:40]!r}: only cpu and memory")
+            if key in seen:
+                raise BadChange(f"query key {key!r} given twice")
+            # A query string's "+" means a space: `cpu=+2` arrives as " 2". Read it as the
+            # sign it was meant to be (%2B works too).
+            seen[key] = "+" + value[1:] if value.startswith(" ") else value
+        return seen.get("cpu"), seen.get("memory")
+
+    # ------------------------------------------------------------ the gauges
+
+    def collect(self) -> Iterable[Metric]:
+        hw = self.hardware() if self.snapshot is not None else None
+        with self.lock:
+            inputs = self._inputs(hw) if hw is not None else None
+            value = None
+            if inputs is not None and hw is not None:
+                # Kept until an input changes; a pod's change alone (a busy node: every
+                # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a kernel
+                # change at once.
+                key = (self._version, id(hw), id(self.snapshot))
+                now = time.monotonic()
+                cached = self._gauges
+                if cached is not None and (cached[0] == key or (
+                        cached[0][1:] == key[1:] and now - cached[2] < GAUGE_MAX_AGE)):
+                    value = cached[1]
+                else:
+                    value = unpluggable(inputs, judge_blocks(hw, None, 0))
+                    self._gauges = (key, value, now)
+            hot_added = set(self.hot_added)
+        can = GaugeMetricFamily(
+            "node_resize_unpluggable",
+            "The most of each resource that can be removed now, each on its own, with no pod "
+            "rejected at the kubelet's next restart, no running container left stale and no "
+            "kernel refusal expected: CPUs with an online file, memory blocks in ZONE_MOVABLE "
+            "(kernel-zone blocks need their page flags read: `node-resize-exporter plan` or "
+            "GET /plan).", labels=["resource", "unit"])
+        blocks = GaugeMetricFamily(
+            "node_resize_memory_blocks_by_zone",
+            "Online memory blocks by the zone they are in (valid_zones; none: spans zones). "
+            "Only Movable ones can be counted on to leave again.", labels=["zone"])
+        added = GaugeMetricFamily(
+            "node_resize_memory_hot_added_blocks",
+            "Online memory blocks added while the exporter ran, by zone: in a zone other than "
+            "Movable they may never leave again.", labels=["zone"])
+        if value is not None:
+            can.add_metric(["cpu", "core"], value[0])
+            can.add_metric(["memory", "byte"], value[1])
+        if hw is not None and hw.block_size:
+            # Only the zones this node has: a series per zone at 0 would be series at every
+            # node of a fleet that say nothing.
+            counts: dict[str, int] = {}
+            new: dict[str, int] = {}
+            for b in hw.blocks:
+                if b.online:
+                    zone = _zone(b)
+                    counts[zone] = counts.get(zone, 0) + 1
+                    if b.number in hot_added:
+                        new[zone] = new.get(zone, 0) + 1
+            for zone, n in counts.items():
+                blocks.add_metric([zone], n)
+            for zone, n in new.items():
+                added.add_metric([zone], n)
+        yield can
+        yield blocks
+        yield added
+
+    def describe(self) -> Iterable[Metric]:
+        # The families, without reading the kernel (register() calls this at start-up).
+        yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
+        yield GaugeMetricFamily("node_resize_memory_blocks_by_zone", "", labels=["zone"])
+        yield GaugeMetricFamily("node_resize_memory_hot_added_blocks", "", labels=["zone"])
+
+
+def _error(message: str, fix: str) -> bytes:
+    return json.dumps({"error": message, "fix": fix}).encode()
+

@@ -1,0 +1,162 @@
+"""What the kernel says about each CPU's and memory block's chance to leave: read on demand
+(a plan, a scrape of the unpluggable gauges), never per event.
+
+- CPUs: a CPU is hotpluggable when sysfs gives it an `online` file (cpu0 on x86 has none);
+- memory blocks: `state`, `valid_zones` (an online block: the zone it is in, or `none` when it
+  spans zones, which the kernel refuses to offline; an offline one: the zones it may join),
+  `removable` (1 on every kernel since 5.7 whatever the block holds: read, but it predicts
+  nothing), the memory_hotplug module's parameters and `auto_online_blocks`;
+- /proc/kpageflags for one block (8 bytes per 4 KiB page, 256 KiB for a 128 MiB block): the
+  pages' flags, counted by value. Only for the blocks a plan asks about, at most a budget of
+  blocks per call: it is the costly read (about 8 ms a block).
+
+The pure planner (exporter/plan/) reads these through its own protocols; nothing here judges.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.untrusted import read_text
+
+PAGE_SIZE = 4096
+KPAGEFLAGS_BLOCKS_MAX = 64  # blocks whose page flags one call reads at most (16 MiB at 128 MiB)
+_BLOCKS_MAX = 65536  # memory blocks read at most (8 TiB of 128 MiB blocks)
+
+
+@dataclass(frozen=True)
+class MemoryBlock:
+    number: int
+    online: bool
+    zones: tuple[str, ...]  # valid_zones' words; () when the file is missing
+    removable: bool | None = None
+    # Page flags (kpageflags values) -> pages, None when not read.
+    page_flags: Counter[int] | None = None
+
+
+@dataclass(frozen=True)
+class HotplugHardware:
+    """The CPUs and memory blocks as hotplug sees them."""
+
+    cpus_hotpluggable: frozenset[int]  # CPUs with an `online` file
+    block_size: int  # bytes; 0: no memory hotplug in sysfs
+    blocks: tuple[MemoryBlock, ...]  # by number
+    auto_online: str = ""  # auto_online_blocks: what a hot-added block becomes
+    online_policy: str = ""  # memory_hotplug.online_policy (contig-zones, auto-movable)
+    truncated: bool = False  # more blocks than _BLOCKS_MAX: the rest not read
+
+
+def _text(path: str) -> str | None:
+    try:
+        return read_text(path, 4096).strip()
+    except (OSError, ValueError):
+        return None
+
+
+def read_cpus_hotpluggable(sysfs: str = "/sys") -> frozenset[int]:
+    root = os.path.join(sysfs, "devices/system/cpu")
+    out = set()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return frozenset()
+    for entry in entries:
+        name = entry.name
+        if name.startswith("cpu") and name[3:].isdigit() and \
+                os.path.exists(os.path.join(entry.path, "online")):
+            out.add(int(name[3:]))
+    return frozenset(out)
+
+
+def read_hardware(sysfs: str = "/sys") -> HotplugHardware:
+    """CPUs and memory blocks now. Never raises for what the tree holds: a block whose files
+    vanish or do not parse is left out."""
+    cpus = read_cpus_hotpluggable(sysfs)
+    mem = os.path.join(sysfs, "devices/system/memory")
+    size_text = _text(os.path.join(mem, "block_size_bytes"))
+    try:
+        size = int(size_text, 16) if size_text else 0
+    except ValueError:
+        size = 0
+    if size <= 0:
+        return HotplugHardware(cpus, 0, ())
+    numbers: list[int] = []
+    try:
+        for entry in os.scandir(mem):
+            if entry.name.startswith("memory") and entry.name[6:].isdigit():
+                numbers.append(int(entry.name[6:]))
+    except OSError:
+        pass
+    numbers.sort()
+    truncated = len(numbers) > _BLOCKS_MAX
+    blocks = []
+    for n in numbers[:_BLOCKS_MAX]:
+        base = os.path.join(mem, f"memory{n}")
+        state = _text(os.path.join(base, "state"))
+        if state is None:
+            continue
+        zones = _text(os.path.join(base, "valid_zones"))
+        removable = _text(os.path.join(base, "removable"))
+        blocks.append(MemoryBlock(n, state == "online", tuple(zones.split()) if zones else (),
+                                  None if removable is None else removable == "1"))
+    params = os.path.join(sysfs, "module/memory_hotplug/parameters")
+    return HotplugHardware(cpus, size, tuple(blocks),
+                           _text(os.path.join(mem, "auto_online_blocks")) or "",
+                           _text(os.path.join(params, "online_policy")) or "", truncated)
+
+
+class PageFlagsReader:
+    """/proc/kpageflags for whole memory blocks (root only). `read(block)` is the flags of
+    its pages counted by value, or None when the file cannot be read."""
+
+    def __init__(self, block_size: int, procfs: str = "/proc") -> None:
+        self.path = os.path.join(procfs, "kpageflags")
+        self.pages = block_size // PAGE_SIZE
+        self.read_blocks = 0  # how many blocks were read (tests, bench)
+        self._fd: int | None = None
+
+    def __enter__(self) -> "PageFlagsReader":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self, block: int) -> Counter[int] | None:
+        if self.pages <= 0:
+            return None
+        try:
+            if self._fd is None:
+                # Non-blocking, and only a regular file: --path.procfs names a tree the
+                # exporter does not control (a FIFO there would block the open forever).
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    return None
+                self._fd = fd
+            data = os.pread(self._fd, self.pages * 8, block * self.pages * 8)
+        except OSError:
+            return None
+        if len(data) != self.pages * 8:
+            return None
+        self.read_blocks += 1
+        flags = array("Q")
+        flags.frombytes(data)
+        return Counter(flags)
+
+
+def with_page_flags(block: MemoryBlock, reader: PageFlagsReader) -> MemoryBlock:
+    return MemoryBlock(block.number, block.online, block.zones, block.removable,
+                       reader.read(block.number))
+
+
+def exists(sysfs: str = "/sys") -> bool:
+    return Path(sysfs, "devices/system/memory/block_size_bytes").exists()

@@ -1,0 +1,38 @@
+"""A small sysfs/procfs tree for plan tests: CPUs (cpu0 without an online file, as on x86) and
+memory blocks with their state and valid_zones, as the kernel lays them out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+BLOCK = 128 * 2**20
+
+
+def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
+              blocks: dict[int, tuple[str, str]] | None = None,
+              mem_total_kb: int = 24684084, auto_online: str = "offline") -> tuple[str, str]:
+    """(sysfs, procfs) roots. `blocks`: number -> (state, valid_zones)."""
+    sys_root, proc_root = root / "sys", root / "proc"
+    cpu = sys_root / "devices/system/cpu"
+    cpu.mkdir(parents=True)
+    online = [c for c in range(cpus) if c not in offline]
+    ranges = {"online": online, "offline": list(offline), "present": list(range(cpus)),
+              "possible": list(range(cpus))}
+    for name, members in ranges.items():
+        (cpu / name).write_text(",".join(map(str, members)) + "\n")
+    for c in range(cpus):
+        (cpu / f"cpu{c}").mkdir()
+        if c:  # the boot CPU has no online file
+            (cpu / f"cpu{c}" / "online").write_text("0\n" if c in offline else "1\n")
+    mem = sys_root / "devices/system/memory"
+    mem.mkdir(parents=True)
+    (mem / "block_size_bytes").write_text(f"{BLOCK:x}\n")
+    (mem / "auto_online_blocks").write_text(auto_online + "\n")
+    for n, (state, zones) in (blocks or {}).items():
+        d = mem / f"memory{n}"
+        d.mkdir()
+        (d / "state").write_text(state + "\n")
+        (d / "valid_zones").write_text(zones + "\n")
+        (d / "removable").write_text("1\n")
+    proc_root.mkdir()
+    (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nSwapTotal: 0 kB\n")
+    return str(sys_root), str(proc_root)

@@ -1,0 +1,86 @@
+"""The plan on this machine's real kernel: its memory blocks and page flags as sysfs and
+/proc/kpageflags give them, and the kernel asked. A block the plan takes is offlined and a
+block it expects refused is tried, under the machine-wide hotplug lock, each online again at
+once (bench/plan_kernel.py measures every block; this checks the prediction on a few)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.plan.model import Change
+from exporter.plan.planner import Inputs, judge_blocks, plan
+from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
+from exporter.sources.kernel.sysfs import SysfsReader
+from testkit import kernel
+
+pytestmark = pytest.mark.kernel
+MEM = Path("/sys/devices/system/memory")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="kpageflags and hotplug need root")
+
+
+def test_every_memory_block_is_read_with_its_zone_and_state():
+    if not MEM.exists():
+        pytest.skip("no memory hotplug in sysfs")
+    with kernel.hotplug_lock():  # no block changes state between the two reads
+        hw = read_hardware()
+        on_disk = {int(p.name[6:]): (p / "state").read_text().strip()
+                   for p in MEM.glob("memory[0-9]*")}
+    assert hw.block_size == int((MEM / "block_size_bytes").read_text(), 16)
+    assert {b.number: ("online" if b.online else "offline") for b in hw.blocks} == \
+        {n: ("online" if s == "online" else "offline") for n, s in on_disk.items()}
+    for b in hw.blocks:
+        assert b.zones and set(b.zones) <= {"DMA", "DMA32", "Normal", "Movable", "Device",
+                                            "none"}, b
+    assert hw.auto_online == (MEM / "auto_online_blocks").read_text().strip()
+    assert 0 not in hw.cpus_hotpluggable or Path("/sys/devices/system/cpu/cpu0/online").exists()
+
+
+@needs_root
+def test_page_flags_cover_each_page_of_a_block_once():
+    hw = read_hardware()
+    with PageFlagsReader(hw.block_size) as reader:
+        for b in hw.blocks[:4]:
+            flags = reader.read(b.number)
+            assert flags is not None and sum(flags.values()) == hw.block_size // 4096
+
+
+@needs_root
+def test_a_block_the_plan_takes_goes_and_one_it_expects_refused_is_refused():
+    with kernel.hotplug_lock():
+        hw = read_hardware()
+        snap = SysfsReader().read(0.0)
+        with PageFlagsReader(hw.block_size) as reader:
+            verdicts = judge_blocks(hw, reader.read, budget=len(hw.blocks))
+        p = plan(Change(0, -hw.block_size), Inputs(snap, hw), verdicts=verdicts)
+        if not p.memory_take:
+            pytest.skip("the plan finds no block that can go on this machine now")
+        refused = [v.number for v in verdicts if v.reason == "unmovable_pages"][:1]
+        for number, expected in [(p.memory_take[0], True)] + [(n, False) for n in refused]:
+            block = kernel.MemoryBlock(number)
+            try:
+                err = kernel.write_sysfs(block.path, "offline")
+                assert (err == 0) == expected, (number, os.strerror(err) if err else "went")
+            finally:
+                block.set_online(True)
+
+
+@needs_root
+def test_the_plan_command_on_this_machine_changes_nothing():
+    with kernel.hotplug_lock():  # no other test's hotplug meanwhile
+        _plan_changes_nothing()
+
+
+def _plan_changes_nothing() -> None:
+    before = sorted((p.name, (p / "state").read_text()) for p in MEM.glob("memory[0-9]*"))
+    cpus = Path("/sys/devices/system/cpu/online").read_text()
+    done = subprocess.run([sys.executable, "-m", "exporter", "plan", "--memory", "-1Gi",
+                           "--cpu", "-1", "--kubernetes", "off", "--output", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1), done.stderr
+    assert sorted((p.name, (p / "state").read_text()) for p in MEM.glob("memory[0-9]*")) \
+        == before
+    assert Path("/sys/devices/system/cpu/online").read_text() == cpus

@@ -1,0 +1,257 @@
+"""The pure planner: which CPUs and memory blocks it takes, what it expects the kernel to
+refuse, the pods and containers the change would hurt, the kubelet's restart after it."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from exporter.correlate.running_pods import RunningPodsView
+from exporter.events import (
+    ContainerCgroup,
+    ContainerSizing,
+    CpuManagerCheckpoint,
+    MemoryManagerCheckpoint,
+    RunningContainers,
+)
+from exporter.plan.model import BadChange, Change, parse_change
+from exporter.plan.pages import (
+    KPF_BUDDY,
+    KPF_LRU,
+    KPF_NOPAGE,
+    KPF_PGTABLE,
+    KPF_RESERVED,
+    KPF_SLAB,
+    count_pages,
+)
+from exporter.plan.planner import Inputs, TooLarge, judge_block, plan
+from exporter.sources.kernel.memory_blocks import HotplugHardware, MemoryBlock
+from testkit.forecast import GiB, MiB, T, forecaster, node, pod, snapshot
+
+BLOCK = 128 * MiB
+PAGES = BLOCK // 4096
+
+
+def block(n: int, zone: str = "Normal", *, online: bool = True, **kinds: int) -> MemoryBlock:
+    """A block whose pages are `kinds` (free, lru, slab, pgtable, reserved, other, hole)."""
+    bits = {"free": KPF_BUDDY, "lru": KPF_LRU, "slab": KPF_SLAB, "pgtable": KPF_PGTABLE,
+            "reserved": KPF_RESERVED, "other": 0, "hole": KPF_NOPAGE}
+    flags = None
+    if kinds:
+        flags = Counter({bits[k]: v for k, v in kinds.items()})
+        flags[KPF_BUDDY] += PAGES - sum(kinds.values())
+    return MemoryBlock(n, online, (zone,), True, flags)
+
+
+def hardware(*blocks: MemoryBlock, hotpluggable=frozenset({1})) -> HotplugHardware:
+    return HotplugHardware(hotpluggable, BLOCK, tuple(blocks), "offline")
+
+
+def inputs(hw: HotplugHardware, cpus: int = 2, memory: int = 8 * GiB, **kw) -> Inputs:
+    snap = snapshot(cpus, memory)
+    online = frozenset(b.number for b in hw.blocks if b.online)
+    offline = frozenset(b.number for b in hw.blocks if not b.online)
+    from dataclasses import replace
+    snap = replace(snap, memory_blocks_online=online, memory_blocks_offline=offline)
+    return Inputs(snap, hw, **kw)
+
+
+# ---------------------------------------------------------------- the change
+
+
+@pytest.mark.parametrize("cpu, memory, want", [
+    ("-2", None, Change(-2, 0)), ("+1", "-4Gi", Change(1, -4 * GiB)),
+    (None, "+512Mi", Change(0, 512 * MiB)), ("", "-134217728", Change(0, -BLOCK)),
+])
+def test_changes_parse(cpu, memory, want):
+    assert parse_change(cpu, memory) == want
+
+
+@pytest.mark.parametrize("cpu, memory, fix", [
+    ("1.5", None, "no fractions"), ("2", None, "with its sign"), (None, "-1Qi", "not a size"),
+    (None, None, "no change given"), ("-0", None, "the change is zero"),
+    (None, "4Gi", "a size with its sign"), ("-99999999", None, "with its sign"),
+])
+def test_bad_changes_name_the_fix(cpu, memory, fix):
+    with pytest.raises(BadChange, match=fix):
+        parse_change(cpu, memory)
+
+
+# ---------------------------------------------------------------- memory blocks
+
+
+def test_page_kinds_are_counted_by_flag():
+    pages = count_pages({KPF_BUDDY: 10, KPF_LRU | (1 << 14): 5, KPF_SLAB: 2, KPF_PGTABLE: 3,
+                         KPF_RESERVED | KPF_LRU: 1, 0: 4, KPF_NOPAGE: 6, 1 << 17: 7})
+    assert (pages.free, pages.lru, pages.slab, pages.page_tables, pages.reserved, pages.other,
+            pages.holes) == (10, 5 + 7, 2, 3, 1, 4, 6)
+    assert pages.unmovable == 2 + 3 + 1 + 4
+
+
+@pytest.mark.parametrize("b, ok, reason", [
+    (block(5, "Movable"), True, ""),
+    (MemoryBlock(5, True, ("none",)), False, "spans_zones"),
+    (MemoryBlock(5, True, ("DMA", "DMA32")), False, "spans_zones"),
+    (block(5), False, "pages_not_read"),
+    (block(5, lru=100), True, ""),
+    (block(5, pgtable=1), False, "unmovable_pages"),
+    (block(5, other=PAGES), False, "unmovable_pages"),
+    (block(5, hole=10), False, "holes"),
+])
+def test_a_block_is_judged_by_its_zone_and_pages(b, ok, reason):
+    verdict = judge_block(b, b.page_flags)
+    assert (verdict.ok, verdict.reason) == (ok, reason)
+
+
+def test_memory_is_taken_movable_first_then_the_least_used_and_never_unmovable():
+    hw = hardware(block(1, "DMA32", lru=0), block(40, lru=500), block(41, lru=10),
+                  block(42, slab=1), block(60, "Movable"), MemoryBlock(0, True, ("none",)))
+    p = plan(Change(0, -3 * BLOCK), inputs(hw))
+    assert p.memory_take == (60, 41, 40)
+    assert p.memory_bytes == 3 * BLOCK and p.safe
+    assert p.capacity_after["memory"] == 8 * GiB - 3 * BLOCK
+    # One more is DMA32, then nothing can go: short, with the kernel's reasons.
+    p = plan(Change(0, -6 * BLOCK), inputs(hw))
+    assert p.memory_take == (60, 41, 40, 1)
+    assert p.memory_short_bytes == 2 * BLOCK and not p.safe
+    assert {(r.unit, r.reason) for r in p.refusals} == {(42, "unmovable_pages"),
+                                                       (0, "spans_zones")}
+
+
+def test_page_flags_are_read_only_until_enough_blocks_can_go_and_within_the_budget():
+    hw = hardware(*(block(n) for n in range(10, 20)))
+    read: list[int] = []
+
+    def flags(n: int):
+        read.append(n)
+        return Counter({KPF_BUDDY: PAGES}) if n % 2 else Counter({KPF_SLAB: PAGES})
+
+    p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=100)
+    assert p.memory_take == (19, 17) and read == [19, 18, 17]
+    read.clear()
+    p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=2)
+    assert read == [19, 18] and p.memory_take == (19,) and p.memory_short_bytes == BLOCK
+
+
+def test_a_size_that_is_not_whole_blocks_takes_whole_blocks_and_says_so():
+    p = plan(Change(0, -BLOCK - 1), inputs(hardware(block(7, "Movable"), block(8, "Movable"))))
+    assert p.memory_blocks_needed == 2 and p.memory_bytes == 2 * BLOCK
+    assert any("blocks of" in n for n in p.notes)
+
+
+def test_more_than_the_machine_is_refused_with_the_most():
+    with pytest.raises(TooLarge, match="take at most 1"):
+        plan(Change(-2, 0), inputs(hardware()))
+    with pytest.raises(TooLarge, match="the machine has"):
+        plan(Change(0, -8 * GiB), inputs(hardware()))
+
+
+def test_a_memory_hot_add_onlines_offline_blocks_and_advises_movable():
+    hw = HotplugHardware(frozenset({1}), BLOCK, (block(70, "Normal", online=False),
+                                                 block(71, "Normal", online=False)), "online")
+    p = plan(Change(0, 3 * BLOCK), inputs(hw))
+    assert p.memory_add == (70, 71)
+    assert p.capacity_after["memory"] == 8 * GiB + 3 * BLOCK
+    assert any("online_movable" in n for n in p.notes)
+    assert any("hypervisor must add" in n for n in p.notes)
+    assert not p.kubelet_picks_up_without_restart
+    assert any("restart the kubelet" in s for s in p.steps)
+
+
+# ---------------------------------------------------------------- CPUs
+
+
+def test_cpu0_without_an_online_file_is_never_taken():
+    hw = hardware(hotpluggable=frozenset({1, 2, 3}))
+    p = plan(Change(-2, 0), inputs(hw, cpus=4))
+    assert p.cpu_take == (3, 2) and p.safe
+    hw = hardware(hotpluggable=frozenset({2, 3}))
+    p = plan(Change(-3, 0), inputs(hw, cpus=4))
+    assert p.cpu_take == (3, 2) and p.cpu_short == 1 and not p.safe
+    assert [(r.unit, r.reason) for r in p.refusals] == [(0, "no_online_file"),
+                                                        (1, "no_online_file")]
+
+
+def _running(snap, containers, pods=(), checkpoint=None) -> RunningPodsView:
+    view = RunningPodsView()
+    for event in (snap, RunningContainers(T, 2, tuple(containers)), *pods):
+        view.handle(event)
+    if checkpoint is not None:
+        view.handle(checkpoint)
+    return view
+
+
+def test_an_exclusively_pinned_cpu_is_taken_last_and_named_when_it_must_go():
+    hw = hardware(hotpluggable=frozenset({1, 2, 3}))
+    snap = snapshot(4, possible=4)
+    cp = CpuManagerCheckpoint(T, "/var/lib/kubelet/cpu_manager_state", True, "static",
+                              frozenset({0, 1, 2}), frozenset({3}))
+    pinned = ContainerCgroup("uid-g", "c" * 64, "guaranteed", cpus=frozenset({3}))
+    shared = ContainerCgroup("uid-b", "d" * 64, "burstable", cpus=frozenset({0, 1, 2}))
+    running = _running(snap, [pinned, shared], checkpoint=cp)
+    ins = Inputs(snap, hw, running=running, cpu_checkpoint=cp)
+    p = plan(Change(-1, 0), ins)
+    assert p.cpu_take == (2,)
+    assert p.stale_containers == ()
+    p = plan(Change(-3, 0), ins)
+    assert p.cpu_take == (2, 1, 3)
+    assert [(c.pod, c.kind) for c in p.stale_containers] == [("uid-g", "cpuset_exclusive")]
+    # The static checkpoint names the CPUs that go: no restart until it is deleted.
+    assert not p.kubelet_restarts and "offline" in p.kubelet_problem
+    assert any("delete /var/lib/kubelet/cpu_manager_state" in s for s in p.steps)
+
+
+def test_limits_above_the_new_capacity_are_stale_and_existing_findings_are_not_the_changes():
+    hw = hardware(block(9, "Movable"), hotpluggable=frozenset({1, 2, 3}))
+    snap = snapshot(4, memory=8 * GiB, possible=4)
+    from dataclasses import replace
+    snap = replace(snap, memory_blocks_online=frozenset({9}))
+    big = ContainerCgroup("uid-a", "a" * 64, "burstable", cpu_limit=4.0,
+                          memory_limit=8 * GiB - 64 * MiB)
+    old = ContainerCgroup("uid-b", "b" * 64, "burstable", cpu_limit=5.0)  # stale already
+    p = plan(Change(-1, -BLOCK), Inputs(snap, hw, running=_running(snap, [big, old])))
+    assert sorted(c.kind for c in p.stale_containers) == ["cpu_limit_above_online",
+                                                         "memory_limit_above_capacity"]
+    assert {c.pod for c in p.stale_containers} == {"uid-a"}
+    assert not p.safe
+
+
+def test_a_burstable_oom_score_from_the_old_memory_is_stale_after_a_memory_change():
+    hw = hardware(*(block(n, "Movable") for n in range(40, 72)))
+    snap = snapshot(2, memory=8 * GiB)
+    from dataclasses import replace
+
+    from exporter.events import PodStatus
+    snap = replace(snap, memory_blocks_online=frozenset(range(40, 72)))
+    request = 2 * GiB
+    adj = 1000 - 1000 * request // (8 * GiB)
+    status = PodStatus(T, "uid-m", "default", "mem", "Running", "", True, qos_class="Burstable",
+                       containers=(ContainerSizing("app", "e" * 64, request),))
+    cg = ContainerCgroup("uid-m", "e" * 64, "burstable", oom_score_adj=adj)
+    p = plan(Change(0, -4 * GiB), Inputs(snap, hw, running=_running(snap, [cg], [status])))
+    assert [(c.pod, c.container, c.kind) for c in p.stale_containers] == \
+        [("mem", "app", "oom_score_adj")]
+
+
+def test_a_static_memory_manager_will_not_restart_on_other_memory():
+    hw = hardware(block(9, "Movable"))
+    mp = MemoryManagerCheckpoint(T, "/var/lib/kubelet/memory_manager_state", True, "Static",
+                                 {"memory": 8 * GiB})
+    p = plan(Change(0, -BLOCK), inputs(hw, memory_checkpoint=mp))
+    assert not p.kubelet_restarts and "memory manager" in p.kubelet_problem
+
+
+# ---------------------------------------------------------------- the forecast, same code
+
+
+def test_the_forecast_runs_on_the_hypothetical_kernel_and_is_given_back():
+    f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
+                   [pod("a", {"cpu": "500m"}, created="08:00:00"),
+                    pod("b", {"cpu": "500m"}, created="08:00:01")], static=True)
+    ins = Inputs(snapshot(2), hardware(), forecast=f)
+    p = plan(Change(-1, 0), ins)
+    assert [(r.name, r.reason) for r in p.rejected_pods] == [("a", "OutOfcpu"),
+                                                             ("b", "OutOfcpu")]
+    assert p.rejected_now == 0 and p.harm[0].startswith("2 pod(s) rejected")
+    assert f.result() is not None and f.result().rejected_total == 0  # the real kernel again
+    assert plan(Change(1, 0), Inputs(snapshot(1), hardware(), forecast=f)).cpu_add == (1,)

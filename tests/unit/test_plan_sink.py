@@ -1,0 +1,103 @@
+"""The plan sink: fed like the correlator, it answers GET /plan's query strings and renders
+the unpluggable gauges from a sysfs tree (a fake one here: tests/e2e and tests/kernel use the
+real one)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.events import DeviceChange, NodeStatus, Resource
+from exporter.kube.convert import node_status, pod_status
+from exporter.sinks.plan import PlanSink
+from exporter.sources.kernel.sysfs import SysfsReader
+from testkit.forecast import T, node, pod
+from testkit.plan import fake_host
+
+
+@pytest.fixture
+def sink(tmp_path):
+    sysfs, procfs = fake_host(tmp_path, blocks={1: ("online", "DMA32"), 8: ("online", "Movable"),
+                                                9: ("online", "Movable"), 10: ("online", "none")})
+    s = PlanSink(sysfs, procfs)
+    s.on_event(SysfsReader(sysfs, procfs).read(T))
+    converted = node_status(node(cpu="2", allocatable_cpu="1"), T).event
+    assert isinstance(converted, NodeStatus)
+    s.on_event(converted)
+    for name in ("a", "b"):
+        s.on_event(pod_status(pod(name, {"cpu": "500m"}), T, None).event)
+    return s
+
+
+def values(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
+    return {(m.name, tuple(sample.labels.values())): sample.value
+            for m in sink.collect() for sample in m.samples}
+
+
+def test_a_plan_query_is_answered_with_the_pods_it_would_cost(sink):
+    status, body = sink.http("cpu=-1")
+    answer = json.loads(body)
+    assert status == 200 and answer["cpu"]["take"] == [1] and not answer["safe"]
+    assert [p["reason"] for p in answer["rejected_pods"]] == ["OutOfcpu", "OutOfcpu"]
+    status, body = sink.http("memory=-256Mi")
+    answer = json.loads(body)
+    assert sorted(answer["memory"]["take"]) == [8, 9] and answer["safe"]
+    # A hot-add's sign survives the query string, written plainly or escaped.
+    for query in ("cpu=+1", "cpu=%2B1"):
+        status, body = sink.http(query)
+        assert status == 400 and "add at most 0" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("query, fix", [
+    ("cpu=-1&cpu=-1", "given twice"), ("gpu=1", "unknown query key"), ("cpu", "does not parse"),
+    ("cpu=-1&" + "x" * 300, "longer than"), ("memory=+1Qi", "not a size"), ("cpu=-2", "at most 1"),
+    ("cpu=-1&memory=-1&a=1&b=2&c=3", "does not parse"),
+])
+def test_bad_queries_are_400_with_the_fix(sink, query, fix):
+    status, body = sink.http(query)
+    answer = json.loads(body)
+    assert status == 400 and fix in answer["error"] and "GET /plan?" in answer["fix"]
+
+
+def test_the_gauges_say_what_can_leave_and_memory_by_zone(sink):
+    got = values(sink)
+    # cpu1 would cost both pods: no CPU can leave; both movable blocks can.
+    assert got[("node_resize_unpluggable", ("cpu", "core"))] == 0
+    assert got[("node_resize_unpluggable", ("memory", "byte"))] == 2 * 128 * 2**20
+    assert got[("node_resize_memory_blocks_by_zone", ("Movable",))] == 2
+    assert got[("node_resize_memory_blocks_by_zone", ("DMA32",))] == 1
+    assert got[("node_resize_memory_blocks_by_zone", ("none",))] == 1
+    assert not any(name == "node_resize_memory_hot_added_blocks" for name, _ in got)
+    sink.on_event(DeviceChange("uevent", Resource.MEMORY, 8, "add", T + 1))
+    assert values(sink)[("node_resize_memory_hot_added_blocks", ("Movable",))] == 1
+
+
+def test_the_gauges_are_kept_until_an_input_changes(sink, monkeypatch):
+    import exporter.sinks.plan as module
+    calls = []
+    real = module.unpluggable
+    monkeypatch.setattr(module, "unpluggable", lambda *a: calls.append(1) or real(*a))
+    values(sink)
+    values(sink)
+    assert len(calls) == 1
+    sink.on_event(pod_status(pod("c", {"cpu": "100m"}), T, None).event)
+    values(sink)
+    assert len(calls) == 1  # a pod alone: within GAUGE_MAX_AGE the value stands
+    sink.on_event(SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
+    values(sink)
+    assert len(calls) == 2  # the kernel changed: at once
+
+
+def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
+    import os
+    import threading
+
+    from exporter.sources.kernel.memory_blocks import PageFlagsReader
+    os.mkfifo(tmp_path / "kpageflags")
+    got: list[object] = []
+    reader = PageFlagsReader(128 * 2**20, str(tmp_path))
+    t = threading.Thread(target=lambda: got.append(reader.read(3)), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [None]
+    reader.close()
