@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 from typing import Any
 
@@ -26,6 +27,11 @@ Examples:
   node-resize-exporter plan --memory -4Gi --output json
   node-resize-exporter plan --cpu +2 --memory +8Gi     # what a hot-add would give
 """
+
+
+def _flags(message: str) -> str:
+    """The planner's words for the change ("cpu -2", "memory -4Gi") as this command's flags."""
+    return re.sub(r"\b(cpu|memory) (?=[-+'0-9])", r"--\1 ", message)
 
 
 def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
@@ -188,8 +194,7 @@ def register(main: click.Group) -> None:
         try:
             change = parse_change(cpu_change, memory_change)
         except BadChange as e:
-            raise click.UsageError(str(e).replace("cpu ", "--cpu ", 1)
-                                   .replace("memory ", "--memory ", 1)) from None
+            raise click.UsageError(_flags(str(e))) from None
         opts = Options.from_cli(values)
         try:
             inputs, reader, unjudged = gather(opts, page_budget=page_budget)
@@ -202,7 +207,7 @@ def register(main: click.Group) -> None:
             result = plan(change, inputs, reader.read if reader is not None else None,
                           page_budget)
         except TooLarge as e:
-            raise click.UsageError(f"--{e}") from None
+            raise click.UsageError(_flags(str(e))) from None
         finally:
             if reader is not None:
                 reader.close()

@@ -32,9 +32,9 @@ def parse_change(cpu: str | None, memory: str | None) -> Change:
     """`--cpu -2`, `--memory -4Gi` (the query's `cpu=-2&memory=-4Gi`) -> Change; BadChange
     names the fix."""
     if (cpu is None or cpu == "") and (memory is None or memory == ""):
-        raise BadChange("no change given: pass --cpu -N or +N (CPUs) and/or --memory -SIZE or "
-                        "+SIZE (bytes or a quantity such as 4Gi), for example --cpu -1 "
-                        "--memory -2Gi")
+        raise BadChange("no change given: ask for cpu -N or +N (CPUs) and/or memory -SIZE or "
+                        "+SIZE (bytes or a quantity such as 4Gi), for example cpu -1 and "
+                        "memory -2Gi")
     cpus = 0
     if cpu is not None and cpu != "":
         text = cpu.strip()

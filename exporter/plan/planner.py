@@ -281,9 +281,11 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
     if change.cpus < 0:
         n = -change.cpus
         if n >= len(online):
-            raise TooLarge(f"cpu {change.cpus}: the machine has {len(online)} CPUs online and "
-                           f"keeps at least one; take at most {len(online) - 1} "
-                           f"(--cpu -{max(1, len(online) - 1)})")
+            most = len(online) - 1
+            raise TooLarge(f"cpu {change.cpus}: the machine has {len(online)} CPU"
+                           f"{'s' if len(online) != 1 else ''} online and keeps at least one; "
+                           + (f"take at most {most} (cpu -{most})" if most else
+                              "no CPU can be taken now"))
         candidates, cpu_refusals = cpu_candidates(inputs)
         cpu_take = candidates[:n]
         cpu_short = n - len(cpu_take)
