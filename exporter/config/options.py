@@ -110,13 +110,6 @@ class Options:
                             "imported? a source's are beside its registration)")
         object.__setattr__(self, "_values", values)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            opt = TABLE[name]
-        except KeyError:
-            raise AttributeError(f"no option {name!r}") from None
-        return opt.of(self)
-
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Options are read-only; use replace()")
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import KUBECONFIG, Opt
 from exporter.events import MalformedInput, NodeHeartbeat
 from exporter.sources.apiserver.one_object import OneObjectSource
 from exporter.sources.base import Emit
@@ -78,14 +78,16 @@ class KubeLeaseSource(OneObjectSource):
 
 
 
+NODE_LEASE: Opt[bool] = Opt(
+    "node_lease", ("--node-lease/--no-node-lease",), True,
+    "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, so a dead "
+    "kubelet shows in node_resize_kubelet_heartbeat_age_seconds{via=\"lease\"} within seconds "
+    "(needs list/watch on leases).", is_flag=True)
+
 register(SourceSpec(
     "kube_lease", KUBERNETES, "this node's Lease in kube-node-lease (list/watch): the kubelet's "
     "heartbeat", lambda ctx: KubeLeaseSource(ctx.clock, node_name=ctx.node_name,
-                                             kubeconfig=ctx.options.kubeconfig),
-    wanted=lambda options: options.node_lease, order=62,
-    options=(Opt("node_lease", ("--node-lease/--no-node-lease",), True,
-                 "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, "
-                 "so a dead kubelet shows in node_resize_kubelet_heartbeat_age_seconds"
-                 "{via=\"lease\"} within seconds (needs list/watch on leases).",
-                 is_flag=True),),
+                                             kubeconfig=KUBECONFIG.of(ctx.options)),
+    wanted=lambda options: NODE_LEASE.of(options), order=62,
+    options=(NODE_LEASE,),
     watches=(("coordination.k8s.io", "leases"),)))

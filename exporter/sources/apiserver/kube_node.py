@@ -17,6 +17,7 @@ import itertools
 
 from exporter.checks import FAIL, OK, Check, quoted
 from exporter.clock import Clock
+from exporter.config.options import KUBECONFIG
 from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
 from exporter.kube.capacity_configured import CapacityConfiguredFilter
 from exporter.kube.client import RawNode, load_config, make_client
@@ -105,5 +106,5 @@ def _check(source: Source) -> list[Check]:
 register(SourceSpec(
     "kube_node", KUBERNETES, "this node's Node object (list/watch)",
     lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
-                               kubeconfig=ctx.options.kubeconfig), order=60,
+                               kubeconfig=KUBECONFIG.of(ctx.options)), order=60,
     watches=(("", "nodes"),), check=_check))

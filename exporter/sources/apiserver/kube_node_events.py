@@ -13,6 +13,7 @@ from datetime import datetime
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
 from exporter.clock import Clock
+from exporter.config.options import KUBECONFIG
 from exporter.events import NodeWarningEvents
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
@@ -109,5 +110,5 @@ class KubeNodeEventsSource(ListWatchSource):
 register(SourceSpec(
     "kube_node_events", KUBERNETES, "KEP-3953's Warning Events on this Node (list/watch)",
     lambda ctx: KubeNodeEventsSource(ctx.clock, node_name=ctx.node_name,
-                                     kubeconfig=ctx.options.kubeconfig), order=63,
+                                     kubeconfig=KUBECONFIG.of(ctx.options)), order=63,
     watches=(("", "events"),)))

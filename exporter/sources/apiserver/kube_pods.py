@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import KUBECONFIG, Opt
 from exporter.config.types import KubeName, LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus
 from exporter.kube.client import RawPod
@@ -95,18 +95,21 @@ def _key(event: PodStatus) -> PodStatus:
     return dataclasses.replace(event, time=0.0, resource_version="")
 
 
+BALLOON_SELECTOR: Opt[str] = Opt(
+    "balloon_selector", ("--balloon-selector",), "node-resize-exporter.io/balloon=true",
+    "Label selector of balloon pods.", LabelSelectorText())
+BALLOON_PRIORITY_CLASSES: Opt[tuple[str, ...]] = Opt(
+    "balloon_priority_classes", ("--balloon-priority-class",), (),
+    "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; for "
+    "example the cluster-autoscaler's overprovisioning class).",
+    KubeName("PriorityClass name", "class"), show_default=False, multiple=True)
+
 register(SourceSpec(
     "kube_pods", KUBERNETES, "the pods bound to this node (list/watch)",
     lambda ctx: KubePodsSource(ctx.clock, node_name=ctx.node_name,
-                               kubeconfig=ctx.options.kubeconfig,
-                               balloon_selector=ctx.options.balloon_selector,
-                               balloon_priority_classes=ctx.options.balloon_priority_classes),
+                               kubeconfig=KUBECONFIG.of(ctx.options),
+                               balloon_selector=BALLOON_SELECTOR.of(ctx.options),
+                               balloon_priority_classes=BALLOON_PRIORITY_CLASSES.of(ctx.options)),
     order=61,
-    options=(
-        Opt("balloon_selector", ("--balloon-selector",), "node-resize-exporter.io/balloon=true",
-            "Label selector of balloon pods.", LabelSelectorText()),
-        Opt("balloon_priority_classes", ("--balloon-priority-class",), (),
-            "Pods of this PriorityClass are balloon pods too, whatever their labels "
-            "(repeatable; for example the cluster-autoscaler's overprovisioning class).",
-            KubeName("PriorityClass name", "class"), show_default=False, multiple=True)),
+    options=(BALLOON_SELECTOR, BALLOON_PRIORITY_CLASSES),
     watches=(("", "pods"),)))

@@ -233,26 +233,26 @@ def _check(source: Source) -> list[Check]:
     return [Check("kubelet metrics", OK, f"{source.url} answers with Prometheus text")]
 
 
+KUBELET_METRICS_URL: Opt[str | None] = Opt(
+    "kubelet_metrics_url",
+    ("--kubelet-metrics-url",),
+    None,
+    "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
+    "http to a loopback address).",
+    KubeletMetricsURL(),
+)
+
 register(
     SourceSpec(
         "kubelet_metrics",
         KUBERNETES,
         "the kubelet's own /metrics (feature gates)",
         lambda ctx: KubeletMetricsSource(
-            ctx.clock, url=str(ctx.options.kubelet_metrics_url), interval=INTERVAL
+            ctx.clock, url=str(KUBELET_METRICS_URL.of(ctx.options)), interval=INTERVAL
         ),
-        wanted=lambda options: bool(options.kubelet_metrics_url),
+        wanted=lambda options: bool(KUBELET_METRICS_URL.of(options)),
         order=71,
-        options=(
-            Opt(
-                "kubelet_metrics_url",
-                ("--kubelet-metrics-url",),
-                None,
-                "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
-                "http to a loopback address).",
-                KubeletMetricsURL(),
-            ),
-        ),
+        options=(KUBELET_METRICS_URL,),
         check=_check,
     )
 )

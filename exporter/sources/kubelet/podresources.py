@@ -23,7 +23,7 @@ import grpc
 
 from exporter.checks import FAIL, OK, WARN, Check
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import SYSFS_ROOT, Opt
 from exporter.config.types import Seconds
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
 from exporter.sources.base import Emit, Source
@@ -213,16 +213,19 @@ def _check(source: Source) -> list[Check]:
     return [Check("podresources socket", OK, f"{path} accepts connections")]
 
 
+PODRESOURCES_SOCKET: Opt[str] = Opt(
+    "podresources_socket", ("--podresources-socket",),
+    "/var/lib/kubelet/pod-resources/kubelet.sock",
+    "The kubelet's podresources gRPC socket (empty: do not poll).")
+PODRESOURCES_INTERVAL: Opt[float] = Opt(
+    "podresources_interval", ("--podresources-interval",), 30.0,
+    "Seconds between podresources GetAllocatableResources polls.", Seconds())
+
 register(SourceSpec(
     "podresources", KUBERNETES, "the kubelet's podresources gRPC API",
-    lambda ctx: PodResourcesSource(ctx.clock, socket_path=ctx.options.podresources_socket,
-                                   interval=ctx.options.podresources_interval,
-                                   sysfs_root=ctx.options.sysfs_root),
-    wanted=lambda options: bool(options.podresources_socket), order=70,
-    options=(
-        Opt("podresources_socket", ("--podresources-socket",),
-            "/var/lib/kubelet/pod-resources/kubelet.sock",
-            "The kubelet's podresources gRPC socket (empty: do not poll)."),
-        Opt("podresources_interval", ("--podresources-interval",), 30.0,
-            "Seconds between podresources GetAllocatableResources polls.", Seconds())),
+    lambda ctx: PodResourcesSource(ctx.clock, socket_path=PODRESOURCES_SOCKET.of(ctx.options),
+                                   interval=PODRESOURCES_INTERVAL.of(ctx.options),
+                                   sysfs_root=SYSFS_ROOT.of(ctx.options)),
+    wanted=lambda options: bool(PODRESOURCES_SOCKET.of(options)), order=70,
+    options=(PODRESOURCES_SOCKET, PODRESOURCES_INTERVAL),
     check=_check))
