@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -34,7 +35,7 @@ def main() -> None:
 @main.command(epilog=RUN_EPILOG)
 @options.apply(options.RUN)
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and exit.")
-def run(print_bpf: bool, **values) -> None:
+def run(print_bpf: bool, **values: Any) -> None:
     """Run the exporter: watch the kernel (and Kubernetes), serve /metrics."""
     opts = Options.from_cli(values)
     if print_bpf:
@@ -51,7 +52,7 @@ def run(print_bpf: bool, **values) -> None:
 
 @main.command()
 @options.apply(options.RUN)
-def check(**values) -> None:
+def check(**values: Any) -> None:
     """Say what works on this host and what does not, with the fix for each failure.
 
     Takes the options `run` takes and checks what `run` would use. Exit status 1 when any

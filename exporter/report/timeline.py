@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict
 from exporter.events import Resource, Result
@@ -220,7 +221,7 @@ def build(ep: Episode, node: str | None = None) -> Timeline:
         latest[0] = max(latest[0], t - t0)
         return t - t0
 
-    by_unit: dict[str, list] = {}
+    by_unit: dict[str, list[Any]] = {}
     for t in ep.transitions:
         by_unit.setdefault(unit_name(t.resource, t.unit), []).append(t)
     for name, seen in by_unit.items():

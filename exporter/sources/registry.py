@@ -36,12 +36,11 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import click
-
 import exporter.sources as package
 from exporter.checks import Check
 from exporter.clock import MonotonicWallClock
 from exporter.config.options import Opt, Options, declare
+from exporter.config.types import ParamType
 from exporter.events import Resource
 from exporter.sources.base import Source
 
@@ -159,7 +158,7 @@ def kernel_source_names() -> tuple[str, ...]:
     return tuple(s.name for s in specs(KERNEL) if s.selectable)
 
 
-class SourceList(click.ParamType):
+class SourceList(ParamType):
     """"auto" or a comma list of the kernel sources the registry knows."""
 
     name = "sources"

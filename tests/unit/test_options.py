@@ -71,8 +71,9 @@ def _typed_constants() -> dict[str, tuple[str, object]]:
 
 
 def test_every_option_is_a_typed_constant_typed_by_what_its_flag_converts_to():
-    """mypy takes `X: Opt[T]` at its word: the T must be what the default and a flag given on
-    the command line convert to, and every option in the table has such a constant."""
+    """mypy takes `X: Opt[T]` at its word: the T must be what the option's own type converts
+    its default to (a flag goes through the same conversion), and every option in the table
+    has such a constant, named after it."""
     typed = _typed_constants()
     assert set(typed) == set(TABLE)
     for dest, (where, hint) in typed.items():

@@ -9,6 +9,7 @@ what is reported is what the API holds now: occurrences summed, and the newest t
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
@@ -29,7 +30,7 @@ class RawEvent(GenericNamespacedResource):
                                 verbs=["list", "watch", "global_list", "global_watch"])
 
 
-def _time(obj: dict) -> float | None:
+def _time(obj: dict[str, Any]) -> float | None:
     """The Event's newest timestamp (lastTimestamp, else eventTime, else firstTimestamp)."""
     series = obj.get("series")
     series = series if isinstance(series, dict) else {}
@@ -43,7 +44,7 @@ def _time(obj: dict) -> float | None:
     return None
 
 
-def _count(obj: dict) -> int:
+def _count(obj: dict[str, Any]) -> int:
     count = obj.get("count")
     series = obj.get("series")
     series = series if isinstance(series, dict) else {}
@@ -68,18 +69,18 @@ class KubeNodeEventsSource(ListWatchSource):
         return {"involvedObject.kind": "Node", "involvedObject.name": self.node_name,
                 "reason": REASON}
 
-    def not_asked_for(self, obj: dict) -> bool:
+    def not_asked_for(self, obj: dict[str, Any]) -> bool:
         involved = obj.get("involvedObject")
         return (not isinstance(involved, dict) or obj.get("reason") != REASON
                 or involved.get("name") != self.node_name or involved.get("kind") != "Node")
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
+    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
         self._events = {}
         for obj in items:
             self._keep(obj)
         self._report(emit)
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         if not isinstance(uid, str):
             return
@@ -89,7 +90,7 @@ class KubeNodeEventsSource(ListWatchSource):
             self._keep(obj)
         self._report(emit)
 
-    def _keep(self, obj: dict) -> None:
+    def _keep(self, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         involved = obj.get("involvedObject") or {}
         # The field selector should make the others impossible; do not trust it blindly.

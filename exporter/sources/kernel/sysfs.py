@@ -18,6 +18,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from exporter.checks import OK, WARN, Check
@@ -203,9 +204,9 @@ class SysfsReader:
 
 def diff_transitions(before: KernelSnapshot, after: KernelSnapshot) -> list[Transition]:
     """CPUs and memory blocks whose state differs between two snapshots."""
-    out = []
+    out: list[Transition] = []
 
-    def emit(resource, units, direction):
+    def emit(resource: Resource, units: Iterable[int], direction: Direction) -> None:
         for unit in sorted(units):
             out.append(Transition("sysfs", resource, unit, direction, Result.SUCCESS,
                                   end=after.time))

@@ -25,13 +25,13 @@ import time
 import urllib.parse
 from typing import Any
 
-import click
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.checks import FAIL, OK, Check
 from exporter.clock import Clock
 from exporter.config.options import Opt
+from exporter.config.types import ParamType
 from exporter.events import KubeletFeatures, KubeletProcess, MalformedInput, SourceStatus
 from exporter.kube.client import SERVICE_ACCOUNT_DIR
 from exporter.sources.base import Emit, Source
@@ -207,7 +207,7 @@ class KubeletMetricsSource(Source):
 INTERVAL = 60.0
 
 
-class KubeletMetricsURL(click.ParamType):
+class KubeletMetricsURL(ParamType):
     """https://, or http:// to a loopback address: the service account token goes there."""
 
     name = "url"
@@ -228,7 +228,7 @@ def _check(source: Source) -> list[Check]:
     source.poll(seen.append)
     down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
     if down:
-        return [Check("kubelet metrics", FAIL, down[-1].reason,  # type: ignore[attr-defined]
+        return [Check("kubelet metrics", FAIL, down[-1].reason,
                       "check --kubelet-metrics-url and get on nodes/metrics")]
     return [Check("kubelet metrics", OK, f"{source.url} answers with Prometheus text")]
 

@@ -18,6 +18,7 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -75,7 +76,8 @@ class PodResourcesSource(Source):
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
                 options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)])
-            self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+            self._stub = podresources_pb2_grpc.PodResourcesListerStub(  # type: ignore[no-untyped-call]
+                self._channel)
         try:
             answer = self._stub.GetAllocatableResources(
                 podresources_pb2.AllocatableResourcesRequest(),  # type: ignore[attr-defined]
@@ -90,7 +92,7 @@ class PodResourcesSource(Source):
             self._last = event
             emit(event)
 
-    def _convert(self, answer, now: float, emit: Emit) -> PodResourcesAllocatable:
+    def _convert(self, answer: Any, now: float, emit: Emit) -> PodResourcesAllocatable:
         possible = self._possible_cpus()
         ids = set(answer.cpu_ids)  # C-speed; ids repeated any number of times count once
         cpus = frozenset(ids & possible)
@@ -187,7 +189,7 @@ def _cpu_range(cpus: frozenset[int]) -> str:
     return f"{lo}-{hi}" if len(cpus) == hi - lo + 1 else f"{len(cpus)} ids in {lo}-{hi}"
 
 
-def _key(event: PodResourcesAllocatable) -> tuple:
+def _key(event: PodResourcesAllocatable) -> tuple[Any, ...]:
     return event.cpu_ids, tuple(sorted(event.memory_bytes.items()))
 
 
