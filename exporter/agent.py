@@ -12,6 +12,7 @@ import queue
 import sys
 import threading
 from collections.abc import Iterable
+from typing import Any, Callable
 
 from exporter.clock import Clock
 from exporter.correlate.correlator import Correlator
@@ -146,11 +147,11 @@ class Agent:
         """Changes whenever what /metrics shows may have changed (lets scrapes share a render)."""
         return self._version
 
-    def _emitter(self, name: str):
+    def _emitter(self, name: str) -> Callable[[Event], None]:
         put = self.queue.put
         return lambda event: put((name, event))
 
-    def _process(self, name: str, event, quiet: bool = False) -> None:
+    def _process(self, name: str, event: Event, quiet: bool = False) -> None:
         if isinstance(event, MalformedInput):
             self._log_malformed(event)
         elif isinstance(event, SourceStatus) and not quiet:
@@ -202,7 +203,7 @@ class Agent:
                 self._call(sink.on_update, update)
 
     @staticmethod
-    def _call(fn, arg) -> None:
+    def _call(fn: Callable[[Any], object], arg: Any) -> None:
         try:
             fn(arg)
         except Exception:  # a sink failing must not stop the agent or the other sinks

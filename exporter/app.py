@@ -34,7 +34,18 @@ from exporter.agent import Agent
 from exporter.checks import quoted
 from exporter.clock import MonotonicWallClock
 from exporter.config.decide import Decisions, decide
-from exporter.config.options import Options
+from exporter.config.options import (
+    KUBE_EVENTS,
+    KUBECONFIG,
+    KUBERNETES,
+    PROCFS_ROOT,
+    SYSFS_ROOT,
+    WEB_AUTH,
+    WEB_AUTH_TOKEN_AUDIENCE,
+    WEB_CONFIG_FILE,
+    WEB_TELEMETRY_PATH,
+    Options,
+)
 from exporter.correlate.correlator import Correlator
 from exporter.correlate.down_changes import changes_while_down, state_at_stop
 from exporter.correlate.ledger import KernelLedger
@@ -53,6 +64,8 @@ from exporter.sinks.plan import PlanSink
 from exporter.sinks.running_pods import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
+from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
+from exporter.sources.registry import SOURCES
 from exporter.web.server import MetricsServer
 
 if TYPE_CHECKING:
@@ -88,13 +101,13 @@ def preflight_kubernetes(options: Options, decisions: Decisions) -> None:
     """Fail fast where the user asked for Kubernetes explicitly: a named kubeconfig must load,
     and `--kubernetes on` needs an API server that answers now. With `auto` and no kubeconfig
     the sources degrade instead (source_up 0 with the reason, retried)."""
-    if not decisions.kubernetes or not (options.kubeconfig or options.kubernetes == "on"):
+    if not decisions.kubernetes or not (KUBECONFIG.of(options) or KUBERNETES.of(options) == "on"):
         return
     try:
-        config = load_config(options.kubeconfig)
+        config = load_config(KUBECONFIG.of(options))
     except KubeUnavailable as e:
         raise StartupError(f"{e.reason}. Fix: {e.fix}") from e
-    if options.kubernetes != "on":
+    if KUBERNETES.of(options) != "on":
         return
     problem = probe_api(config, decisions.node)
     if problem:
@@ -127,10 +140,10 @@ def preflight_events(options: Options, decisions: Decisions,
     """--kube-events needs create on Events in their namespace: a refusal is a StartupError
     (every Event would be refused); an API server that cannot be asked now is not (it may come
     back, and the sink counts what it cannot post): `warn` says so."""
-    if not (options.kube_events and decisions.kubernetes):
+    if not (KUBE_EVENTS.of(options) and decisions.kubernetes):
         return
     try:
-        denied = access_denied(load_config(options.kubeconfig), "create", "", "events",
+        denied = access_denied(load_config(KUBECONFIG.of(options)), "create", "", "events",
                                EVENTS_NAMESPACE)
     except Exception as e:  # noqa: BLE001 - unreachable, 401, no configuration: say so, go on
         warn(f"--kube-events: cannot ask the API server whether Events may be posted "
@@ -157,9 +170,10 @@ def validate(options: Options, decisions: Decisions) -> TraceConfig | None:
 def kernel_sources_asked(options: Options) -> list[registry.SourceSpec]:
     """The kernel sources `run` opens besides the reconciler: every one with auto, else those
     --source names and those that are not chosen (state readers such as auto_online_blocks)."""
-    auto = options.sources == ("auto",)
+    chosen = SOURCES.of(options)
+    auto = chosen == ("auto",)
     return [spec for spec in registry.specs(registry.KERNEL) if not spec.reconciles
-            and (auto or spec.name in options.sources or not spec.selectable)]
+            and (auto or spec.name in chosen or not spec.selectable)]
 
 
 def kubernetes_sources_asked(options: Options, decisions: Decisions
@@ -207,7 +221,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
         try:
             opened.running.append((spec, open_kernel_source(spec, ctx)))
         except SourceUnavailable as e:
-            if ctx.options.sources != ("auto",) and spec.selectable:
+            if SOURCES.of(ctx.options) != ("auto",) and spec.selectable:
                 opened.close()
                 raise StartupError(f"--source {spec.name}: {e.reason}. Fix: {e.fix}") from e
             log.warning("source %s unavailable: %s (fix: %s)", spec.name, e.reason, e.fix)
@@ -274,11 +288,11 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
     `plan` answers GET /plan."""
     try:
         return MetricsServer(options.listen_host, options.listen_port, metrics,
-                             healthy=healthy, web_config=options.web_config_file,
-                             version=version, telemetry_path=options.web_telemetry_path,
-                             auth=options.web_auth, node_name=decisions.node,
-                             kubeconfig=options.kubeconfig,
-                             token_audiences=tuple(options.web_auth_token_audience),
+                             healthy=healthy, web_config=WEB_CONFIG_FILE.of(options),
+                             version=version, telemetry_path=WEB_TELEMETRY_PATH.of(options),
+                             auth=WEB_AUTH.of(options), node_name=decisions.node,
+                             kubeconfig=KUBECONFIG.of(options),
+                             token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
                              plan=plan)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
@@ -360,8 +374,8 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     agent = built.agent
     # Before you unplug: GET /plan and the unpluggable gauges, a sink fed like the correlator.
-    plan = PlanSink.attach(agent, options.sysfs_root, options.procfs_root,
-                           options.kubelet_root_dir or "/var/lib/kubelet")
+    plan = PlanSink.attach(agent, SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
+                           KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet")
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
                              agent.state_version, plan=plan.http)
@@ -395,10 +409,10 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     if traces is not None:
         agent.add_sink(_trace_sink(traces, journal, decisions.node))
     events = "off"
-    if options.kube_events and decisions.kubernetes:
+    if KUBE_EVENTS.of(options) and decisions.kubernetes:
         try:
             agent.add_sink(KubeEventsSink(decisions.node,
-                                          lightkube_events_api(options.kubeconfig)))
+                                          lightkube_events_api(KUBECONFIG.of(options))))
             events = "posted"
         except Exception as e:  # noqa: BLE001 - no API configuration: Events off, say why
             log.warning("--kube-events: cannot post Events (%s); continuing without them",

@@ -17,11 +17,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.config.options import TABLE
 from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
 from exporter.sources.apiserver.kube_lease import KubeLeaseSource
 from exporter.sources.apiserver.kube_node import KubeNodeSource
-from exporter.sources.apiserver.kube_pods import KubePodsSource
+from exporter.sources.apiserver.kube_pods import BALLOON_SELECTOR, KubePodsSource
 from testkit.correlator_stream import Stream
 from testkit.exporter_proc import Scrape, poll_until
 from testkit.fakes.apiserver import FakeApiServer
@@ -48,7 +47,7 @@ class Replay:
         api: FakeApiServer,
         *,
         settle: float = 10.0,
-        selector: str = TABLE["balloon_selector"].default,
+        selector: str = BALLOON_SELECTOR.default,
         priority_classes: tuple[str, ...] = (),
         lease: bool = False,
     ):

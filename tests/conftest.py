@@ -14,12 +14,7 @@ import os
 
 import pytest
 
-from exporter.sources import registry
 from testkit import kernel
-
-# The sources declare their options when they register: every Options(...) a test builds may
-# name them.
-registry.load()
 
 
 def pytest_sessionstart(session):

@@ -18,7 +18,7 @@ from exporter import app
 from exporter.checks import FAIL, OK, WARN, Check, failed, guarded, quoted
 from exporter.clock import MonotonicWallClock
 from exporter.config.decide import Decisions, decide
-from exporter.config.options import Options
+from exporter.config.options import KUBE_EVENTS, KUBECONFIG, WEB_AUTH, WEB_TELEMETRY_PATH, Options
 from exporter.kube.client import KubeUnavailable, load_config
 from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.journal.sink import JournalSink
@@ -68,7 +68,7 @@ def check_traces(options: Options) -> list[Check]:
 
 def check_events(options: Options, decisions: Decisions, warnings: list[str]) -> list[Check]:
     """--kube-events: the SelfSubjectAccessReview `run` asks at start."""
-    if not (options.kube_events and decisions.kubernetes):
+    if not (KUBE_EVENTS.of(options) and decisions.kubernetes):
         return []
     try:
         app.preflight_events(options, decisions, warn=warnings.append)
@@ -104,11 +104,11 @@ def check_web(options: Options, decisions: Decisions) -> list[Check]:
         return [failed("web", str(e))]
     try:
         auth = {"kubernetes": ", Kubernetes bearer tokens",
-                "none": ", no authentication"}.get(options.web_auth, "")
+                "none": ", no authentication"}.get(WEB_AUTH.of(options), "")
         if server.auth.enabled:
             auth = ", basic auth"
         return [Check("web", OK, f"{server.scheme}://{options.listen_host}:{server.port}"
-                      f"{options.web_telemetry_path} can be served{auth}")]
+                      f"{WEB_TELEMETRY_PATH.of(options)} can be served{auth}")]
     finally:
         server.stop()
 
@@ -140,7 +140,7 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
         return [Check("kubernetes", "warn", "off (not in a cluster, no --kubeconfig)",
                       "pass --kubeconfig or run as the DaemonSet to join the Node's view")]
     try:
-        config = load_config(options.kubeconfig)
+        config = load_config(KUBECONFIG.of(options))
     except KubeUnavailable as e:
         return [Check("kubernetes config", "fail", e.reason, e.fix)]
     try:

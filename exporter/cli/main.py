@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -9,7 +10,7 @@ from exporter import __version__
 from exporter.cli import plan as plan_command
 from exporter.cli import postmortem
 from exporter.config import options
-from exporter.config.options import Options
+from exporter.config.options import LOG_FORMAT, LOG_LEVEL, SYSFS_ROOT, Options
 from exporter.sources import registry
 
 # Every source declares its own flags when it registers: load them before the commands below
@@ -35,23 +36,24 @@ def main() -> None:
 @main.command(epilog=RUN_EPILOG)
 @options.apply(options.RUN)
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and exit.")
-def run(print_bpf: bool, **values) -> None:
+def run(print_bpf: bool, **values: Any) -> None:
     """Run the exporter: watch the kernel (and Kubernetes), serve /metrics."""
     opts = Options.from_cli(values)
     if print_bpf:
-        from exporter.sources.kernel.bpf.source import printable_program
+        from exporter.sources.kernel.bpf.source import RINGBUF_PAGES, printable_program
         from exporter.sources.kernel.sysfs import read_hotplug_states
-        click.echo(printable_program(read_hotplug_states(opts.sysfs_root), opts.ringbuf_pages))
+        click.echo(printable_program(read_hotplug_states(SYSFS_ROOT.of(opts)),
+                                     RINGBUF_PAGES.of(opts)))
         return
     from exporter.config import logs
-    logs.setup(opts.log_level, opts.log_format)
+    logs.setup(LOG_LEVEL.of(opts), LOG_FORMAT.of(opts))
     from exporter.app import serve
     sys.exit(serve(opts))
 
 
 @main.command()
 @options.apply(options.RUN)
-def check(**values) -> None:
+def check(**values: Any) -> None:
     """Say what works on this host and what does not, with the fix for each failure.
 
     Takes the options `run` takes and checks what `run` would use. Exit status 1 when any

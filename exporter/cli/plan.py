@@ -16,8 +16,11 @@ from typing import Any
 import click
 
 from exporter.config import options
-from exporter.config.options import Options
+from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.plan.model import BadChange, Plan, parse_change
+from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
+from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
+from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS
 
 PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
 
@@ -42,11 +45,11 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     from exporter.plan.planner import Inputs
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
-    snap = SysfsReader(opts.sysfs_root, opts.procfs_root).read(0.0)
-    hardware = read_hardware(opts.sysfs_root)
+    snap = SysfsReader(SYSFS_ROOT.of(opts), PROCFS_ROOT.of(opts)).read(0.0)
+    hardware = read_hardware(SYSFS_ROOT.of(opts))
     unjudged: list[str] = []
     cpu_cp = mem_cp = None
-    root = opts.kubelet_root_dir
+    root = KUBELET_ROOT_DIR.of(opts)
     if root:
         from exporter.sources.kubelet.kubelet_checkpoint import (
             read_cpu_manager_state,
@@ -68,17 +71,17 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
         if problem:
             unjudged.append(problem)
     running = None
-    if opts.cgroup_root and opts.running_pods_max_containers > 0:
+    if CGROUP_ROOT.of(opts) and RUNNING_PODS_MAX_CONTAINERS.of(opts) > 0:
         from exporter.sources.kubelet.running_pods import scan
-        found = scan(opts.cgroup_root, opts.procfs_root, 0.0,
-                     max_containers=opts.running_pods_max_containers)
+        found = scan(CGROUP_ROOT.of(opts), PROCFS_ROOT.of(opts), 0.0,
+                     max_containers=RUNNING_PODS_MAX_CONTAINERS.of(opts))
         if found.cgroup_version:
             running = RunningPodsView()
             for event in (snap, found, *pods) + ((cpu_cp,) if cpu_cp is not None else ()):
                 running.handle(event)
     reader = None
     if page_budget > 0 and hardware.block_size:
-        reader = PageFlagsReader(hardware.block_size, opts.procfs_root)
+        reader = PageFlagsReader(hardware.block_size, PROCFS_ROOT.of(opts))
     inputs = Inputs(snap, hardware, forecast, running, cpu_cp, mem_cp,
                     kubelet_root=root or "/var/lib/kubelet")
     return inputs, reader, unjudged
@@ -90,7 +93,7 @@ def _read_kubernetes(opts: Options, node: str, forecast: Any, pods: list[Any]) -
     from exporter.kube.convert import node_status, pod_status
     from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
     try:
-        config = load_config(opts.kubeconfig)
+        config = load_config(KUBECONFIG.of(opts))
     except KubeUnavailable as e:
         return f"pods: {e.reason} ({e.fix})"
     client, transport = make_client(config, request_timeout=10.0)

@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -21,9 +21,10 @@ from exporter.clock import FakeClock
 from exporter.config import options
 from exporter.config.decide import correlator_config
 from exporter.config.options import Options
+from exporter.config.types import ParamType
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.correlator import Correlator
-from exporter.correlate.model import Episode, Outcome
+from exporter.correlate.model import Episode, EpisodeUpdate, Outcome
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
 from exporter.sinks.journal.path import default_journal_path
@@ -39,13 +40,13 @@ class PostmortemError(click.ClickException):
     exit_code = 2
 
 
-class SinceType(click.ParamType):
+class SinceType(ParamType):
     """A point in time: 90s / 30m / 2h / 7d / 1w ago, an ISO or RFC 3339 time (local unless it
     says; `Z` is UTC), or Unix seconds."""
 
     name = "TIME"
 
-    def convert(self, value: Any, param, ctx) -> float:
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
         if isinstance(value, float):
             return value
         s = str(value).strip()
@@ -65,7 +66,7 @@ class SinceType(click.ParamType):
 SINCE = SinceType()
 
 
-def journal_option(f):
+def journal_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
         default=None, show_default=False,
@@ -186,7 +187,7 @@ def export_events(journal_path: Path | None, since: float | None, until: float |
 # ---------------------------------------------------------------- replay
 
 
-def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
+def replay_events(events: list[Any], config: CorrelatorConfig) -> list[Episode]:
     """Feed recorded events through the correlator with a clock set to each event's time.
 
     The clock never runs backwards (sources deliver slightly out of order). It stops at the
@@ -197,7 +198,7 @@ def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
     correlator = Correlator(config, clock)
     found: dict[str, Episode] = {}
 
-    def take(updates) -> None:
+    def take(updates: list[EpisodeUpdate]) -> None:
         for u in updates:
             found[u.episode.id] = u.episode
 
@@ -209,7 +210,7 @@ def replay_events(events: list, config: CorrelatorConfig) -> list[Episode]:
     return sorted(found.values(), key=lambda ep: (ep.opened, ep.id))
 
 
-def read_jsonl(path: Path) -> tuple[list, int]:
+def read_jsonl(path: Path) -> tuple[list[Any], int]:
     """Events from a JSON-lines file; malformed lines are counted and skipped."""
     events, bad = [], 0
     with open(path, encoding="utf-8") as f:

@@ -9,7 +9,18 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.config.options import Options
+from exporter.config.options import (
+    COALESCE_WINDOW,
+    JOURNAL,
+    KUBECONFIG,
+    KUBERNETES,
+    MEMORY_TOLERANCE,
+    NO_JOURNAL,
+    NODE_NAME,
+    READMISSION_SETTLE,
+    RESYNC_DEADLINE,
+    Options,
+)
 from exporter.correlate.config import CorrelatorConfig
 from exporter.sinks.journal.path import journal_path
 
@@ -28,31 +39,32 @@ def decide(options: Options, env: dict[str, str] | None = None) -> Decisions:
     kubernetes = kubernetes_enabled(options, env)
     return Decisions(node=resolve_node_name(options, env), kubernetes=kubernetes,
                      correlator=correlator_config(options, kubernetes),
-                     journal=journal_path(options.journal, options.no_journal),
-                     journal_named=bool(options.journal) and not options.no_journal)
+                     journal=journal_path(JOURNAL.of(options), NO_JOURNAL.of(options)),
+                     journal_named=bool(JOURNAL.of(options)) and not NO_JOURNAL.of(options))
 
 
 def kubernetes_enabled(options: Options, env: dict[str, str] | None = None) -> bool:
     """--kubernetes on, or auto in a cluster (a service account's host) or with --kubeconfig."""
     env = dict(os.environ) if env is None else env
-    if options.kubernetes == "auto":
-        return bool(options.kubeconfig or env.get("KUBERNETES_SERVICE_HOST"))
-    return bool(options.kubernetes == "on")
+    if KUBERNETES.of(options) == "auto":
+        return bool(KUBECONFIG.of(options) or env.get("KUBERNETES_SERVICE_HOST"))
+    return bool(KUBERNETES.of(options) == "on")
 
 
 def resolve_node_name(options: Options, env: dict[str, str] | None = None) -> str:
     """--node-name (or $NODE_NAME, which click already read into it), else the hostname,
     lower-cased as the kubelet does when it has no --hostname-override."""
     env = dict(os.environ) if env is None else env
-    if options.node_name:
-        return str(options.node_name)
+    named = NODE_NAME.of(options)
+    if named:
+        return named
     return (env.get("NODE_NAME", "").strip() or socket.gethostname()).lower()
 
 
 def correlator_config(options: Options, kubernetes: bool) -> CorrelatorConfig:
     """The correlator's settings from the options (their defaults are the option table's)."""
-    return CorrelatorConfig(coalesce_window=options.coalesce_window,
-                            resync_deadline=options.resync_deadline,
-                            readmission_settle=options.readmission_settle,
-                            memory_tolerance_bytes=options.memory_tolerance,
+    return CorrelatorConfig(coalesce_window=COALESCE_WINDOW.of(options),
+                            resync_deadline=RESYNC_DEADLINE.of(options),
+                            readmission_settle=READMISSION_SETTLE.of(options),
+                            memory_tolerance_bytes=MEMORY_TOLERANCE.of(options),
                             kubernetes=kubernetes)

@@ -33,7 +33,7 @@ def _utc(record: logging.LogRecord) -> str:
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime", "taskName"}
 _OWN = ("ts", "level", "logger", "msg", "err")
-Value = str | int | float | bool | list
+Value = str | int | float | bool | list[object]
 
 
 def _plain(value: object) -> Value:

@@ -9,19 +9,27 @@ import ipaddress
 import math
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from exporter.kube.convert import LabelSelector
 from exporter.kube.quantity import parse_quantity
 
+# click.ParamType takes the converted value's type as an argument from click 8.5 on (mypy reads
+# it there); the clicks older than that, which the dependencies allow, cannot subscript it at
+# run time. The option types derive from this name instead.
+if TYPE_CHECKING:
+    ParamType = click.ParamType[Any]
+else:
+    ParamType = click.ParamType
+
 # Longest duration a seconds flag accepts: a year. Beyond it a typo (or inf) would make a
 # thread sleep forever and freeze what it updates.
 MAX_SECONDS = 365 * 86400.0
 
 
-class Seconds(click.ParamType):
+class Seconds(ParamType):
     """A finite number of seconds, more than 0 and at most a year: inf or nan would make a
     thread wait forever or spin."""
 
@@ -40,7 +48,7 @@ class Seconds(click.ParamType):
         return v
 
 
-class Bytes(click.ParamType):
+class Bytes(ParamType):
     """Bytes as a number or a Kubernetes quantity (100Mi, 1Gi)."""
 
     name = "bytes"
@@ -59,7 +67,7 @@ class Bytes(click.ParamType):
         return v
 
 
-class ListenAddress(click.ParamType):
+class ListenAddress(ParamType):
     """"host:port", ":port" or "[v6]:port" -> (host, port)."""
 
     name = "host:port"
@@ -83,7 +91,7 @@ class ListenAddress(click.ParamType):
         return host, int(port)
 
 
-class TelemetryPath(click.ParamType):
+class TelemetryPath(ParamType):
     name = "path"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
@@ -94,7 +102,7 @@ class TelemetryPath(click.ParamType):
         return text
 
 
-class PowerOfTwo(click.ParamType):
+class PowerOfTwo(ParamType):
     name = "pages"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
@@ -108,7 +116,7 @@ class PowerOfTwo(click.ParamType):
         return v
 
 
-class LabelSelectorText(click.ParamType):
+class LabelSelectorText(ParamType):
     """A balloon label selector, checked at start-up so a typo fails before anything runs."""
 
     name = "selector"
@@ -122,7 +130,7 @@ class LabelSelectorText(click.ParamType):
         return str(value)
 
 
-class KubeName(click.ParamType):
+class KubeName(ParamType):
     """A Kubernetes object name (a DNS-1123 subdomain): a node name (anything else could never
     match a Node, and a newline in it would forge log lines) or a PriorityClass name (a balloon
     pattern that silently matches nothing is the failure to avoid). Empty: None, when allowed."""
@@ -149,7 +157,7 @@ class Path_(click.Path):
         super().__init__(dir_okay=False)
 
 
-class RootDir(click.ParamType):
+class RootDir(ParamType):
     """A directory the exporter reads under: it may not exist yet (no kubelet has
     run), but an existing non-directory is a typo. Empty turns the reader off."""
 

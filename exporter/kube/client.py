@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import httpx2 as httpx
 import lightkube
@@ -158,8 +158,8 @@ class KubeTransport(httpx.BaseTransport):
         self._line_timeout = line_timeout
         self._list_pages = 0  # pages of the list in progress (one list at a time per client)
         self._lock = threading.Lock()
-        self._watch_streams: weakref.WeakSet = weakref.WeakSet()
-        self._watch_responses: weakref.WeakSet = weakref.WeakSet()
+        self._watch_streams: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._watch_responses: weakref.WeakSet[Any] = weakref.WeakSet()
         self._aborted = False
         # Called (in the requesting thread) with the HTTP status of each watch request: lets a
         # source say "up again" when a re-watch connects, before any event arrives.
@@ -247,12 +247,12 @@ class _BoundedStream(httpx.SyncByteStream):
     line) or in all (`line_timeout` None: a list page), and, for a watch, a line that began
     and did not end within `line_timeout` seconds."""
 
-    def __init__(self, inner, max_bytes: int, line_timeout: float | None) -> None:
+    def __init__(self, inner: Any, max_bytes: int, line_timeout: float | None) -> None:
         self._inner = inner
         self._max = max_bytes
         self._line_timeout = line_timeout
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         pending = 0  # bytes since the last newline (watch) or in all (list)
         began: float | None = None  # when the unfinished line's first byte came
         for chunk in self._inner:

@@ -37,11 +37,11 @@ class Converted:
     problems: list[str] = field(default_factory=list)
 
 
-def _dict(value: Any) -> dict:
+def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _list(value: Any) -> list:
+def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
@@ -196,7 +196,7 @@ def is_balloon(obj: Mapping[str, Any], selector: LabelSelector | None,
     return selector is not None and selector.matches(labels)
 
 
-def _conditions(status: Mapping[str, Any]) -> dict[str, dict]:
+def _conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for cond in _list(status.get("conditions")):
         cond = _dict(cond)
@@ -206,7 +206,7 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, dict]:
     return out
 
 
-def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict],
+def _resize(status: Mapping[str, Any], conditions: Mapping[str, dict[str, Any]],
             desired: dict[Resource, float], applied: dict[Resource, float]) -> ContainerResize:
     pending = conditions.get("PodResizePending")
     in_progress = conditions.get("PodResizeInProgress")
@@ -387,8 +387,9 @@ def _max(*lists: Mapping[Resource, float]) -> dict[Resource, float]:
     return out
 
 
-def _views(spec: Mapping[str, Any], status: Mapping[str, Any], conditions: Mapping[str, dict],
-           where: str, problems: list[str]) -> tuple[dict[Resource, float],
+def _views(spec: Mapping[str, Any], status: Mapping[str, Any],
+           conditions: Mapping[str, dict[str, Any]], where: str,
+           problems: list[str]) -> tuple[dict[Resource, float],
                                                      dict[Resource, float]]:
     """What the pod's app containers hold, summed, as the scheduler and the kubelet count it.
 
@@ -455,7 +456,7 @@ def _admission(spec: Mapping[str, Any], status: Mapping[str, Any]
                 allocated[_str(cs.get("name"))] = resources(cs.get("allocatedResources"), "",
                                                             quiet)
 
-    def held(container: dict) -> tuple[dict[Resource, float], int]:
+    def held(container: dict[str, Any]) -> tuple[dict[Resource, float], int]:
         name = _str(container.get("name"))
         req = allocated.get(name)
         if req is None:

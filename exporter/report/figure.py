@@ -9,9 +9,10 @@ under the plot, rejected ones first and in red, numbered like their markers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from exporter.correlate.model import Episode
-from exporter.report.timeline import ReportError, Timeline, build, seconds, utc
+from exporter.report.timeline import Marker, ReportError, Timeline, build, seconds, utc
 
 COLOURS = {"transition": "#4878d0", "failed": "#d65f5f", "resync": "#6acc64",
            "waiting": "#ee854a", "readmission": "#956cb4", "rejected": "#d62728",
@@ -32,7 +33,9 @@ TITLE_CHARS = 90  # longer headlines break after a "; " (13 pt bold: ~10.5 px a 
 WIDTH_IN, ROW_IN, LINE_IN = 11.0, 0.55, 0.2
 
 
-def _figure_class():
+# matplotlib is an optional extra, imported when a picture is drawn: its Figure, Axes and
+# Text objects pass through here as Any.
+def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -66,7 +69,7 @@ def _elide(words: str, limit: int) -> str:
     return f"{words[:keep]}...{words[-keep:]}"
 
 
-def draw(tl: Timeline):
+def draw(tl: Timeline) -> Any:
     """The Figure for a timeline (Agg canvas: no display needed)."""
     Figure = _figure_class()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -106,7 +109,7 @@ def draw(tl: Timeline):
     return fig
 
 
-def _time_axis(ax, tl: Timeline, rows: int) -> None:
+def _time_axis(ax: Any, tl: Timeline, rows: int) -> None:
     """The symmetric-log time axis, its named ticks, one row per lane."""
     end = axis_end(tl.length)
     ax.set_xscale("symlog", linthresh=LINTHRESH, linscale=0.6)
@@ -127,7 +130,7 @@ def _time_axis(ax, tl: Timeline, rows: int) -> None:
                   fontsize=9)
 
 
-def _plot(ax, tl: Timeline) -> list:
+def _plot(ax: Any, tl: Timeline) -> list[Any]:
     """Bars, pod markers and instants; returns the labels _keep_inside must place."""
     labels = []
     for b in tl.bars:
@@ -165,7 +168,7 @@ def _wrap(title: str) -> str:
     return f"{title[:cut + 1]}\n{title[cut + 2:]}"
 
 
-def _draw_instant(ax, m):
+def _draw_instant(ax: Any, m: Marker) -> tuple[Any, Any]:
     """An instant on its row (a transition without a start, the kubelet restart), labelled;
     returned as (text, a zero-width Bar) so it is kept inside the figure like a bar label."""
     from exporter.report.timeline import Bar
@@ -183,7 +186,7 @@ def _draw_instant(ax, m):
     return text, Bar(m.row, m.label, m.at, m.at, m.kind)
 
 
-def _number_markers(ax, tl: Timeline) -> None:
+def _number_markers(ax: Any, tl: Timeline) -> None:
     """One label per place: pods judged at the same instant share it ("1, 2")."""
     places: list[tuple[float, list[int]]] = []  # (x in pixels, marker numbers)
     for i, m in enumerate(tl.markers):
@@ -202,7 +205,7 @@ def _number_markers(ax, tl: Timeline) -> None:
                     weight="bold" if rejected else "normal", annotation_clip=False)
 
 
-def _keep_inside(fig, ax, labels) -> None:
+def _keep_inside(fig: Any, ax: Any, labels: list[Any]) -> None:
     """Move each bar label that leaves the plot: left of its bar, else inside it in white."""
     renderer = fig.canvas.get_renderer()
     right, left = ax.bbox.x1, ax.bbox.x0
@@ -222,7 +225,7 @@ def _keep_inside(fig, ax, labels) -> None:
         text.set_weight("bold")
 
 
-def texts_outside(fig) -> list[str]:
+def texts_outside(fig: Any) -> list[str]:
     """Every visible text whose box leaves the figure (empty when nothing is clipped)."""
     from matplotlib.text import Text
     fig.canvas.draw()  # tick and axis labels are placed at draw time
@@ -239,7 +242,7 @@ def texts_outside(fig) -> list[str]:
     return out
 
 
-def save(fig, path: Path) -> None:
+def save(fig: Any, path: Path) -> None:
     """PNG or SVG of the same figure; SVG keeps texts as text (searchable, testable)."""
     import matplotlib
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "episode"}):

@@ -5,7 +5,7 @@ otherwise a prefix must name exactly one episode, and a prefix that names severa
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from exporter.correlate.model import Episode
 from exporter.events import NodeStatus
@@ -34,7 +34,7 @@ def match(episodes: Iterable[Episode], wanted: str, where: str) -> Episode:
                    f"({names}{more}); give more of the id")
 
 
-def node_name(events: Iterable, ep: Episode) -> str | None:
+def node_name(events: Iterable[Any], ep: Episode) -> str | None:
     """The node of the last Node status seen up to the episode's end (the agent watches only
     its own Node, so any of them names it)."""
     end = ep.ended if ep.ended is not None else float("inf")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from exporter import codec
 from exporter.correlate.model import Episode, PodVerdict, ResyncedBy
@@ -51,7 +51,7 @@ def table(episodes: Iterable[Episode]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def as_json(ep: Episode) -> dict:
+def as_json(ep: Episode) -> dict[str, Any]:
     """The episode as stored (codec), plus the phase durations a reader wants first."""
     return {**codec.encode(ep), "kernel_seconds": ep.kernel_seconds,
             "resync_seconds": ep.resync_seconds, "readmission_seconds": ep.readmission_seconds}

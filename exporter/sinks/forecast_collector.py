@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
-from exporter.config.options import Options
+from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
@@ -33,7 +33,7 @@ from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, 
 from exporter.kube.convert import node_status, pod_status
 from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
 from exporter.sources.kernel.sysfs import SysfsReader
-from exporter.sources.kubelet.kubelet_checkpoint import read_cpu_manager_state
+from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
 
 
 class ForecastCollector(Collector):
@@ -96,12 +96,12 @@ def check_readmission_forecast(options: Options) -> Check:
     name = "readmission forecast"
     node = decide(options).node
     try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
     except (OSError, ValueError) as e:
         return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
                      "mount the host's /sys and /proc")
     try:
-        config = load_config(options.kubeconfig)
+        config = load_config(KUBECONFIG.of(options))
     except KubeUnavailable as e:
         return Check(name, "warn", f"not checked: {e.reason}", e.fix)
     client, transport = make_client(config, request_timeout=10.0)
@@ -126,9 +126,9 @@ def check_readmission_forecast(options: Options) -> Check:
     if converted is None or not hasattr(converted, "allocatable"):
         return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
     forecast.on_node(converted)  # type: ignore[arg-type]
-    if options.kubelet_root_dir:
+    if KUBELET_ROOT_DIR.of(options):
         try:
-            forecast.on_cpu_manager(read_cpu_manager_state(options.kubelet_root_dir, 0.0))
+            forecast.on_cpu_manager(read_cpu_manager_state(KUBELET_ROOT_DIR.of(options), 0.0))
         except OSError:
             pass  # the kubelet restart line says why; judged without the CPU manager here
     for obj in pods:

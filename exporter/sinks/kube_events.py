@@ -350,6 +350,6 @@ def lightkube_events_api(kubeconfig: str | None) -> EventsApi:
                 if e.status.code == 404:
                     raise EventGone(name) from None
                 raise
-            return made.to_dict()  # type: ignore[no-any-return]
+            return made.to_dict()
 
     return _Api()

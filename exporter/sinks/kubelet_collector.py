@@ -17,12 +17,13 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.checks import Check
-from exporter.config.options import Options
+from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.correlate.kubelet_view import KubeletView, cpu_list
 from exporter.events import Event
 from exporter.sinks import ViewSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.kubelet_checkpoint import (
+    KUBELET_ROOT_DIR,
     read_cpu_manager_state,
     read_memory_manager_state,
 )
@@ -112,12 +113,12 @@ def check_kubelet_restart(options: Options) -> Check:
     """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
     what the kernel has online now, judged as the kubelet judges them at start."""
     name = "kubelet restart"
-    root = options.kubelet_root_dir
+    root = KUBELET_ROOT_DIR.of(options)
     if not root:
         return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
                      "pass the kubelet's --root-dir (default /var/lib/kubelet)")
     try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
     except (OSError, ValueError) as e:
         return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
                      "mount the host's /sys and /proc")

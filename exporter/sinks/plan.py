@@ -85,7 +85,7 @@ class PlanSink(ViewSink):
         self.plans = 0
 
     @classmethod
-    def attach(cls, agent: Any, sysfs: str = "/sys", procfs: str = "/proc",  # type: ignore[override]
+    def attach(cls, agent: Any, sysfs: str = "/sys", procfs: str = "/proc",
                kubelet_root: str = "/var/lib/kubelet") -> "PlanSink":
         sink = cls(sysfs, procfs, kubelet_root)
         agent.add_sink(sink)

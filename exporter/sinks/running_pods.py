@@ -20,14 +20,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
-from exporter.config.options import Options
+from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.correlate.running_pods import KINDS, RunningPodsView
 from exporter.events import Event
 from exporter.kube.client import RawPod, load_config, make_client
 from exporter.kube.convert import pod_status
 from exporter.sinks import ViewSink
 from exporter.sources.kernel.sysfs import SysfsReader
-from exporter.sources.kubelet.running_pods import scan
+from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
+from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS, scan
 
 
 class RunningPodsSink(ViewSink):
@@ -87,18 +88,18 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
     once, judged against the kernel now (OOM scores also need this node's pods from the API:
     listed when Kubernetes is on, else `pods`)."""
     name = "running containers"
-    root = options.cgroup_root
-    if not root or options.running_pods_max_containers <= 0:
+    root = CGROUP_ROOT.of(options)
+    if not root or RUNNING_PODS_MAX_CONTAINERS.of(options) <= 0:
         return Check(name, "warn", "not checked: --cgroup-root is empty or "
                      "--running-pods.max-containers is 0", "pass the host's cgroup mount")
     try:
-        snap = SysfsReader(options.sysfs_root, options.procfs_root).read(0.0)
+        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
     except (OSError, ValueError) as e:
         return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
                      "mount the host's /sys and /proc")
     problems: list[str] = []
-    found = scan(root, options.procfs_root, 0.0,
-                 max_containers=options.running_pods_max_containers, problems=problems)
+    found = scan(root, PROCFS_ROOT.of(options), 0.0,
+                 max_containers=RUNNING_PODS_MAX_CONTAINERS.of(options), problems=problems)
     if not found.cgroup_version:
         return Check(name, "ok", f"no kubepods cgroup under {root}")
     note = ""
@@ -131,7 +132,7 @@ def _node_pods(options: Options) -> tuple[list[object], str]:
     if not decisions.kubernetes:
         return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
     try:
-        client, transport = make_client(load_config(options.kubeconfig), request_timeout=10)
+        client, transport = make_client(load_config(KUBECONFIG.of(options)), request_timeout=10)
     except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
         return [], f"; OOM scores not judged: {quoted(e)}"
     try:

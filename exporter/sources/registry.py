@@ -3,8 +3,11 @@
 A source module declares itself at its end: its options and its roles (traits), which the rest
 of the exporter reads instead of its name:
 
-    register(SourceSpec("cpuset", KERNEL, "a cpuset that follows the CPUs", lambda ctx: ...,
-                        options=(Opt("cpuset_path", ("--cpuset.path",), "...", "..."),),
+    CPUSET_PATH: Opt[str] = Opt("cpuset_path", ("--cpuset.path",), "...", "...")
+
+    register(SourceSpec("cpuset", KERNEL, "a cpuset that follows the CPUs",
+                        lambda ctx: CpusetSource(ctx.clock, CPUSET_PATH.of(ctx.options)),
+                        options=(CPUSET_PATH,),
                         poked_by=frozenset({Resource.CPU})))  # re-read after CPU events
 
 Nothing else lists the sources: the `--source` choices, the order they start in, the flags,
@@ -19,7 +22,8 @@ A new source, step by step:
    (exporter/events.py) until `stopping` is set; `poke(resource)` if it re-reads when the kernel
    changes (`poked_by`); a `check` of its own (the spec's, or an override of Source.check)
    where opening it is not the whole test of whether it can run.
-2. At the module's end, `register(SourceSpec(...))` with its group, options and traits.
+2. At the module's end, its options as typed constants (read as `CPUSET_PATH.of(options)`)
+   and `register(SourceSpec(...))` with its group, options and traits.
 3. Its test beside the others (tests/unit/test_source_registry.py registers a toy source
    in one file and sees it opened, poked, counted and checked).
 What the correlator makes of a new kind of event is the correlator's business: a source that
@@ -32,12 +36,11 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-import click
-
 import exporter.sources as package
 from exporter.checks import Check
 from exporter.clock import MonotonicWallClock
 from exporter.config.options import Opt, Options, declare
+from exporter.config.types import ParamType
 from exporter.events import Resource
 from exporter.sources.base import Source
 
@@ -79,7 +82,7 @@ class SourceSpec:
     # Kernel sources: False for a reader of state that runs whatever --source says (like the
     # sysfs reconciler): it is not an event source to choose.
     selectable: bool = True
-    options: tuple[Opt, ...] = ()  # the flags only this source reads
+    options: tuple[Opt[Any], ...] = ()  # the flags only this source reads
     # Its roles, read by the agent, the composition root, metrics, privileges and `check`:
     # The kernel events after which it re-reads (the agent calls `poke(resource)` after each
     # CPU or memory event of another source): the kernel changes what it reads (a cpuset, a
@@ -167,7 +170,7 @@ def kernel_source_names() -> tuple[str, ...]:
     return tuple(s.name for s in specs(KERNEL) if s.selectable)
 
 
-class SourceList(click.ParamType):
+class SourceList(ParamType):
     """"auto" or a comma list of the kernel sources the registry knows."""
 
     name = "sources"
@@ -187,6 +190,8 @@ class SourceList(click.ParamType):
         return names
 
 
-declare(Opt("sources", ("--source",), "auto",
-            "Kernel event sources: auto (every one that works) or a comma list of them. The "
-            "sysfs reconciler always sets the gauges.", SourceList()))
+SOURCES: Opt[tuple[str, ...]] = Opt(
+    "sources", ("--source",), "auto",
+    "Kernel event sources: auto (every one that works) or a comma list of them. The sysfs "
+    "reconciler always sets the gauges.", SourceList())
+declare(SOURCES)

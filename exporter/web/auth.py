@@ -71,7 +71,7 @@ class BasicAuth:
     """
 
     def __init__(self, users: dict[str, bytes], ttl: float = AUTH_CACHE_SECONDS,
-                 size: int = AUTH_CACHE_SIZE, clock=time.monotonic,
+                 size: int = AUTH_CACHE_SIZE, clock: Callable[[], float] = time.monotonic,
                  concurrency: int = AUTH_CONCURRENCY, wait: float = AUTH_WAIT,
                  checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw) -> None:
         self.users = users

@@ -32,8 +32,9 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from exporter.untrusted import TooLarge, read_bytes
 from exporter.web.auth import hash_problem
@@ -146,7 +147,7 @@ def load_web_config(path: str) -> WebConfig:
     return config
 
 
-def _mapping(path: str, key: str, value) -> dict:
+def _mapping(path: str, key: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -154,14 +155,14 @@ def _mapping(path: str, key: str, value) -> dict:
     return value
 
 
-def _no_unknown(path: str, where: str, mapping: dict, known: set[str]) -> None:
+def _no_unknown(path: str, where: str, mapping: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(str(k) for k in mapping if k not in known)
     if unknown:
         raise _err(path, where, f"unknown key {', '.join(unknown)}; known keys: "
                                 f"{', '.join(sorted(known))}")
 
 
-def _string(path: str, key: str, value) -> str:
+def _string(path: str, key: str, value: Any) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -169,7 +170,7 @@ def _string(path: str, key: str, value) -> str:
     return value
 
 
-def _strings(path: str, key: str, value) -> list[str]:
+def _strings(path: str, key: str, value: Any) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -177,7 +178,8 @@ def _strings(path: str, key: str, value) -> list[str]:
     return value
 
 
-def _version(path: str, key: str, value, default: ssl.TLSVersion | None):
+def _version(path: str, key: str, value: Any,
+             default: ssl.TLSVersion | None) -> ssl.TLSVersion | None:
     name = _string(path, key, value)
     if not name:
         return default
@@ -196,7 +198,7 @@ def _pem_file(path: str, base: Path, key: str, name: str) -> Path:
     return full
 
 
-def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict, notes: list[str]) -> None:
+def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict[str, Any], notes: list[str]) -> None:
     names = _strings(path, "tls_server_config.cipher_suites", tls.get("cipher_suites"))
     unknown = [n for n in names if n not in _TLS12_SUITES and n not in _TLS13_SUITES]
     if unknown:
@@ -230,8 +232,8 @@ def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict, notes: list[str]) -> Non
                      "X448, P-521, P-384), which include every curve listed")
 
 
-def _tls_context(path: str, base: Path, tls: dict,
-                 notes: list[str]) -> tuple[ssl.SSLContext | None, tuple]:
+def _tls_context(path: str, base: Path, tls: dict[str, Any],
+                 notes: list[str]) -> tuple[ssl.SSLContext | None, tuple[Any, ...]]:
     cert = _string(path, "tls_server_config.cert_file", tls.get("cert_file"))
     key = _string(path, "tls_server_config.key_file", tls.get("key_file"))
     if not cert and not key:
@@ -245,8 +247,10 @@ def _tls_context(path: str, base: Path, tls: dict,
                                                          "and key_file")
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = _version(path, "tls_server_config.min_version", tls.get("min_version"),
-                                   ssl.TLSVersion.TLSv1_2)
+    minimum = _version(path, "tls_server_config.min_version", tls.get("min_version"),
+                       ssl.TLSVersion.TLSv1_2)
+    assert minimum is not None  # a default is given
+    ctx.minimum_version = minimum
     maximum = _version(path, "tls_server_config.max_version", tls.get("max_version"), None)
     if maximum is not None:
         if maximum < ctx.minimum_version:
@@ -293,7 +297,7 @@ def _tls_context(path: str, base: Path, tls: dict,
     return ctx, tuple(sans)
 
 
-def _headers(path: str, raw) -> dict[str, str]:
+def _headers(path: str, raw: Any) -> dict[str, str]:
     headers = _mapping(path, "http_server_config.headers", raw)
     for name, value in headers.items():
         if str(name).lower() not in _ALLOWED_HEADERS or not isinstance(value, str) \
@@ -303,7 +307,7 @@ def _headers(path: str, raw) -> dict[str, str]:
     return {str(k): v for k, v in headers.items()}
 
 
-def _users(path: str, raw) -> dict[str, bytes]:
+def _users(path: str, raw: Any) -> dict[str, bytes]:
     users = _mapping(path, "basic_auth_users", raw)
     out: dict[str, bytes] = {}
     for name, hashed in users.items():
@@ -318,7 +322,7 @@ def _users(path: str, raw) -> dict[str, bytes]:
     return out
 
 
-def peer_san_allowed(peercert: dict | None, allowed: tuple[str, ...]) -> bool:
+def peer_san_allowed(peercert: dict[str, Any] | None, allowed: tuple[str, ...]) -> bool:
     """Is one of the verified client certificate's SANs (DNS, email, IP, URI) allowed?"""
     if not allowed:
         return True

@@ -27,7 +27,7 @@ import ssl
 import threading
 from collections import OrderedDict
 from http import HTTPStatus
-from typing import Callable
+from typing import Any, Callable
 
 import h11
 from prometheus_client import CollectorRegistry
@@ -165,7 +165,8 @@ class MetricsServer:
 
     @property
     def port(self) -> int:
-        return self.server_address[1]
+        port: int = self.server_address[1]
+        return port
 
     def start(self) -> None:
         self._thread.start()
@@ -219,7 +220,7 @@ class MetricsServer:
                 except Exception:  # noqa: BLE001 - stopping: the API client's close is best effort
                     pass
 
-    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # asyncio's own reports (accept() out of descriptors, a transport error): rate-limited.
         exc = context.get("exception")
         self.failures.note(f"loop:{type(exc).__name__}", "HTTP event loop: %s: %s",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Any
 
 READ_SIZE = 16 * 1024
 
@@ -74,7 +75,7 @@ class Tls(Plain):
                 raise
         self._flush()  # the last flight, and TLS 1.3 session tickets
 
-    def getpeercert(self) -> dict | None:
+    def getpeercert(self) -> dict[str, Any] | None:
         return self.tls.getpeercert()
 
     async def read(self) -> bytes:

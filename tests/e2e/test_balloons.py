@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from exporter.config.options import TABLE as ALL
 from exporter.config.options import Options
 from exporter.correlate.kube_view import RESIZE_REASONS, resize_reason
 from exporter.events import Resource
 from exporter.kube.convert import LabelSelector, node_status, pod_status
+from exporter.sources.apiserver.kube_pods import BALLOON_PRIORITY_CLASSES
 from testkit.exporter_proc import REPO
 from testkit.kube_replay import at, recording
 
@@ -118,10 +118,10 @@ def test_a_bad_heartbeat_is_a_problem_not_a_crash(value):
 
 
 def test_balloon_priority_class_option_repeats():
-    assert ALL["balloon_priority_classes"].multiple
-    assert Options().balloon_priority_classes == ()
-    assert Options.from_cli({"balloon_priority_classes": ("a", "b")}).balloon_priority_classes \
-        == ("a", "b")
+    assert BALLOON_PRIORITY_CLASSES.multiple
+    assert BALLOON_PRIORITY_CLASSES.of(Options()) == ()
+    given = Options.from_cli({"balloon_priority_classes": ("a", "b")})
+    assert BALLOON_PRIORITY_CLASSES.of(given) == ("a", "b")
 
 
 @pytest.mark.parametrize("bad", ["Overprovisioning", "-x", "a b", "x" * 254])

@@ -6,12 +6,12 @@ import pytest
 
 from exporter.clock import MonotonicWallClock
 from exporter.config.decide import resolve_node_name
-from exporter.config.options import TABLE, Options
+from exporter.config.options import Options
 from exporter.config.types import LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus, Resource, SourceStatus
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources import registry
-from exporter.sources.apiserver.kube_pods import KubePodsSource
+from exporter.sources.apiserver.kube_pods import BALLOON_SELECTOR, KubePodsSource
 from testkit.event_log import EventLog
 from testkit.fakes.apiserver import FakeApiServer
 
@@ -33,7 +33,7 @@ def running(api):
         log = EventLog()
         source = KubePodsSource(MonotonicWallClock(), node_name=node,
                                 kubeconfig=api.kubeconfig_path,
-                                balloon_selector=TABLE["balloon_selector"].default,
+                                balloon_selector=BALLOON_SELECTOR.default,
                                 backoff_initial=0.05, backoff_max=0.5)
         source.open()
         source.start(log.emit)
@@ -152,7 +152,7 @@ def test_resize_state_from_conditions():
     obj = pod(labels=BALLOON, requests={"cpu": "2"}, applied={"cpu": "1"},
               conditions=[{"type": "PodResizePending", "status": "True", "reason": "Deferred",
                            "message": "Node didn't have enough capacity"}])
-    event = pod_status(obj, 5.0, LabelSelector(TABLE["balloon_selector"].default)).event
+    event = pod_status(obj, 5.0, LabelSelector(BALLOON_SELECTOR.default)).event
     assert event.resize.pending_reason == "Deferred"
     assert event.resize.desired == {Resource.CPU: 2.0}
     assert event.resize.applied == {Resource.CPU: 1.0}

@@ -156,7 +156,7 @@ def test_the_kube_events_component_grants_create_and_patch_on_events_and_adds_th
     import kubernetes_validate
     import yaml
 
-    from exporter.config.options import TABLE as ALL
+    from exporter.config.options import KUBE_EVENTS
 
     base = REPO / "deploy" / "components" / "kube-events"
     component = yaml.safe_load((base / "kustomization.yaml").read_text())
@@ -172,7 +172,7 @@ def test_the_kube_events_component_grants_create_and_patch_on_events_and_adds_th
     patch = yaml.safe_load(component["patches"][0]["patch"])
     assert patch == [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
                       "value": "--kube-events"}]
-    assert "--kube-events" in ALL["kube_events"].flags
+    assert "--kube-events" in KUBE_EVENTS.flags
 
 
 def test_the_kubelet_state_component_mounts_kubelet_root_and_cgroups_read_only_shares_pids():
@@ -192,10 +192,11 @@ def test_the_kubelet_state_component_mounts_kubelet_root_and_cgroups_read_only_s
     assert mounts["/var/lib/kubelet"]["readOnly"] is True
     assert mounts["/sys/fs/cgroup"]["readOnly"] is True  # the host's, for the running pods
     # The exporter's defaults read the checkpoints and the cgroups exactly there.
-    from exporter.config.options import TABLE as ALL
+    from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
+    from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 
-    assert ALL["kubelet_root_dir"].default == "/var/lib/kubelet"
-    assert ALL["cgroup_root"].default == "/sys/fs/cgroup"
+    assert KUBELET_ROOT_DIR.default == "/var/lib/kubelet"
+    assert CGROUP_ROOT.default == "/sys/fs/cgroup"
 
 
 def _json_patch(doc: dict, ops: list[dict]) -> dict:

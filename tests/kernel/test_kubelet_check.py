@@ -11,6 +11,7 @@ import pytest
 
 from exporter.config.options import Options
 from exporter.sinks.kubelet_collector import check_kubelet_restart
+from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-v1.36"
@@ -31,7 +32,7 @@ def sysfs_tree(tmp_path: Path, online: str, offline: str) -> Options:
 
 
 def kubelet_root(options: Options, checkpoint: str) -> Path:
-    root = Path(options.kubelet_root_dir)
+    root = Path(KUBELET_ROOT_DIR.of(options))
     root.mkdir()
     shutil.copy(FIXTURES / f"cpu_manager_state.{checkpoint}", root / "cpu_manager_state")
     return root
@@ -82,7 +83,7 @@ def test_check_command_on_the_real_kernel(cpu1, tmp_path):
 
 def test_static_memory_manager_with_other_memory_fails(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
-    root = Path(options.kubelet_root_dir)
+    root = Path(KUBELET_ROOT_DIR.of(options))
     root.mkdir()
     (root / "memory_manager_state").write_text(json.dumps({
         "policyName": "Static", "checksum": 1,
@@ -104,7 +105,7 @@ def test_an_empty_root_dir_option_is_not_checked(tmp_path):
 
 def test_an_unreadable_checkpoint_is_not_checked(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
-    (Path(options.kubelet_root_dir) / "cpu_manager_state").mkdir(parents=True)
+    (Path(KUBELET_ROOT_DIR.of(options)) / "cpu_manager_state").mkdir(parents=True)
     check = check_kubelet_restart(options)
     assert check.status == "warn" and "not a regular file (a directory)" in check.detail
 

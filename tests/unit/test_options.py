@@ -3,14 +3,26 @@ log formats node_exporter users expect cannot be forged into extra lines."""
 from __future__ import annotations
 
 import logging
+import sys
+import types
+import typing
 
 import click
 import pytest
 
 from exporter.cli.main import main
 from exporter.config import logs, options
-from exporter.config.options import TABLE, Opt, Options, declare
+from exporter.config.options import (
+    COALESCE_WINDOW,
+    MEMORY_TOLERANCE,
+    TABLE,
+    WEB_LISTEN_ADDRESS,
+    Opt,
+    Options,
+    declare,
+)
 from exporter.sources import registry
+from exporter.sources.kernel.bpf.source import RINGBUF_PAGES
 
 
 def _params(command: str) -> dict[str, click.Parameter]:
@@ -19,11 +31,55 @@ def _params(command: str) -> dict[str, click.Parameter]:
 
 def test_an_unset_option_is_the_tables_default_converted_by_its_own_type():
     opts = Options()
-    assert opts.memory_tolerance == 100 * 2**20  # "100Mi" through Bytes
-    assert opts.web_listen_address == ("0.0.0.0", 9862)  # through ListenAddress
-    assert opts.ringbuf_pages == registry.spec("bpf").options[0].default
+    assert MEMORY_TOLERANCE.of(opts) == 100 * 2**20  # "100Mi" through Bytes
+    assert WEB_LISTEN_ADDRESS.of(opts) == ("0.0.0.0", 9862)  # through ListenAddress
+    assert RINGBUF_PAGES.of(opts) == registry.spec("bpf").options[0].default
     for name, opt in TABLE.items():
-        assert getattr(opts, name) == opt.value(), name
+        assert opt.of(opts) == opt.value(), name
+    assert COALESCE_WINDOW.of(opts.replace(coalesce_window=5.0)) == 5.0
+
+
+def _conforms(value: object, hint: object) -> bool:
+    """Whether a value is of a type written as an Opt's argument (str, str | None, float,
+    tuple[str, int], tuple[str, ...])."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args))
+    assert isinstance(hint, type), hint
+    return isinstance(value, hint) and not (hint is not bool and isinstance(value, bool))
+
+
+def _typed_constants() -> dict[str, tuple[str, object]]:
+    """Every module-level `NAME: Opt[T]` of the package: the option's dest -> (NAME, T)."""
+    registry.load()
+    found: dict[str, tuple[str, object]] = {}
+    for module in [m for n, m in sorted(sys.modules.items()) if n.startswith("exporter.")]:
+        for name, annotation in vars(module).get("__annotations__", {}).items():
+            value = vars(module).get(name)
+            if isinstance(value, Opt):
+                hint = eval(annotation, vars(module)) if isinstance(annotation, str) \
+                    else annotation
+                assert typing.get_origin(hint) is Opt, f"{module.__name__}.{name}: {hint}"
+                found[value.dest] = (f"{module.__name__}.{name}", typing.get_args(hint)[0])
+    return found
+
+
+def test_every_option_is_a_typed_constant_typed_by_what_its_flag_converts_to():
+    """mypy takes `X: Opt[T]` at its word: the T must be what the option's own type converts
+    its default to (a flag goes through the same conversion), and every option in the table
+    has such a constant, named after it."""
+    typed = _typed_constants()
+    assert set(typed) == set(TABLE)
+    for dest, (where, hint) in typed.items():
+        opt = TABLE[dest]
+        assert _conforms(opt.value(), hint), (where, opt.value(), hint)
+        assert where.rpartition(".")[2] == dest.upper(), where  # found by its flag's name
 
 
 def test_a_source_declares_its_flags_beside_its_registration():
@@ -61,8 +117,8 @@ def test_a_flag_or_option_declared_twice_is_refused():
 def test_options_refuse_names_nobody_declared():
     with pytest.raises(TypeError, match="unknown options"):
         Options(no_such_option=1)
-    with pytest.raises(AttributeError):
-        Options().no_such_option  # noqa: B018
+    with pytest.raises(AttributeError):  # read through a typed constant, not by name
+        Options().coalesce_window  # noqa: B018
     assert options.REPLAY in TABLE["coalesce_window"].commands
 
 

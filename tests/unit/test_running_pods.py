@@ -300,9 +300,6 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
 def test_check_names_stale_containers_and_the_fix(tmp_path):
     from exporter.config.options import Options
     from exporter.sinks.running_pods import check_running_pods
-    from exporter.sources import registry
-
-    registry.load()  # the running-pods options are declared by their source
     sys_ = tmp_path / "sys/devices/system/cpu"
     sys_.mkdir(parents=True)
     for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),

@@ -51,10 +51,11 @@ class ToySource(Source):
         super().stop(timeout)
 
 
+TOY_GREETING: Opt[str] = Opt("toy_greeting", ("--toy.greeting",), "hello",
+                              "What the toy says first.")
 TOY = SourceSpec(
-    "toy", KERNEL, "a toy source", lambda ctx: ToySource(ctx.clock, ctx.options.toy_greeting),
-    order=40, options=(Opt("toy_greeting", ("--toy.greeting",), "hello",
-                           "What the toy says first."),),
+    "toy", KERNEL, "a toy source", lambda ctx: ToySource(ctx.clock, TOY_GREETING.of(ctx.options)),
+    order=40, options=(TOY_GREETING,),
     poked_by=frozenset({Resource.CPU}), lossy=True,
     capabilities_after_start=lambda: frozenset({"CAP_BPF"}))
 
@@ -84,7 +85,7 @@ def node(tmp_path):
 def test_the_toy_is_a_choice_with_its_option(toy):
     assert "toy" in registry.kernel_source_names()
     assert registry.SourceList().convert("sysfs,toy", None, None) == ("sysfs", "toy")
-    assert Options(toy_greeting="hi").toy_greeting == "hi"
+    assert TOY_GREETING.of(Options(toy_greeting="hi")) == "hi"
     assert "toy" in registry.lossy_names()
 
 

@@ -31,6 +31,7 @@ import sqlite3
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from exporter import codec
 from exporter.clock import Clock
@@ -55,6 +56,7 @@ from exporter.sinks.journal.schema import (
 from exporter.sinks.journal.store import JournalStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Events waiting for the writer. ~1 KiB each at most: a bound of a few MiB, and at the agent's
 # measured peak (~20k events/s in a flap storm) seconds of a stalled disk before anything drops.
@@ -313,7 +315,7 @@ class JournalSink:
             return []
         return list(self._read(lambda c: reader.last_kernel_events(c, self._bad), []))
 
-    def _read(self, fn, default):  # type: ignore[no-untyped-def]
+    def _read(self, fn: Callable[[sqlite3.Connection], list[T]], default: list[T]) -> list[T]:
         with self._db:
             try:
                 return fn(self._store.connect())

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import exporter
@@ -73,7 +73,7 @@ class _CountingExporter(SpanExporter):
         self.inner = inner
         self.sink = sink
 
-    def export(self, spans) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = self.inner.export(spans)
         if result is not SpanExportResult.SUCCESS:
             self.sink.errors += 1
@@ -112,7 +112,7 @@ class TraceSink:
         self.tracer = self.provider.get_tracer("exporter.sinks.traces", exporter.__version__)
 
     @classmethod
-    def from_env(cls, **kwargs) -> "TraceSink | None":
+    def from_env(cls, **kwargs: Any) -> "TraceSink | None":
         """A sink configured by the OTEL_* variables, or None when they do not ask for traces."""
         config = trace_config_from_env()
         return None if config is None else cls(config, **kwargs)

@@ -7,6 +7,8 @@ or after a restart that resumed the episode, still shows when the kernel and the
 """
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -35,7 +37,7 @@ def _set_error(span: trace.Span, description: str) -> None:
     span.set_status(Status(StatusCode.ERROR, description))
 
 
-def _capacity_attrs(prefix: str, before: float | None, after: float | None) -> dict:
+def _capacity_attrs(prefix: str, before: float | None, after: float | None) -> dict[str, Any]:
     out = {}
     if before is not None:
         out[f"{prefix}.before"] = before
@@ -44,8 +46,8 @@ def _capacity_attrs(prefix: str, before: float | None, after: float | None) -> d
     return out
 
 
-def transition_attributes(t: Transition) -> dict:
-    attrs: dict = {"hotplug.source": t.source, "hotplug.resource": t.resource.value,
+def transition_attributes(t: Transition) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"hotplug.source": t.source, "hotplug.resource": t.resource.value,
                    "hotplug.direction": t.direction.value, "hotplug.result": t.result.value}
     if t.resource is Resource.CPU:
         attrs["hotplug.cpu.id"] = t.unit

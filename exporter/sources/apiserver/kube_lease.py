@@ -11,11 +11,12 @@ when renewTime moves. `--no-node-lease` turns this off (the Ready condition's he
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import KUBECONFIG, Opt
 from exporter.events import MalformedInput, NodeHeartbeat
 from exporter.sources.apiserver.one_object import OneObjectSource
 from exporter.sources.base import Emit
@@ -31,7 +32,7 @@ class RawLease(GenericNamespacedResource):
                                 verbs=["list", "watch"])
 
 
-def renew_time(obj: dict) -> tuple[float | None, str]:
+def renew_time(obj: dict[str, Any]) -> tuple[float | None, str]:
     """spec.renewTime (a MicroTime, 2026-11-23T08:21:44.123456Z) -> (epoch seconds, problem).
     A Lease not renewed yet has none: (None, "")."""
     spec = obj.get("spec")
@@ -54,7 +55,7 @@ class KubeLeaseSource(OneObjectSource):
     plural = "leases"
     namespace = NODE_LEASE_NAMESPACE
 
-    def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
+    def __init__(self, clock: Clock, *, node_name: str, **kwargs: Any) -> None:
         super().__init__(clock, node_name=node_name, **kwargs)
         self._renewed: float | None = None  # the renewTime last emitted
         self._problem = ""  # the malformed renewTime last reported (once, not every renewal)
@@ -65,7 +66,7 @@ class KubeLeaseSource(OneObjectSource):
     def missing_reason(self) -> str:
         return f"{self.describe()} not found (a kubelet creates it when it registers the node)"
 
-    def deliver(self, obj: dict, emit: Emit) -> None:
+    def deliver(self, obj: dict[str, Any], emit: Emit) -> None:
         now = self.clock.now()
         when, problem = renew_time(obj)
         if problem and problem != self._problem:
@@ -78,15 +79,17 @@ class KubeLeaseSource(OneObjectSource):
 
 
 
+NODE_LEASE: Opt[bool] = Opt(
+    "node_lease", ("--node-lease/--no-node-lease",), True,
+    "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, so a dead "
+    "kubelet shows in node_resize_kubelet_heartbeat_age_seconds{via=\"lease\"} within seconds "
+    "(needs list/watch on leases).", is_flag=True)
+
 register(SourceSpec(
     "kube_lease", KUBERNETES, "this node's Lease in kube-node-lease (list/watch): the kubelet's "
     "heartbeat", lambda ctx: KubeLeaseSource(ctx.clock, node_name=ctx.node_name,
-                                             kubeconfig=ctx.options.kubeconfig),
-    wanted=lambda options: options.node_lease, order=62,
-    options=(Opt("node_lease", ("--node-lease/--no-node-lease",), True,
-                 "Watch this node's Lease in kube-node-lease: the kubelet renews it every 10 s, "
-                 "so a dead kubelet shows in node_resize_kubelet_heartbeat_age_seconds"
-                 "{via=\"lease\"} within seconds (needs list/watch on leases).",
-                 is_flag=True),),
+                                             kubeconfig=KUBECONFIG.of(ctx.options)),
+    wanted=lambda options: NODE_LEASE.of(options), order=62,
+    options=(NODE_LEASE,),
     watches=(Watch("coordination.k8s.io", "leases", NODE_LEASE_NAMESPACE,
                    "deploy/node-lease-role.yaml"),)))

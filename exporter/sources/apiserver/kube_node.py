@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 from exporter.checks import FAIL, OK, Check, quoted
 from exporter.clock import Clock
+from exporter.config.options import KUBECONFIG
 from exporter.events import MalformedInput, NodeHeartbeat, NodeStatus
 from exporter.kube.capacity_configured import CapacityConfiguredFilter
 from exporter.kube.client import RawNode, load_config, make_client
@@ -31,9 +33,10 @@ class KubeNodeSource(OneObjectSource):
     resource = RawNode
     plural = "nodes"
 
-    def __init__(self, clock: Clock, *, node_name: str, **kwargs) -> None:
+    def __init__(self, clock: Clock, *, node_name: str, **kwargs: Any) -> None:
         super().__init__(clock, node_name=node_name, **kwargs)
-        self._last: tuple | None = None  # (NodeStatus without time/RV, problems) last emitted
+        # (NodeStatus without time/RV, problems) last emitted
+        self._last: tuple[Any, ...] | None = None
         self._beat: float | None = None  # the Ready heartbeat last emitted
         self._configured = CapacityConfiguredFilter()  # KEP-3953's condition
 
@@ -49,7 +52,7 @@ class KubeNodeSource(OneObjectSource):
             emit(NodeStatus(self.clock.now(), self.node_name, {}, {}))
         self._last = None
 
-    def deliver(self, obj: dict, emit: Emit) -> None:
+    def deliver(self, obj: dict[str, Any], emit: Emit) -> None:
         now = self.clock.now()
         problems: list[str] = []  # KEP-3953's CapacityConfigured, when it changes
         configured = self._configured.feed(obj, now, problems)
@@ -105,5 +108,5 @@ def _check(source: Source) -> list[Check]:
 register(SourceSpec(
     "kube_node", KUBERNETES, "this node's Node object (list/watch)",
     lambda ctx: KubeNodeSource(ctx.clock, node_name=ctx.node_name,
-                               kubeconfig=ctx.options.kubeconfig), order=60,
+                               kubeconfig=KUBECONFIG.of(ctx.options)), order=60,
     watches=(Watch("", "nodes"),), check=_check))

@@ -9,10 +9,12 @@ what is reported is what the API holds now: occurrences summed, and the newest t
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from lightkube.generic_resource import GenericNamespacedResource, create_api_info
 
 from exporter.clock import Clock
+from exporter.config.options import KUBECONFIG
 from exporter.events import NodeWarningEvents
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
@@ -31,7 +33,7 @@ class RawEvent(GenericNamespacedResource):
                                 verbs=["list", "watch"])
 
 
-def _time(obj: dict) -> float | None:
+def _time(obj: dict[str, Any]) -> float | None:
     """The Event's newest timestamp (lastTimestamp, else eventTime, else firstTimestamp)."""
     series = obj.get("series")
     series = series if isinstance(series, dict) else {}
@@ -45,7 +47,7 @@ def _time(obj: dict) -> float | None:
     return None
 
 
-def _count(obj: dict) -> int:
+def _count(obj: dict[str, Any]) -> int:
     count = obj.get("count")
     series = obj.get("series")
     series = series if isinstance(series, dict) else {}
@@ -70,18 +72,18 @@ class KubeNodeEventsSource(ListWatchSource):
         return {"involvedObject.kind": "Node", "involvedObject.name": self.node_name,
                 "reason": REASON}
 
-    def not_asked_for(self, obj: dict) -> bool:
+    def not_asked_for(self, obj: dict[str, Any]) -> bool:
         involved = obj.get("involvedObject")
         return (not isinstance(involved, dict) or obj.get("reason") != REASON
                 or involved.get("name") != self.node_name or involved.get("kind") != "Node")
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
+    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
         self._events = {}
         for obj in items:
             self._keep(obj)
         self._report(emit)
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         if not isinstance(uid, str):
             return
@@ -91,7 +93,7 @@ class KubeNodeEventsSource(ListWatchSource):
             self._keep(obj)
         self._report(emit)
 
-    def _keep(self, obj: dict) -> None:
+    def _keep(self, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         involved = obj.get("involvedObject") or {}
         # The field selector should make the others impossible; do not trust it blindly.
@@ -112,5 +114,5 @@ class KubeNodeEventsSource(ListWatchSource):
 register(SourceSpec(
     "kube_node_events", KUBERNETES, "KEP-3953's Warning Events on this Node (list/watch)",
     lambda ctx: KubeNodeEventsSource(ctx.clock, node_name=ctx.node_name,
-                                     kubeconfig=ctx.options.kubeconfig), order=63,
+                                     kubeconfig=KUBECONFIG.of(ctx.options)), order=63,
     watches=(Watch("", "events", NODE_EVENTS_NAMESPACE, "deploy/events-role.yaml"),)))

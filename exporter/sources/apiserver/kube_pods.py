@@ -8,9 +8,10 @@ that did not change produce no second event, so nothing is counted twice.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import KUBECONFIG, Opt
 from exporter.config.types import KubeName, LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus
 from exporter.kube.client import RawPod
@@ -30,7 +31,7 @@ class KubePodsSource(ListWatchSource):
 
     def __init__(self, clock: Clock, *, node_name: str,
                  balloon_selector: str | LabelSelector | None = None,
-                 balloon_priority_classes: tuple[str, ...] = (), **kwargs) -> None:
+                 balloon_priority_classes: tuple[str, ...] = (), **kwargs: Any) -> None:
         super().__init__(clock, **kwargs)
         self.node_name = node_name
         self.selector = (LabelSelector(balloon_selector) if isinstance(balloon_selector, str)
@@ -41,11 +42,11 @@ class KubePodsSource(ListWatchSource):
     def field_selector(self) -> dict[str, str]:
         return {"spec.nodeName": self.node_name}
 
-    def not_asked_for(self, obj: dict) -> bool:
+    def not_asked_for(self, obj: dict[str, Any]) -> bool:
         spec = obj.get("spec")
         return not isinstance(spec, dict) or spec.get("nodeName") != self.node_name
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
+    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
         now = self.clock.now()
         known: dict[str, PodStatus] = {}
         for obj in items:
@@ -59,7 +60,7 @@ class KubePodsSource(ListWatchSource):
         self._known = known
         emit(PodsRelisted(now, frozenset(known)))
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
         now = self.clock.now()
@@ -77,7 +78,8 @@ class KubePodsSource(ListWatchSource):
         self._known[event.uid] = key
         emit(event)
 
-    def _convert(self, obj: dict, now: float, emit: Emit, deleted: bool) -> PodStatus | None:
+    def _convert(self, obj: dict[str, Any], now: float, emit: Emit,
+                 deleted: bool) -> PodStatus | None:
         converted = pod_status(obj, now, self.selector, deleted=deleted,
                                priority_classes=self.priority_classes)
         event = converted.event
@@ -95,18 +97,21 @@ def _key(event: PodStatus) -> PodStatus:
     return dataclasses.replace(event, time=0.0, resource_version="")
 
 
+BALLOON_SELECTOR: Opt[str] = Opt(
+    "balloon_selector", ("--balloon-selector",), "node-resize-exporter.io/balloon=true",
+    "Label selector of balloon pods.", LabelSelectorText())
+BALLOON_PRIORITY_CLASSES: Opt[tuple[str, ...]] = Opt(
+    "balloon_priority_classes", ("--balloon-priority-class",), (),
+    "Pods of this PriorityClass are balloon pods too, whatever their labels (repeatable; for "
+    "example the cluster-autoscaler's overprovisioning class).",
+    KubeName("PriorityClass name", "class"), show_default=False, multiple=True)
+
 register(SourceSpec(
     "kube_pods", KUBERNETES, "the pods bound to this node (list/watch)",
     lambda ctx: KubePodsSource(ctx.clock, node_name=ctx.node_name,
-                               kubeconfig=ctx.options.kubeconfig,
-                               balloon_selector=ctx.options.balloon_selector,
-                               balloon_priority_classes=ctx.options.balloon_priority_classes),
+                               kubeconfig=KUBECONFIG.of(ctx.options),
+                               balloon_selector=BALLOON_SELECTOR.of(ctx.options),
+                               balloon_priority_classes=BALLOON_PRIORITY_CLASSES.of(ctx.options)),
     order=61,
-    options=(
-        Opt("balloon_selector", ("--balloon-selector",), "node-resize-exporter.io/balloon=true",
-            "Label selector of balloon pods.", LabelSelectorText()),
-        Opt("balloon_priority_classes", ("--balloon-priority-class",), (),
-            "Pods of this PriorityClass are balloon pods too, whatever their labels "
-            "(repeatable; for example the cluster-autoscaler's overprovisioning class).",
-            KubeName("PriorityClass name", "class"), show_default=False, multiple=True)),
+    options=(BALLOON_SELECTOR, BALLOON_PRIORITY_CLASSES),
     watches=(Watch("", "pods"),)))

@@ -136,15 +136,15 @@ class ListWatchSource(Source):
         # lightkube types fields as a dict of str or selector operators (dict is invariant)
         return self.field_selector()
 
-    def not_asked_for(self, obj: dict) -> bool:
+    def not_asked_for(self, obj: dict[str, Any]) -> bool:
         """True when `obj` is not what field_selector() asked for (the server did not apply
         it). Checked on every listed and watched object, whatever the server claims."""
         return False
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
+    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
         raise NotImplementedError
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------ Source
@@ -204,13 +204,13 @@ class ListWatchSource(Source):
         assert self._client is not None, "open() first"
         listing = self._client.list(self.resource, namespace=self.namespace,
                                     fields=self._fields(), chunk_size=LIST_CHUNK)
-        items: list[dict] = []
+        items: list[dict[str, Any]] = []
         for item in listing:
             if len(items) >= LIST_MAX_OBJECTS:
                 raise AnswerTooLarge(f"list of {self.plural} has more than {LIST_MAX_OBJECTS} "
                                      "objects")
             items.append(dict(item))
-        rv = listing.resourceVersion
+        rv: str = listing.resourceVersion
         self.lists += 1
         items = self._only_asked_for(items, emit)
         # No backoff reset here: a list followed by the same failure must back off.
@@ -238,12 +238,12 @@ class ListWatchSource(Source):
                 if isinstance(new_rv, str) and new_rv:
                     self.resource_version = new_rv
         finally:
-            stream.close()  # type: ignore[attr-defined]  # a generator: ends the request
+            stream.close()  # a generator: ends the request
 
-    def _only_asked_for(self, items: list[dict], emit: Emit) -> list[dict]:
+    def _only_asked_for(self, items: list[dict[str, Any]], emit: Emit) -> list[dict[str, Any]]:
         """`items` without the objects the field selector should have excluded; those are
         counted, each once (by uid, else namespace/name), in one MalformedInput per answer."""
-        kept: list[dict] = []
+        kept: list[dict[str, Any]] = []
         new = 0
         for obj in items:
             try:
@@ -270,7 +270,7 @@ class ListWatchSource(Source):
                                            [:300], self.clock.now()))
         return kept
 
-    def _deliver_event(self, event_type: str, raw: dict, emit: Emit) -> None:
+    def _deliver_event(self, event_type: str, raw: dict[str, Any], emit: Emit) -> None:
         try:
             self.on_event(event_type, raw, emit)
         except _OBJECT_ERRORS as e:  # one bad object: counted and skipped, the watch goes on

@@ -8,6 +8,8 @@ object of a cluster-wide collection would cost the API server O(nodes^2).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from exporter.clock import Clock
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
@@ -28,7 +30,7 @@ class OneObjectSource(ListWatchSource):
     def missing_reason(self) -> str:
         return f"{self.describe()} not found"
 
-    def deliver(self, obj: dict, emit: Emit) -> None:
+    def deliver(self, obj: dict[str, Any], emit: Emit) -> None:
         raise NotImplementedError
 
     def forget(self, emit: Emit) -> None:
@@ -40,12 +42,12 @@ class OneObjectSource(ListWatchSource):
     def field_selector(self) -> dict[str, str]:
         return {"metadata.name": self.node_name}
 
-    def not_asked_for(self, obj: dict) -> bool:
+    def not_asked_for(self, obj: dict[str, Any]) -> bool:
         meta = obj.get("metadata") or {}
         return meta.get("name") != self.node_name or (
             self.namespace is not None and meta.get("namespace") != self.namespace)
 
-    def on_list(self, items: list[dict], emit: Emit) -> None:
+    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
         # The base class dropped (and counted) any object that is not this one.
         self.found = bool(items)
         if not items:
@@ -54,7 +56,7 @@ class OneObjectSource(ListWatchSource):
             return
         self.deliver(items[0], emit)
 
-    def on_event(self, event_type: str, obj: dict, emit: Emit) -> None:
+    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
         if event_type == "DELETED":
             self.found = False
             self.forget(emit)

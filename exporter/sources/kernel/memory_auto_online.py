@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.clock import Clock
+from exporter.config.options import SYSFS_ROOT
 from exporter.events import MalformedInput, MemoryAutoOnline, Resource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KERNEL, SourceSpec, register
@@ -56,5 +57,5 @@ class MemoryAutoOnlineSource(PokedSource):
 
 register(SourceSpec(
     "memory_auto_online", KERNEL, "sysfs auto_online_blocks (hot-added memory policy)",
-    lambda ctx: MemoryAutoOnlineSource(ctx.clock, ctx.options.sysfs_root), order=70,
+    lambda ctx: MemoryAutoOnlineSource(ctx.clock, SYSFS_ROOT.of(ctx.options)), order=70,
     selectable=False, poked_by=frozenset({Resource.MEMORY})))

@@ -18,11 +18,12 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from exporter.checks import OK, WARN, Check
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Opt
 from exporter.config.types import Seconds
 from exporter.events import (
     Direction,
@@ -34,7 +35,7 @@ from exporter.events import (
     Transition,
 )
 from exporter.sources.base import Emit, Source, SourceUnavailable
-from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
+from exporter.sources.registry import KERNEL, SOURCES, SourceContext, SourceSpec, register
 from exporter.untrusted import read_text
 
 # ------------------------------------------------------------------ parsers (pure)
@@ -203,9 +204,9 @@ class SysfsReader:
 
 def diff_transitions(before: KernelSnapshot, after: KernelSnapshot) -> list[Transition]:
     """CPUs and memory blocks whose state differs between two snapshots."""
-    out = []
+    out: list[Transition] = []
 
-    def emit(resource, units, direction):
+    def emit(resource: Resource, units: Iterable[int], direction: Direction) -> None:
         for unit in sorted(units):
             out.append(Transition("sysfs", resource, unit, direction, Result.SUCCESS,
                                   end=after.time))
@@ -334,15 +335,17 @@ def _check(source: Source) -> list[Check]:
 def _sysfs(ctx: SourceContext) -> SysfsSource:
     # The reconciler always runs (it sets every gauge); it reports the transitions it sees
     # between reads only when sysfs is a chosen event source.
-    chosen = ctx.options.sources
-    return SysfsSource(ctx.clock, ctx.options.sysfs_interval, ctx.options.sysfs_root,
-                       ctx.options.procfs_root,
+    chosen = SOURCES.of(ctx.options)
+    return SysfsSource(ctx.clock, SYSFS_INTERVAL.of(ctx.options), SYSFS_ROOT.of(ctx.options),
+                       PROCFS_ROOT.of(ctx.options),
                        emit_transitions=chosen == ("auto",) or "sysfs" in chosen)
 
 
+SYSFS_INTERVAL: Opt[float] = Opt(
+    "sysfs_interval", ("--sysfs-interval",), 30.0,
+    "Seconds between sysfs/procfs re-reads (also re-read after every event).", Seconds())
+
 register(SourceSpec(
     "sysfs", KERNEL, "sysfs/procfs, the truth at each read", _sysfs, order=10,
-    options=(Opt("sysfs_interval", ("--sysfs-interval",), 30.0,
-                 "Seconds between sysfs/procfs re-reads (also re-read after every event).",
-                 Seconds()),),
+    options=(SYSFS_INTERVAL,),
     reconciles=True, poked_by=frozenset(Resource), check=_check))

@@ -23,6 +23,7 @@ import socket
 from dataclasses import dataclass
 
 from exporter.clock import Clock
+from exporter.config.options import SYSFS_ROOT
 from exporter.events import (
     DeviceChange,
     Direction,
@@ -255,6 +256,6 @@ def _seqnum(ev: Uevent) -> int | None:
 
 
 register(SourceSpec("uevent", KERNEL, "kernel uevents (netlink) for CPUs and memory blocks",
-                    lambda ctx: UeventSource(ctx.clock, ctx.options.sysfs_root), order=30,
+                    lambda ctx: UeventSource(ctx.clock, SYSFS_ROOT.of(ctx.options)), order=30,
                     lossy=True,  # netlink ENOBUFS
                     defers_cpu_transitions=True))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import socket
 import struct
+from typing import Any
 
 SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
 
@@ -85,7 +86,7 @@ def program(cpu_transitions: bool = True) -> list[Insn]:
     return _resolve(lines)
 
 
-def _resolve(lines: list) -> list[Insn]:
+def _resolve(lines: list[Any]) -> list[Insn]:
     labels: dict[str, int] = {}
     insns: list[Insn] = []
     for line in lines:

@@ -325,17 +325,20 @@ class KubeletCheckpointSource(PokedSource):
 
 
 def _factory(ctx: SourceContext) -> KubeletCheckpointSource:
-    return KubeletCheckpointSource(ctx.clock, ctx.options.kubelet_root_dir)
+    return KubeletCheckpointSource(ctx.clock, KUBELET_ROOT_DIR.of(ctx.options))
+
+
+KUBELET_ROOT_DIR: Opt[str] = Opt(
+    "kubelet_root_dir", ("--kubelet-root-dir",), "/var/lib/kubelet",
+    "The kubelet's --root-dir: where cpu_manager_state and memory_manager_state are (empty: do "
+    "not read them).", RootDir())
 
 
 # A Kubernetes source: it matters where a kubelet runs, and is turned off with an empty
 # --kubelet-root-dir. It needs no API server: it reads the node's own files.
 register(SourceSpec("kubelet_checkpoint", KUBERNETES,
                     "the kubelet's cpu_manager_state and memory_manager_state (inotify)",
-                    _factory, wanted=lambda options: bool(options.kubelet_root_dir), order=60,
-                    options=(Opt("kubelet_root_dir", ("--kubelet-root-dir",), "/var/lib/kubelet",
-                                 "The kubelet's --root-dir: where cpu_manager_state and "
-                                 "memory_manager_state are (empty: do not read them).",
-                                 RootDir()),),
+                    _factory, wanted=lambda options: bool(KUBELET_ROOT_DIR.of(options)),
+                    order=60, options=(KUBELET_ROOT_DIR,),
                     # the CPU and memory managers' checkpoints, judged against the kernel
                     poked_by=frozenset({Resource.CPU, Resource.MEMORY})))

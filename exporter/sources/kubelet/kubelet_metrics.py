@@ -25,13 +25,13 @@ import time
 import urllib.parse
 from typing import Any
 
-import click
 import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.checks import FAIL, OK, Check
 from exporter.clock import Clock
 from exporter.config.options import Opt
+from exporter.config.types import ParamType
 from exporter.events import KubeletFeatures, KubeletProcess, MalformedInput, SourceStatus
 from exporter.kube.client import SERVICE_ACCOUNT_DIR
 from exporter.sources.base import Emit, Source
@@ -207,7 +207,7 @@ class KubeletMetricsSource(Source):
 INTERVAL = 60.0
 
 
-class KubeletMetricsURL(click.ParamType):
+class KubeletMetricsURL(ParamType):
     """https://, or http:// to a loopback address: the service account token goes there."""
 
     name = "url"
@@ -228,10 +228,19 @@ def _check(source: Source) -> list[Check]:
     source.poll(seen.append)
     down = [e for e in seen if isinstance(e, SourceStatus) and not e.up]
     if down:
-        return [Check("kubelet metrics", FAIL, down[-1].reason,  # type: ignore[attr-defined]
+        return [Check("kubelet metrics", FAIL, down[-1].reason,
                       "check --kubelet-metrics-url and get on nodes/metrics")]
     return [Check("kubelet metrics", OK, f"{source.url} answers with Prometheus text")]
 
+
+KUBELET_METRICS_URL: Opt[str | None] = Opt(
+    "kubelet_metrics_url",
+    ("--kubelet-metrics-url",),
+    None,
+    "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
+    "http to a loopback address).",
+    KubeletMetricsURL(),
+)
 
 register(
     SourceSpec(
@@ -239,20 +248,11 @@ register(
         KUBERNETES,
         "the kubelet's own /metrics (feature gates)",
         lambda ctx: KubeletMetricsSource(
-            ctx.clock, url=str(ctx.options.kubelet_metrics_url), interval=INTERVAL
+            ctx.clock, url=str(KUBELET_METRICS_URL.of(ctx.options)), interval=INTERVAL
         ),
-        wanted=lambda options: bool(options.kubelet_metrics_url),
+        wanted=lambda options: bool(KUBELET_METRICS_URL.of(options)),
         order=71,
-        options=(
-            Opt(
-                "kubelet_metrics_url",
-                ("--kubelet-metrics-url",),
-                None,
-                "Scrape the kubelet's /metrics for resize feature gates (optional; https, or "
-                "http to a loopback address).",
-                KubeletMetricsURL(),
-            ),
-        ),
+        options=(KUBELET_METRICS_URL,),
         check=_check,
     )
 )

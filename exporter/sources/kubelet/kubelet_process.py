@@ -18,6 +18,7 @@ import re
 import psutil  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
+from exporter.config.options import PROCFS_ROOT
 from exporter.events import KubeletProcess, SourceStatus
 from exporter.sources.base import Emit, Source
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
@@ -128,4 +129,4 @@ class KubeletProcessSource(Source):
 
 register(SourceSpec(
     "kubelet_process", KUBERNETES, "the kubelet process's start time (psutil, hostPID)",
-    lambda ctx: KubeletProcessSource(ctx.clock, procfs_root=ctx.options.procfs_root), order=62))
+    lambda ctx: KubeletProcessSource(ctx.clock, procfs_root=PROCFS_ROOT.of(ctx.options)), order=62))

@@ -73,11 +73,14 @@ class KubepodsCgroupSource(PokedSource):
             emit(event)
 
 
+CGROUP_ROOT: Opt[str] = Opt(
+    "cgroup_root", ("--cgroup-root",), "/sys/fs/cgroup",
+    "Where the host's cgroup hierarchy is mounted (the kubepods cpuset is read there; empty: do "
+    "not read it).", RootDir())
+
 register(SourceSpec(
     "kubepods_cgroup", KUBERNETES, "the kubepods cgroup's cpuset",
-    lambda ctx: KubepodsCgroupSource(ctx.clock, ctx.options.cgroup_root),
-    wanted=lambda options: bool(options.cgroup_root), order=61,
-    options=(Opt("cgroup_root", ("--cgroup-root",), "/sys/fs/cgroup",
-                 "Where the host's cgroup hierarchy is mounted (the kubepods cpuset is read "
-                 "there; empty: do not read it).", RootDir()),),
+    lambda ctx: KubepodsCgroupSource(ctx.clock, CGROUP_ROOT.of(ctx.options)),
+    wanted=lambda options: bool(CGROUP_ROOT.of(options)), order=61,
+    options=(CGROUP_ROOT,),
     poked_by=frozenset({Resource.CPU})))  # the cpuset

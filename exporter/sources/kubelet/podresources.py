@@ -18,12 +18,13 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from exporter.checks import FAIL, OK, WARN, Check
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import SYSFS_ROOT, Opt
 from exporter.config.types import Seconds
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
 from exporter.sources.base import Emit, Source
@@ -75,7 +76,8 @@ class PodResourcesSource(Source):
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
                 options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)])
-            self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
+            self._stub = podresources_pb2_grpc.PodResourcesListerStub(  # type: ignore[no-untyped-call]
+                self._channel)
         try:
             answer = self._stub.GetAllocatableResources(
                 podresources_pb2.AllocatableResourcesRequest(),  # type: ignore[attr-defined]
@@ -90,7 +92,7 @@ class PodResourcesSource(Source):
             self._last = event
             emit(event)
 
-    def _convert(self, answer, now: float, emit: Emit) -> PodResourcesAllocatable:
+    def _convert(self, answer: Any, now: float, emit: Emit) -> PodResourcesAllocatable:
         possible = self._possible_cpus()
         ids = set(answer.cpu_ids)  # C-speed; ids repeated any number of times count once
         cpus = frozenset(ids & possible)
@@ -185,7 +187,7 @@ def _cpu_range(cpus: frozenset[int]) -> str:
     return f"{lo}-{hi}" if len(cpus) == hi - lo + 1 else f"{len(cpus)} ids in {lo}-{hi}"
 
 
-def _key(event: PodResourcesAllocatable) -> tuple:
+def _key(event: PodResourcesAllocatable) -> tuple[Any, ...]:
     return event.cpu_ids, tuple(sorted(event.memory_bytes.items()))
 
 
@@ -211,16 +213,19 @@ def _check(source: Source) -> list[Check]:
     return [Check("podresources socket", OK, f"{path} accepts connections")]
 
 
+PODRESOURCES_SOCKET: Opt[str] = Opt(
+    "podresources_socket", ("--podresources-socket",),
+    "/var/lib/kubelet/pod-resources/kubelet.sock",
+    "The kubelet's podresources gRPC socket (empty: do not poll).")
+PODRESOURCES_INTERVAL: Opt[float] = Opt(
+    "podresources_interval", ("--podresources-interval",), 30.0,
+    "Seconds between podresources GetAllocatableResources polls.", Seconds())
+
 register(SourceSpec(
     "podresources", KUBERNETES, "the kubelet's podresources gRPC API",
-    lambda ctx: PodResourcesSource(ctx.clock, socket_path=ctx.options.podresources_socket,
-                                   interval=ctx.options.podresources_interval,
-                                   sysfs_root=ctx.options.sysfs_root),
-    wanted=lambda options: bool(options.podresources_socket), order=70,
-    options=(
-        Opt("podresources_socket", ("--podresources-socket",),
-            "/var/lib/kubelet/pod-resources/kubelet.sock",
-            "The kubelet's podresources gRPC socket (empty: do not poll)."),
-        Opt("podresources_interval", ("--podresources-interval",), 30.0,
-            "Seconds between podresources GetAllocatableResources polls.", Seconds())),
+    lambda ctx: PodResourcesSource(ctx.clock, socket_path=PODRESOURCES_SOCKET.of(ctx.options),
+                                   interval=PODRESOURCES_INTERVAL.of(ctx.options),
+                                   sysfs_root=SYSFS_ROOT.of(ctx.options)),
+    wanted=lambda options: bool(PODRESOURCES_SOCKET.of(options)), order=70,
+    options=(PODRESOURCES_SOCKET, PODRESOURCES_INTERVAL),
     check=_check))

@@ -46,7 +46,7 @@ from pathlib import Path
 import click
 
 from exporter.clock import Clock
-from exporter.config.options import Opt
+from exporter.config.options import PROCFS_ROOT, Opt
 from exporter.config.types import Seconds
 from exporter.events import (
     ContainerCgroup,
@@ -56,6 +56,7 @@ from exporter.events import (
     SourceStatus,
 )
 from exporter.sources.base import Emit
+from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 from exporter.untrusted import OutOfTime, Refused, read_bytes
@@ -459,18 +460,22 @@ def _key(event: RunningContainers) -> tuple[object, ...]:
     return (event.cgroup_version, event.containers, event.truncated, event.skipped)
 
 
+RUNNING_PODS_MAX_CONTAINERS: Opt[int] = Opt(
+    "running_pods_max_containers", ("--running-pods.max-containers",), MAX_CONTAINERS,
+    "Containers read per scan of the kubepods cgroups (those past it are not judged; 0: do not "
+    "read the running containers).", click.IntRange(0, 1_000_000))
+RUNNING_PODS_MIN_INTERVAL: Opt[float] = Opt(
+    "running_pods_min_interval", ("--running-pods.min-interval",), MIN_INTERVAL,
+    "Seconds at least between two scans of the running containers, however many kernel events "
+    "ask for one.", Seconds())
+
 register(SourceSpec(
     "running_pods", KUBERNETES, "the running containers' cgroups and OOM scores",
-    lambda ctx: RunningPodsSource(ctx.clock, ctx.options.cgroup_root, ctx.options.procfs_root,
-                                  max_containers=ctx.options.running_pods_max_containers,
-                                  min_interval=ctx.options.running_pods_min_interval),
-    wanted=lambda options: bool(options.cgroup_root)
-    and options.running_pods_max_containers > 0, order=62,
-    options=(
-        Opt("running_pods_max_containers", ("--running-pods.max-containers",), MAX_CONTAINERS,
-            "Containers read per scan of the kubepods cgroups (those past it are not judged; "
-            "0: do not read the running containers).", click.IntRange(0, 1_000_000)),
-        Opt("running_pods_min_interval", ("--running-pods.min-interval",), MIN_INTERVAL,
-            "Seconds at least between two scans of the running containers, however many "
-            "kernel events ask for one.", Seconds())),
+    lambda ctx: RunningPodsSource(ctx.clock, CGROUP_ROOT.of(ctx.options),
+                                  PROCFS_ROOT.of(ctx.options),
+                                  max_containers=RUNNING_PODS_MAX_CONTAINERS.of(ctx.options),
+                                  min_interval=RUNNING_PODS_MIN_INTERVAL.of(ctx.options)),
+    wanted=lambda options: bool(CGROUP_ROOT.of(options))
+    and RUNNING_PODS_MAX_CONTAINERS.of(options) > 0, order=62,
+    options=(RUNNING_PODS_MAX_CONTAINERS, RUNNING_PODS_MIN_INTERVAL),
     poked_by=frozenset({Resource.CPU, Resource.MEMORY})))

@@ -16,7 +16,10 @@ CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = CAPS["CAP_SYS_ADMIN"], CAPS["CAP_PERFMON"]
 
 def check_capabilities() -> list[Check]:
     caps = capabilities()
-    has = lambda c: bool(caps >> c & 1)  # noqa: E731
+
+    def has(c: int) -> bool:
+        return bool(caps >> c & 1)
+
     if has(CAP_BPF) and has(CAP_PERFMON):
         return [Check("capabilities", OK, "CAP_BPF and CAP_PERFMON")]
     if has(CAP_SYS_ADMIN):

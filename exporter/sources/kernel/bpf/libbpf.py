@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from typing import Callable
+from typing import Any, Callable
 
 LIBRARY = "libbpf.so.1"
 FIX = "apt-get install libbpf1 (scripts/setup.sh run installs it)"
@@ -85,7 +85,7 @@ class RingBuffer:
             raise OSError(err, f"ring_buffer__new(fd {map_fd}): {os.strerror(err)}")
         self._rb: int | None = rb
 
-    def _sample(self, _ctx, data, size) -> int:
+    def _sample(self, _ctx: Any, data: Any, size: int) -> int:
         try:
             self._on_sample(data, size)
         except BaseException as e:  # an exception cannot cross the C frames: re-raise after

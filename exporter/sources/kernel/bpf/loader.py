@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.sources.kernel.bpf.programs import CPUHP_GROUP, CPUHP_PROGRAMS, MAPS
 
@@ -111,8 +112,9 @@ def load(text: str, cflags: list[str], kprobes: dict[str, tuple[str, bool]],
     return loaded
 
 
-def _ask(sock: socket.socket, proc: subprocess.Popen, text: str, cflags: list[str],
-         kprobes: dict, kprobes_ok: bool, timeout: float) -> tuple[dict | None, list[int]]:
+def _ask(sock: socket.socket, proc: subprocess.Popen[bytes], text: str, cflags: list[str],
+         kprobes: dict[str, Any], kprobes_ok: bool,
+         timeout: float) -> tuple[dict[str, Any] | None, list[int]]:
     sock.settimeout(timeout)
     sock.sendall(json.dumps({"text": text, "cflags": cflags, "kprobes": kprobes,
                              "kprobes_ok": kprobes_ok}).encode())
@@ -127,7 +129,7 @@ def _ask(sock: socket.socket, proc: subprocess.Popen, text: str, cflags: list[st
         return None, fds
 
 
-def _unpack(reply: dict, fds: list[int]) -> Loaded:
+def _unpack(reply: dict[str, Any], fds: list[int]) -> Loaded:
     names = reply["fds"]
     if len(names) != len(fds):
         for fd in fds:
@@ -143,9 +145,10 @@ def _unpack(reply: dict, fds: list[int]) -> Loaded:
 # ------------------------------------------------------------------ the child
 
 
-def _attach(bpf, request: dict) -> tuple[dict, list[tuple[str, str]], list[int]]:
+def _attach(bpf: Any, request: dict[str, Any]
+            ) -> tuple[dict[str, Any], list[tuple[str, str]], list[int]]:
     """bcc has loaded the programs and attached the TRACEPOINT_PROBEs; attach the kprobes."""
-    attached: dict[str, list] = {}
+    attached: dict[str, list[Any]] = {}
     for prog, (func, is_return) in request["kprobes"].items():
         if not request["kprobes_ok"]:
             attached[prog] = [False, "kernel built without CONFIG_KPROBES"]
@@ -174,7 +177,7 @@ def _attach(bpf, request: dict) -> tuple[dict, list[tuple[str, str]], list[int]]
     return attached, names, fds
 
 
-def _text(x) -> str:
+def _text(x: object) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from exporter import privileges
 from exporter.clock import MonotonicWallClock
-from exporter.config.options import Opt
+from exporter.config.options import SYSFS_ROOT, Opt
 from exporter.config.types import PowerOfTwo
 from exporter.events import (
     Event,
@@ -50,7 +50,7 @@ STORM_WAKES = 10  # this many wake-ups within a second is a flap storm, not a re
 STORM_BATCH_SECONDS = 0.5  # ... then records are read in batches this far apart
 STORM_HOLD_SECONDS = 2.0  # ... until no record came for this long after a batch
 # 256 KiB: thousands of records; a flap storm makes ~60/s
-RINGBUF_PAGES = Opt(
+RINGBUF_PAGES: Opt[int] = Opt(
     "ringbuf_pages",
     ("--ringbuf-pages",),
     64,
@@ -224,7 +224,7 @@ class BpfSource(Source):
 
 
 def _bpf(ctx: SourceContext) -> BpfSource:
-    return BpfSource(ctx.clock, ctx.options.ringbuf_pages, ctx.options.sysfs_root)
+    return BpfSource(ctx.clock, RINGBUF_PAGES.of(ctx.options), SYSFS_ROOT.of(ctx.options))
 
 
 register(
