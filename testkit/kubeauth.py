@@ -26,10 +26,13 @@ def insecure_context() -> ssl.SSLContext:
 
 def bearer_get(port: int, path: str = "/metrics", token: str | None = None,
                timeout: float = 10.0, ctx: ssl.SSLContext | None = None,
-               header: str | None = None):
-    """(status, headers, body), or the exception the connection raised."""
+               header: str | None = None, source: str | None = None):
+    """(status, headers, body), or the exception the connection raised. `source`: the client
+    address to connect from (127.0.0.2, 127.0.0.3 ... are loopback too on Linux), so that the
+    server sees distinct clients."""
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx or insecure_context(),
-                                       timeout=timeout)
+                                       timeout=timeout,
+                                       source_address=(source, 0) if source else None)
     headers = {}
     if header is not None:
         headers["Authorization"] = header
@@ -77,18 +80,30 @@ class BearerFlood(ClientThreads):
 
     join_timeout = 15.0
 
-    def __init__(self, port: int, tokens, connections: int = 8):
+    def __init__(self, port: int, tokens, connections: int = 8, rate: float | None = None,
+                 sources: tuple[str, ...] = ("127.0.0.1",)):
+        """`rate`: requests per second in all (paced by each connection), None for as fast as
+        the server answers; connection i connects from sources[i % len(sources)]."""
         self.port, self.tokens, self.connections = port, tokens, connections
+        self.rate, self.sources = rate, sources
         self.statuses: dict[int | str, int] = {}
         self.sent = 0
-        super().__init__(connections, lambda i: self._run())
+        super().__init__(connections, self._run)
 
-    def _run(self) -> None:
+    def _run(self, n: int) -> None:
         conn = None
+        source = self.sources[n % len(self.sources)]
+        period = self.connections / self.rate if self.rate else 0.0
+        next_at = time.monotonic()
         while not self._stop.is_set():
+            if period:  # the pace of a client sending `rate` a second, not a wait for the server
+                next_at += period
+                if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                    break
             if conn is None:
                 conn = http.client.HTTPSConnection("127.0.0.1", self.port,
-                                                   context=insecure_context(), timeout=10)
+                                                   context=insecure_context(), timeout=10,
+                                                   source_address=(source, 0))
             with self._lock:
                 i = self.sent
                 self.sent += 1

@@ -83,7 +83,9 @@ class _Conn:
         self.stream = stream
         self.writer = stream.writer
         self.peer = peer
-        self.waiting = True  # not computing an answer right now: may be closed to make room
+        # Not computing an answer right now (reading, or waiting on a token review someone
+        # else's request started): may be closed to make room.
+        self.waiting = True
 
     def abort(self) -> None:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
@@ -317,7 +319,8 @@ class MetricsServer:
             # reading a body nobody asked for is work an attacker would choose.
             has_body = h.their_state is h11.SEND_BODY \
                 and not isinstance(h.next_event(), h11.EndOfMessage)
-            code, ctype, body, headers = await self.routes.respond(request)
+            code, ctype, body, headers = await self.routes.respond(
+                request, conn.peer, lambda evictable: setattr(conn, "waiting", evictable))
             # Evictable again while its answer drains: a client slow to read it (or one that
             # never does) must not keep a newer scraper out.
             conn.waiting = True
