@@ -160,3 +160,65 @@ class ScriptedReviews:
 
     async def aclose(self) -> None:
         pass
+
+
+class FloodProcess:
+    """A BearerFlood in a child process (`python -m testkit.kubeauth`), so that hundreds of
+    client threads do not hold the GIL of the test that measures the server beside them. Its
+    statuses so far come as one JSON line a few times a second; `statuses` is the last."""
+
+    def __init__(self, port: int, token: str, connections: int):
+        self.args = [str(port), token, str(connections)]
+        self.statuses: dict[str, int] = {}
+
+    def __enter__(self) -> "FloodProcess":
+        import subprocess
+        import sys
+        import threading
+
+        from testkit.exporter_proc import REPO
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "testkit.kubeauth", *self.args],
+                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        import json
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.statuses = json.loads(line)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the child stops its flood at EOF
+        try:
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
+
+
+def _flood_main(port: str, token: str, connections: str) -> None:
+    import json
+    import sys
+    import threading
+
+    from testkit.web_attacks import raise_fd_limit
+
+    raise_fd_limit(4 * int(connections) + 64)
+    eof = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), eof.set()), daemon=True).start()
+    with BearerFlood(int(port), lambda i: token, int(connections)) as flood:
+        while not eof.wait(0.3):
+            print(json.dumps({str(k): v for k, v in flood.statuses.items()}), flush=True)
+    print(json.dumps({str(k): v for k, v in flood.statuses.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+    _flood_main(*sys.argv[1:4])
