@@ -303,7 +303,8 @@ def serve(options: Options) -> int:
     registry_.register(RunningPodsSink.attach(agent))
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
     from exporter.sinks.forecast_collector import ForecastCollector
-    registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+    registry_.register(ForecastCollector(agent.lock, agent.correlator.forecast,
+                                         agent.correlator.forecast_validity))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))

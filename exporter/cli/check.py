@@ -388,13 +388,18 @@ def check_readmission_forecast(options: Options) -> Check:
                                               chunk_size=1)]
         pods = [dict(o) for o in itertools.islice(
             client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
-                        chunk_size=500), FORECAST_PODS_MAX)]
+                        chunk_size=500), FORECAST_PODS_MAX + 1)]
     except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
-        return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
-                     f"{str(e)[:200] or type(e).__name__}",
+        # Never a forecast of the pods it did not see.
+        return Check(name, "warn", "cannot forecast: listing node "
+                     f"{node} and its pods failed: {str(e)[:200] or type(e).__name__}",
                      "check the API server address, the credentials and list on nodes and pods")
     finally:
         transport.close()
+    if len(pods) > FORECAST_PODS_MAX:
+        return Check(name, "warn", f"cannot forecast: more than {FORECAST_PODS_MAX} pods are "
+                     f"bound to node {node} (the list bound); a forecast of some would not be "
+                     "one of all", "check --node-name and the pods the API server binds to it")
     if not nodes:
         return Check(name, "warn", f"not checked: no Node named {node}",
                      "pass --node-name (or $NODE_NAME) as the kubelet registered it")

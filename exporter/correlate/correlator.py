@@ -16,6 +16,7 @@ from typing import Any
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
+from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import RESYNCED_BY, Episode, EpisodeUpdate, Outcome, UpdateKind
 from exporter.correlate.node_view import NodeView
@@ -30,6 +31,7 @@ from exporter.events import (
     PodResourcesAllocatable,
     PodsRelisted,
     PodStatus,
+    SourceStatus,
     Transition,
 )
 
@@ -66,6 +68,9 @@ class Correlator:
         # episodes end superseded and never need it).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
         self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
+        # Whether the forecast saw the pods it judges (the pod source listed them and is up):
+        # while not, the metrics show why instead of a forecast and episodes store none.
+        self.forecast_validity = ForecastValidity()
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -76,6 +81,8 @@ class Correlator:
             return []
         apply = self._apply.get(type(event))
         if apply is None:
+            if type(event) is SourceStatus:  # the pod source's state: the forecast's validity
+                self.forecast_validity.on_source_status(event)
             return []
         when: object = event.end if isinstance(event, Transition) else event.time
         if not isinstance(when, (int, float)) or not isfinite(when):
@@ -172,7 +179,8 @@ class Correlator:
             kind = update.kind
             if kind is _RESYNCED or (kind is _ENDED and update.episode.resynced is None
                                      and update.episode.outcome in _RESTART_JUDGED):
-                carried[update.episode.id] = self.forecast.result_before(event)
+                carried[update.episode.id] = self.forecast.result_before(event) \
+                    if self.forecast_validity.current.valid else None
             if carried:
                 ep = update.episode
                 if ep.id in carried:

@@ -8,7 +8,10 @@ agent's lock, the lock the Correlator writes it under. The composition root wire
 
 Nothing is shown before the exporter has both a kernel snapshot and this node's Node (no
 Kubernetes: no forecast). The per-pod series exist only for pods that would be rejected, at
-most LISTED_MAX of them; the rest are counted.
+most LISTED_MAX of them; the rest are counted. While the forecast has not seen the pods it
+would judge (the pod source not listed yet, down, forbidden or cut at its list bound:
+exporter/correlate/forecast_validity.py), none of its series is shown, never a zero it did not
+compute; node_resize_readmission_forecast_valid says so and why.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
     REASON_RESOURCE,
@@ -28,13 +32,24 @@ from exporter.correlate.readmission_forecast import (
 
 class ForecastCollector(Collector):
     def __init__(self, lock: threading.Lock | threading.RLock,
-                 forecast: ReadmissionForecast) -> None:
+                 forecast: ReadmissionForecast, validity: ForecastValidity | None = None) -> None:
         self._lock = lock
         self._forecast = forecast
+        self._validity = validity
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             forecast: Forecast | None = self._forecast.result()
+            validity = self._validity.current if self._validity is not None else None
+        valid = GaugeMetricFamily(
+            "node_resize_readmission_forecast_valid",
+            "1 when the readmission forecast saw the pods it judges; 0 when it cannot forecast, "
+            "and the reason (pods_not_listed, pods_source_down, pods_forbidden, pods_truncated): "
+            "the forecast's series are left out meanwhile.", labels=["reason"])
+        if forecast is not None and validity is not None:
+            valid.add_metric([validity.reason], 1 if validity.valid else 0)
+            if not validity.valid:
+                forecast = None  # not a zero it did not compute
         by_reason = GaugeMetricFamily(
             "node_resize_readmission_forecast_rejected_pods",
             "Pods a kubelet restart now would reject, by the reason it would give (the kernel's "
@@ -67,3 +82,4 @@ class ForecastCollector(Collector):
         yield unlisted
         yield considered
         yield skipped
+        yield valid

@@ -179,6 +179,14 @@ class _Review:
     waiters: int = 0
 
 
+def _remember_good(table: OrderedDict[Any, float], key: object, now: float) -> None:
+    """`key` allowed at `now`, the table kept to its KNOWN_GOOD_SIZE most recent."""
+    table[key] = now
+    table.move_to_end(key)
+    while len(table) > KNOWN_GOOD_SIZE:
+        table.popitem(last=False)
+
+
 def client_address(peer: str) -> str:
     """The unit a review budget is kept per: the IPv4 address, or the IPv6 /64 (one host
     usually holds a whole /64; an IPv4-mapped address is its IPv4 address)."""
@@ -298,7 +306,8 @@ class KubeAuth:
         the budget shared by addresses not known good, 0 when it does not."""
         now = self.clock()
         if len(self._in_flight) >= MAX_REVIEWS:
-            return self._throttled("%d reviews at once", MAX_REVIEWS)
+            self._throttled("%d reviews at once", MAX_REVIEWS)
+            return None
         # A token allowed before (whose decision expired) is reviewed again outside every
         # budget: a flood of new tokens must not lock out the scraper it already knows.
         known = self._known_good.get(key)
@@ -312,31 +321,28 @@ class KubeAuth:
                 self._addresses.popitem(last=False)
         self._addresses.move_to_end(address)
         if budget.in_flight >= PER_ADDRESS_IN_FLIGHT or not budget.bucket.take():
-            return self._throttled("more new bearer tokens from %s than %.0f/s (burst %d, %d "
-                                   "at once)", address, self.address_rate,
-                                   int(self.address_burst), PER_ADDRESS_IN_FLIGHT)
+            self._throttled("more new bearer tokens from %s than %.0f/s (burst %d, %d at "
+                            "once)", address, self.address_rate, int(self.address_burst),
+                            PER_ADDRESS_IN_FLIGHT)
+            return None
         good = self._good_addresses.get(address)
         if good is not None and now - good < KNOWN_GOOD_FOR:
             return 0
         if self._strangers_in_flight >= self.max_in_flight or not self._bucket.take():
-            return self._throttled("more new bearer tokens from addresses with no token "
-                                   "allowed in the last hour than %.0f/s (burst %d, %d at "
-                                   "once)", self._bucket.rate, int(self._bucket.burst),
-                                   self.max_in_flight)
+            self._throttled("more new bearer tokens from addresses with no token allowed in "
+                            "the last hour than %.0f/s (burst %d, %d at once)",
+                            self._bucket.rate, int(self._bucket.burst), self.max_in_flight)
+            return None
         return 1
 
     def _throttled(self, message: str, *args: object) -> None:
         self.failures.note("throttled", message + ": answering 429", *args,
                            level=logging.WARNING)
-        return None
 
     def _remember(self, key: bytes, address: str, verdict: Verdict) -> None:
         if verdict is Verdict.ALLOWED:
-            for table, k in ((self._known_good, key), (self._good_addresses, address)):
-                table[k] = self.clock()
-                table.move_to_end(k)
-                while len(table) > KNOWN_GOOD_SIZE:
-                    table.popitem(last=False)
+            _remember_good(self._known_good, key, self.clock())
+            _remember_good(self._good_addresses, address, self.clock())
         elif verdict is not Verdict.UNAVAILABLE:  # refused now: no longer known good
             self._known_good.pop(key, None)
         if verdict is not Verdict.UNAVAILABLE:  # failures are not remembered: retried next time

@@ -539,8 +539,14 @@ def test_a_snapshot_ahead_of_what_was_counted_does_not_hide_a_down_change(tmp_pa
     transition after it), not the newest snapshot. And the next process, which counted that
     down change and journaled its own start, counts it no second time."""
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
-    from exporter.events import Direction, KernelSnapshot, Resource, Result, SourceStatus
-    from exporter.events import Transition
+    from exporter.events import (
+        Direction,
+        KernelSnapshot,
+        Resource,
+        Result,
+        SourceStatus,
+        Transition,
+    )
 
     def snap(t: float, cpus: set[int]) -> KernelSnapshot:
         return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
