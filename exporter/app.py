@@ -268,7 +268,8 @@ def serve(options: Options) -> int:
                                telemetry_path=options.web_telemetry_path,
                                auth=options.web_auth, node_name=node,
                                kubeconfig=options.kubeconfig,
-                               token_audiences=tuple(options.web_auth_token_audience))
+                               token_audiences=tuple(options.web_auth_token_audience),
+                               extra_sans=tuple(options.web_tls_extra_san))
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         agent.close_sources()
         return _fail(str(e))

@@ -156,6 +156,10 @@ declare(
     Opt("web_auth_token_audience", ("--web.auth.token-audience",), (),
         "Repeatable: with --web.auth=kubernetes, accept only tokens for one of these "
         "audiences [default: the API server's own].", multiple=True, show_default=False),
+    Opt("web_tls_extra_san", ("--web.tls.extra-san",), (),
+        "Repeatable: with --web.auth=kubernetes and no tls_server_config, another DNS name or "
+        "IP address for the certificate made at start [default: the node name, localhost, "
+        "127.0.0.1, ::1].", multiple=True, show_default=False),
     Opt("log_level", ("--log.level", "--log-level"), "info",
         "Only log messages with the given severity or above.",
         click.Choice(["debug", "info", "warn", "warning", "error"])),

@@ -97,12 +97,13 @@ class MetricsServer:
 
         MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
                       telemetry_path="/metrics", auth="config", node_name="",
-                      kubeconfig=None, token_audiences=())
+                      kubeconfig=None, token_audiences=(), extra_sans=())
 
     `auth`: "config" (the web config file decides: basic auth or none), "none" (no
     authentication; basic_auth_users in the file are an error), "kubernetes" (bearer tokens,
     TokenReview + SubjectAccessReview, always TLS: the file's certificate or a self-signed one
-    for `node_name`; `review_client` replaces the HTTP client to the API server in tests).
+    for `node_name`, localhost, loopback and `extra_sans`; `review_client` replaces the HTTP
+    client to the API server in tests).
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
@@ -110,7 +111,8 @@ class MetricsServer:
                  version: Callable[[], object] = lambda: None,
                  telemetry_path: str = "/metrics", auth: str = "config", node_name: str = "",
                  kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
-                 review_client: Callable[[], ReviewClient] | None = None):
+                 review_client: Callable[[], ReviewClient] | None = None,
+                 extra_sans: tuple[str, ...] = ()):
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth_mode = auth
         self.generated_certificate: bytes | None = None  # PEM, when made at start
@@ -126,7 +128,7 @@ class MetricsServer:
             if self.web.ssl_context is None:
                 from exporter.web.selfsigned import self_signed_context
                 self.web.ssl_context, self.generated_certificate = self_signed_context(
-                    node_name or socket.gethostname())
+                    node_name or socket.gethostname(), extra_sans)
             self.kube_auth = KubeAuth(review_client, telemetry_path, token_audiences,
                                       stats=self.auth_stats)
         elif auth not in ("config", "none"):
