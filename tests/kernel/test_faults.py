@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.clock import MonotonicWallClock
-from testkit.exporter_proc import REPO, RunningExporter
+from testkit.exporter_proc import REPO, RunningExporter, poll_until
 
 TRACEFS = Path("/sys/kernel/tracing")
 _PRIVATE_MOUNTS = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
@@ -402,7 +402,14 @@ def test_sigterm_mid_episode_flushes_journal_and_spans(cpu1, api, tmp_path):
             # the Node already says 2), then one left open waiting for a resync.
             cpu1.set_online(False)
             exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 1)
-            time.sleep(0.5)  # past the coalescing window: else the plug joins it as a flap
+            # Past the coalescing window (else the plug joins it as a flap), by the condition,
+            # not by a sleep: the journal holds the unplug's kernel phase as done. A fixed 0.5 s
+            # was crossed on a loaded machine, where the offline's uevent arrived late.
+            poll_until(lambda: _journal_episodes(journal)[0],
+                       lambda eps: any(ep.ended is None and ep.kernel_done is not None
+                                       for ep in eps), 60, 0.1,
+                       lambda eps: AssertionError(f"the unplug never left its kernel phase: "
+                                                  f"{eps}"))
             cpu1.set_online(True)
             exp.wait_for(lambda s: s.value("node_resize_exporter_episodes_open") == 0)
             cpu1.set_online(False)
