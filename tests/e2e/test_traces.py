@@ -407,6 +407,30 @@ def test_close_is_bounded_when_the_collector_never_answers(otel_env):
             conn.close()
 
 
+def test_a_junk_header_on_the_collectors_200_is_an_error_and_one_line(otel_env, caplog):
+    """A collector (or a proxy before it) answering 200 with a header line that is not one:
+    urllib3 logged a traceback per export and the SDK counted it delivered. Now each such
+    export is counted in errors, and logged once an interval, without a traceback."""
+    from exporter.sinks.traces import sink as sink_module
+    with HttpReceiver(junk_header=True) as rx:
+        otel_env({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        caplog.set_level("DEBUG")
+        sink_module._SDK_FILTER._last.clear()
+        caplog.clear()
+        sink = TraceSink.from_env()
+        for _ in range(3):
+            sink.on_update(ended(cpu_offline_episode()))
+            sink._seen.clear()
+            sink.flush()
+        sink.close()
+        assert rx.received.requests >= 3  # delivered, as far as the collector knows
+    defects = [r for r in caplog.records if "Failed to parse headers" in str(r.msg)]
+    assert len(defects) == 1, [r.getMessage() for r in defects]
+    assert not any(r.exc_info for r in defects) and "Traceback" not in caplog.text
+    assert sink.errors >= 3
+
+
 def test_sdk_warnings_are_logged_once_per_interval(otel_env, caplog):
     """A collector that resets every connection: one warning for the flap, not one a try."""
     from exporter.sinks.traces import sink as sink_module
