@@ -590,3 +590,41 @@ def test_a_journal_without_a_start_marker_falls_back_to_the_newest_snapshot(tmp_
     before = state_at_stop(j.last_kernel_events())
     assert before is not None and before.cpus_online == {0}
     j.close()
+
+
+def test_a_restart_on_a_journal_whose_tail_lacks_the_last_transition_counts_it(tmp_path):
+    """A real `run` restarted on a journal written as a process killed right after a storm
+    leaves it: it had counted cpu1 offline last, then journaled a snapshot read after cpu1 came
+    back online, and the online transition died in its queue. This machine's sysfs (read, not
+    changed) says cpu1 is online: the restart counts that online as a change while down."""
+    import time
+
+    from exporter.events import (
+        Direction,
+        Resource,
+        Result,
+        SourceStatus,
+        Transition,
+    )
+    from exporter.sources.kernel.sysfs import SysfsReader
+    from testkit.exporter_proc import RunningExporter
+
+    now = SysfsReader("/sys", "/proc").read(time.time() - 60)  # the killed process's start
+    if 1 not in now.cpus_online:
+        pytest.skip("cpu1 is not online on this machine")
+    path = tmp_path / "journal.db"
+    j = JournalSink(path, clock=FakeClock(now.time))
+    j.on_event(SourceStatus("sysfs", True, now.time))
+    j.on_event(now)
+    j.on_event(Transition("uevent", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS,
+                          end=now.time + 1))
+    j.on_event(replace(now, time=now.time + 1.01))  # read after the lost online: ahead
+    assert j.flush(10)
+    j.close()
+    with RunningExporter("--source", "sysfs", "--kubernetes", "off",
+                         "--journal", str(path)) as exp:
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                           source="sysfs") == 1, timeout=60)
+    assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
+                   direction="online") == 1
+    assert s.total("node_resize_exporter_down_changes_total", resource="cpu") == 1
