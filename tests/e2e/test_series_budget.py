@@ -13,7 +13,7 @@ from testkit.exporter_proc import RunningExporter, Scrape
 from testkit.kernel import hotplug_lock
 
 BUDGET_KUBERNETES_OFF = 80
-BUDGET_KUBERNETES_ON = 150  # a Node, 2 balloon pods, 30 other pods, podresources
+BUDGET_KUBERNETES_ON = 155  # a Node, 2 balloon pods, 30 other pods, podresources
 BALLOON = {"node-resize-exporter.io/balloon": "true"}
 
 
