@@ -273,3 +273,30 @@ def test_ipv6_clients_are_budgeted_by_their_64():
     assert client_address("10.0.0.7") == "10.0.0.7"
     assert client_address("") == ""
 
+
+
+def test_connections_waiting_on_a_review_do_not_keep_a_scraper_out(api):
+    """At the connection cap (here 32: the exporter runs with 64 descriptors), with every
+    connection waiting on one hung review, a scraper's new connection is answered: a waiting
+    connection is closed to make room like an idle one. Before, a request waiting on a review
+    counted as being answered, so nobody could be evicted and new connections were closed."""
+    token = "waiting-" + secrets.token_hex(8)
+    exp = KubeAuthExporter(api.kubeconfig)
+    exp.wrapper = ("prlimit", "--nofile=64:64")
+    with exp:
+        scraper = _token(api, "prom-e")
+        poll_until(lambda: _status(bearer_get(exp.port, token=scraper, source="127.0.0.9")),
+                   lambda s: s == 200, 30, 0.2, lambda s: AssertionError(s))
+        api.set_review_delay(600)  # hung
+        try:
+            with BearerFlood(exp.port, lambda i: token, connections=40) as flood:
+                poll_until(lambda: dict(flood.statuses),
+                           lambda s: sum(s.values()) >= 40, 60, 0.1,
+                           lambda s: AssertionError(f"the flood never got going: {s}"))
+                got = [_status(bearer_get(exp.port, token=scraper, source="127.0.0.9"))
+                       for _ in range(3)]
+        finally:
+            api.set_review_delay(0)
+        logs = exp.logs()
+    assert got == [200] * 3, (got, flood.statuses)
+    assert "all busy: closing new ones" not in logs
