@@ -460,3 +460,21 @@ def test_the_episode_keeps_the_forecast_from_before_the_resyncing_node_status():
     clock.t = T + 45
     [ended] = [u.episode for u in c.tick() if u.kind is UpdateKind.ENDED]
     assert rejected(ended.forecast) == [("b", OUT_OF_CPU)]
+
+
+def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
+    from exporter.correlate.forecast_validity import ForecastValidity
+
+    v = ForecastValidity()
+    assert (v.current.valid, v.current.reason) == (False, "pods_not_listed")
+    v.on_source_status(SourceStatus("kube_node", True, T, "listed nodes (1)"))  # not pods
+    assert v.current.reason == "pods_not_listed"
+    v.on_source_status(SourceStatus("kube_pods", True, T, "listed pods (3)"))
+    assert (v.current.valid, v.current.reason, v.current.describe()) == (True, "ok", "")
+    for reason, why in (
+            ("list of pods has more than 10000 objects", "pods_truncated"),
+            ("RBAC: forbidden (403): pods is forbidden", "pods_forbidden"),
+            ("API server unreachable: connection refused", "pods_source_down")):
+        v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+        assert (v.current.valid, v.current.reason) == (False, why)
+        assert reason in v.current.describe() and v.current.fix
