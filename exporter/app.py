@@ -44,6 +44,7 @@ from exporter.config.options import (
     WEB_AUTH_TOKEN_AUDIENCE,
     WEB_CONFIG_FILE,
     WEB_TELEMETRY_PATH,
+    WEB_TLS_EXTRA_SAN,
     Options,
 )
 from exporter.correlate.correlator import Correlator
@@ -293,6 +294,7 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
                              auth=WEB_AUTH.of(options), node_name=decisions.node,
                              kubeconfig=KUBECONFIG.of(options),
                              token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
+                             extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
                              plan=plan)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
@@ -424,7 +426,8 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     metrics.register(KubeletSink.attach(agent))
     metrics.register(RunningPodsSink.attach(agent))
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
-    metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+    metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast,
+                                       agent.correlator.forecast_validity))
     return events
 
 

@@ -26,10 +26,13 @@ def insecure_context() -> ssl.SSLContext:
 
 def bearer_get(port: int, path: str = "/metrics", token: str | None = None,
                timeout: float = 10.0, ctx: ssl.SSLContext | None = None,
-               header: str | None = None):
-    """(status, headers, body), or the exception the connection raised."""
+               header: str | None = None, source: str | None = None):
+    """(status, headers, body), or the exception the connection raised. `source`: the client
+    address to connect from (127.0.0.2, 127.0.0.3 ... are loopback too on Linux), so that the
+    server sees distinct clients."""
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx or insecure_context(),
-                                       timeout=timeout)
+                                       timeout=timeout,
+                                       source_address=(source, 0) if source else None)
     headers = {}
     if header is not None:
         headers["Authorization"] = header
@@ -77,18 +80,30 @@ class BearerFlood(ClientThreads):
 
     join_timeout = 15.0
 
-    def __init__(self, port: int, tokens, connections: int = 8):
+    def __init__(self, port: int, tokens, connections: int = 8, rate: float | None = None,
+                 sources: tuple[str, ...] = ("127.0.0.1",)):
+        """`rate`: requests per second in all (paced by each connection), None for as fast as
+        the server answers; connection i connects from sources[i % len(sources)]."""
         self.port, self.tokens, self.connections = port, tokens, connections
+        self.rate, self.sources = rate, sources
         self.statuses: dict[int | str, int] = {}
         self.sent = 0
-        super().__init__(connections, lambda i: self._run())
+        super().__init__(connections, self._run)
 
-    def _run(self) -> None:
+    def _run(self, n: int) -> None:
         conn = None
+        source = self.sources[n % len(self.sources)]
+        period = self.connections / self.rate if self.rate else 0.0
+        next_at = time.monotonic()
         while not self._stop.is_set():
+            if period:  # the pace of a client sending `rate` a second, not a wait for the server
+                next_at += period
+                if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                    break
             if conn is None:
                 conn = http.client.HTTPSConnection("127.0.0.1", self.port,
-                                                   context=insecure_context(), timeout=10)
+                                                   context=insecure_context(), timeout=10,
+                                                   source_address=(source, 0))
             with self._lock:
                 i = self.sent
                 self.sent += 1
@@ -145,3 +160,65 @@ class ScriptedReviews:
 
     async def aclose(self) -> None:
         pass
+
+
+class FloodProcess:
+    """A BearerFlood in a child process (`python -m testkit.kubeauth`), so that hundreds of
+    client threads do not hold the GIL of the test that measures the server beside them. Its
+    statuses so far come as one JSON line a few times a second; `statuses` is the last."""
+
+    def __init__(self, port: int, token: str, connections: int):
+        self.args = [str(port), token, str(connections)]
+        self.statuses: dict[str, int] = {}
+
+    def __enter__(self) -> "FloodProcess":
+        import subprocess
+        import sys
+        import threading
+
+        from testkit.exporter_proc import REPO
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "testkit.kubeauth", *self.args],
+                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        import json
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.statuses = json.loads(line)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the child stops its flood at EOF
+        try:
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
+
+
+def _flood_main(port: str, token: str, connections: str) -> None:
+    import json
+    import sys
+    import threading
+
+    from testkit.web_attacks import raise_fd_limit
+
+    raise_fd_limit(4 * int(connections) + 64)
+    eof = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), eof.set()), daemon=True).start()
+    with BearerFlood(int(port), lambda i: token, int(connections)) as flood:
+        while not eof.wait(0.3):
+            print(json.dumps({str(k): v for k, v in flood.statuses.items()}), flush=True)
+    print(json.dumps({str(k): v for k, v in flood.statuses.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+    _flood_main(*sys.argv[1:4])

@@ -167,6 +167,11 @@ WEB_AUTH_TOKEN_AUDIENCE: Opt[tuple[str, ...]] = Opt(
     "web_auth_token_audience", ("--web.auth.token-audience",), (),
     "Repeatable: with --web.auth=kubernetes, accept only tokens for one of these "
     "audiences [default: the API server's own].", multiple=True, show_default=False)
+WEB_TLS_EXTRA_SAN: Opt[tuple[str, ...]] = Opt(
+    "web_tls_extra_san", ("--web.tls.extra-san",), (),
+    "Repeatable: with --web.auth=kubernetes and no tls_server_config, another DNS name or "
+    "IP address for the certificate made at start [default: the node name, localhost, "
+    "127.0.0.1, ::1].", multiple=True, show_default=False)
 LOG_LEVEL: Opt[str] = Opt(
     "log_level", ("--log.level", "--log-level"), "info",
     "Only log messages with the given severity or above.",
@@ -229,6 +234,6 @@ NO_JOURNAL: Opt[bool] = Opt(
 # In this order in --help and the README.
 declare(
     WEB_LISTEN_ADDRESS, WEB_TELEMETRY_PATH, WEB_CONFIG_FILE, WEB_AUTH,
-    WEB_AUTH_TOKEN_AUDIENCE, LOG_LEVEL, LOG_FORMAT, SYSFS_ROOT, PROCFS_ROOT, KUBERNETES,
-    KUBECONFIG, NODE_NAME, KUBE_EVENTS, COALESCE_WINDOW, RESYNC_DEADLINE,
+    WEB_AUTH_TOKEN_AUDIENCE, WEB_TLS_EXTRA_SAN, LOG_LEVEL, LOG_FORMAT, SYSFS_ROOT, PROCFS_ROOT,
+    KUBERNETES, KUBECONFIG, NODE_NAME, KUBE_EVENTS, COALESCE_WINDOW, RESYNC_DEADLINE,
     READMISSION_SETTLE, MEMORY_TOLERANCE, JOURNAL, NO_JOURNAL)

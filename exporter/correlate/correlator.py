@@ -17,6 +17,7 @@ from typing import Any, cast
 from exporter.clock import Clock
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.episodes import EpisodeTracker
+from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import (
     Episode,
@@ -78,6 +79,9 @@ class Correlator:
         # it as it stood just before the kubelet acted on the episode (_note_forecasts).
         self.forecast = ReadmissionForecast() if forecast is None else forecast
         self._forecast_for: dict[str, Forecast | None] = {}  # by episode id, once decided
+        # Whether the forecast saw the pods it judges (the pod source listed them and is up):
+        # while not, the metrics show why instead of a forecast and episodes store none.
+        self.forecast_validity = ForecastValidity()
 
     def handle(self, event: Event, source: str | None = None) -> list[EpisodeUpdate]:
         if not self._ledger.handle(event, source):
@@ -91,6 +95,8 @@ class Correlator:
             self._watch(cast("KubeletProcess | SourceStatus", event), source)
         apply = self._apply.get(kind)
         if apply is None:
+            if type(event) is SourceStatus:  # the pod source's state: the forecast's validity
+                self.forecast_validity.on_source_status(event)
             return []
         when: object = event.end if isinstance(event, Transition) else event.time
         if not isinstance(when, (int, float)) or not isfinite(when):
@@ -203,7 +209,10 @@ class Correlator:
             if (kind is _POD or kind is _RESYNCED or (
                     kind is _ENDED and ep.resynced is None and ep.outcome in _RESTART_JUDGED)) \
                     and ep.id not in carried and ep.forecast is None:
-                carried[ep.id] = self.forecast.result()
+                # A forecast over pods it has not seen (pods unlisted, forbidden, truncated)
+                # is none at all, never a zero it did not compute.
+                carried[ep.id] = self.forecast.result() \
+                    if self.forecast_validity.current.valid else None
         return updates
 
     def _stamp_forecasts(self, updates: list[EpisodeUpdate]) -> None:

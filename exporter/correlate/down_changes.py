@@ -2,16 +2,20 @@
 
 A SIGKILL (or an OOM kill, a node reboot) can come a few milliseconds after a transition, before
 its event reached the journal; and nothing at all is seen while the process is down. The
-journal still holds the kernel state the process last knew: its last KernelSnapshot (the sysfs
-reconciler journals one after every kernel event) and the transitions journaled after it. At
-start the composition root compares that with what sysfs says now; each CPU or memory block in
-another state is one change while down, counted once in
-`node_resize_exporter_down_changes_total{resource,direction}` and logged. Pure functions.
+journal still holds the kernel state the process last counted: the snapshot the sysfs
+reconciler read at that process's start and the transitions journaled after it (the journal's
+last_kernel_events). Not the newest snapshot: one read from sysfs just after a transition whose
+event was still queued at the kill is ahead of what the process counted, and comparing it with
+sysfs would lose that change. At start the composition root compares the counted state with
+what sysfs says now; each CPU or memory block in another state is one change while down,
+counted once in `node_resize_exporter_down_changes_total{resource,direction}` and logged. The
+next process journals its own start snapshot, so a change counted while down is not counted
+again after another restart. Pure functions.
 
 The state is computed by kernel time, not by the order events were journaled in: several
 sources deliver the same transition at different moments (a BPF batch for an earlier cycle can
 arrive after the uevent of a later one), so in arrival order a late duplicate would flip a unit
-back to a state the kernel had already left. Per unit, the newest observation wins: the last
+back to a state the kernel had already left. Per unit, the newest observation wins: the
 snapshot (read at its `time`) or a successful transition that ended after it, the latest `end`.
 """
 from __future__ import annotations

@@ -4,11 +4,15 @@ A Collector beside the exporter's own (exporter/sinks/metrics.py): it reads the 
 ReadmissionForecast (exporter/correlate/readmission_forecast.py) at scrape time under the
 agent's lock, the lock the Correlator writes it under. The composition root wires it:
 
-    registry.register(ForecastCollector(agent.lock, agent.correlator.forecast))
+    registry.register(ForecastCollector(agent.lock, agent.correlator.forecast,
+                                        agent.correlator.forecast_validity))
 
 Nothing is shown before the exporter has both a kernel snapshot and this node's Node (no
 Kubernetes: no forecast). The per-pod series exist only for pods that would be rejected, at
-most LISTED_MAX of them; the rest are counted.
+most LISTED_MAX of them; the rest are counted. While the forecast has not seen the pods it
+would judge (the pod source not listed yet, down, forbidden or cut at its list bound:
+exporter/correlate/forecast_validity.py), none of its series is shown, never a zero it did not
+compute; node_resize_readmission_forecast_valid says so and why.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from prometheus_client.registry import Collector
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
 from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
+from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
@@ -43,13 +48,24 @@ class ForecastCollector(Collector):
         return [check_readmission_forecast(options)]
 
     def __init__(self, lock: threading.Lock | threading.RLock,
-                 forecast: ReadmissionForecast) -> None:
+                 forecast: ReadmissionForecast, validity: ForecastValidity | None = None) -> None:
         self._lock = lock
         self._forecast = forecast
+        self._validity = validity
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             forecast: Forecast | None = self._forecast.result()
+            validity = self._validity.current if self._validity is not None else None
+        valid = GaugeMetricFamily(
+            "node_resize_readmission_forecast_valid",
+            "1 when the readmission forecast saw the pods it judges; 0 when it cannot forecast, "
+            "and the reason (pods_not_listed, pods_source_down, pods_forbidden, pods_truncated): "
+            "the forecast's series are left out meanwhile.", labels=["reason"])
+        if forecast is not None and validity is not None:
+            valid.add_metric([validity.reason], 1 if validity.valid else 0)
+            if not validity.valid:
+                forecast = None  # not a zero it did not compute
         by_reason = GaugeMetricFamily(
             "node_resize_readmission_forecast_rejected_pods",
             "Pods a kubelet restart now would reject, by the reason it would give (the kernel's "
@@ -82,6 +98,7 @@ class ForecastCollector(Collector):
         yield unlisted
         yield considered
         yield skipped
+        yield valid
 
 
 FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
@@ -110,13 +127,18 @@ def check_readmission_forecast(options: Options) -> Check:
                                               chunk_size=1)]
         pods = [dict(o) for o in itertools.islice(
             client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
-                        chunk_size=500), FORECAST_PODS_MAX)]
+                        chunk_size=500), FORECAST_PODS_MAX + 1)]
     except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
-        return Check(name, "warn", f"not checked: listing node {node} and its pods failed: "
+        # Never a forecast of the pods it did not see.
+        return Check(name, "warn", f"cannot forecast: listing node {node} and its pods failed: "
                      f"{quoted(e) or type(e).__name__}",
                      "check the API server address, the credentials and list on nodes and pods")
     finally:
         transport.close()
+    if len(pods) > FORECAST_PODS_MAX:
+        return Check(name, "warn", f"cannot forecast: more than {FORECAST_PODS_MAX} pods are "
+                     f"bound to node {node} (the list bound); a forecast of some would not be "
+                     "one of all", "check --node-name and the pods the API server binds to it")
     if not nodes:
         return Check(name, "warn", f"not checked: no Node named {node}",
                      "pass --node-name (or $NODE_NAME) as the kubelet registered it")

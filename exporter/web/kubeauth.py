@@ -11,11 +11,18 @@ any API call:
 - decisions are cached per token, under an HMAC of it with a per-process random key (no token
   is kept in clear), at most CACHE_SIZE entries, allowed ones for ALLOWED_TTL, refused ones
   (unauthenticated or denied) for DENIED_TTL: the kubelet's and kube-rbac-proxy's defaults;
-- concurrent requests with the same token wait for one review (no review per request);
-- reviews of tokens not in the cache are rate-bounded (REVIEW_RATE per second, REVIEW_BURST at
-  once) and at most MAX_IN_FLIGHT run at a time; beyond that the answer is 429 at once. A token
-  that was allowed in the last hour (KNOWN_GOOD_SIZE of them) is re-reviewed outside that
-  bound, so a flood of made-up tokens cannot lock out a scraper whose decision just expired;
+- concurrent requests with the same token wait for one review (no review per request), at
+  most MAX_WAITERS of them; past that the answer is 429 at once;
+- reviews of tokens not in the cache are budgeted per client address (PER_ADDRESS_RATE per
+  second, PER_ADDRESS_BURST at once, PER_ADDRESS_IN_FLIGHT at a time; IPv6 addresses by /64),
+  so a flood of made-up tokens spends its own address's budget and no one else's. Addresses
+  that had no token allowed in the last hour also share one budget (REVIEW_RATE per second,
+  REVIEW_BURST at once, MAX_IN_FLIGHT at a time), which bounds the reviews a flood from many
+  addresses can cause; an address that had a token allowed in the last hour (KNOWN_GOOD_SIZE
+  of them) is reviewed outside that shared budget, and a token allowed in the last hour is
+  re-reviewed outside every budget. Past a budget the answer is 429 at once. The API server
+  decides every token this process has not decided itself: nothing is allowed without a
+  review, and nothing survives a restart (docs/security.md has the guarantee and its limits);
 - a review that takes more than REVIEW_TIMEOUT fails the scrape (503), never the exporter: it
   runs on the web server's event loop (asyncio, no thread per request), and API failures are
   not cached, so the next scrape tries again. A token allowed in the last ALLOWED_TTL keeps
@@ -29,6 +36,7 @@ import asyncio
 import enum
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -47,11 +55,17 @@ ALLOWED_TTL = 120.0  # the kubelet's authentication webhook cache (2 min): a rev
 DENIED_TTL = 30.0  # the kubelet's and kube-rbac-proxy's unauthorized cache
 CACHE_SIZE = 1024  # tokens remembered (a few scrapers, plus whatever an attacker sends)
 REVIEW_TIMEOUT = 3.0  # seconds for TokenReview + SubjectAccessReview; a scrape times out at 10
-MAX_IN_FLIGHT = 4  # reviews at once; also the API client's connection pool
-REVIEW_RATE = 5.0  # reviews of uncached tokens per second, in the steady state
-REVIEW_BURST = 10  # ... and at once (a Prometheus pair restarting, a new scraper)
-KNOWN_GOOD_SIZE = 64  # tokens allowed before, re-reviewed outside the rate bound ...
-KNOWN_GOOD_FOR = 3600.0  # ... for an hour after they were last allowed
+MAX_IN_FLIGHT = 4  # reviews at once for addresses not known good
+MAX_REVIEWS = 8  # reviews at once in all; also the API client's connection pool
+MAX_WAITERS = 32  # requests waiting on one token's review; past it 429 at once
+REVIEW_RATE = 5.0  # reviews per second for addresses not known good, together ...
+REVIEW_BURST = 20  # ... and at once (Prometheus pairs restarting, new scrapers)
+PER_ADDRESS_RATE = 1.0  # reviews of new tokens per second from one client address ...
+PER_ADDRESS_BURST = 8  # ... and at once (Prometheus replicas behind one address, a few times)
+PER_ADDRESS_IN_FLIGHT = 2  # ... and at a time
+ADDRESSES = 4096  # client addresses whose budget is remembered (least recently used forgotten)
+KNOWN_GOOD_SIZE = 64  # tokens, and client addresses, allowed before: reviewed outside the
+KNOWN_GOOD_FOR = 3600.0  # shared budget for an hour after they were last allowed
 MAX_TOKEN_BYTES = 8192  # a service account JWT is ~1 KiB; kube-apiserver refuses far less
 MAX_ANSWER_BYTES = 64 * 1024  # a review's answer is a few hundred bytes
 # RFC 6750 b64token: what a bearer token can hold. Anything else is refused without a review.
@@ -149,11 +163,49 @@ class _Bucket:
         return True
 
 
+@dataclass
+class _Address:
+    """One client address's review budget."""
+
+    bucket: _Bucket
+    in_flight: int = 0
+
+
+@dataclass
+class _Review:
+    """A review under way: its answer, and how many requests wait on it."""
+
+    future: asyncio.Future[Verdict]
+    waiters: int = 0
+
+
+def _remember_good(table: OrderedDict[Any, float], key: object, now: float) -> None:
+    """`key` allowed at `now`, the table kept to its KNOWN_GOOD_SIZE most recent."""
+    table[key] = now
+    table.move_to_end(key)
+    while len(table) > KNOWN_GOOD_SIZE:
+        table.popitem(last=False)
+
+
+def client_address(peer: str) -> str:
+    """The unit a review budget is kept per: the IPv4 address, or the IPv6 /64 (one host
+    usually holds a whole /64; an IPv4-mapped address is its IPv4 address)."""
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return peer  # a unix socket or nothing: one budget for all of them
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 class KubeAuth:
     """Bearer tokens checked by the API server, decisions cached. Used from one event loop
     (the web server's): no locks, and no thread per request.
 
-        verdict = await auth.authorize(authorization_header)
+        verdict = await auth.authorize(authorization_header, peer_address)
     """
 
     def __init__(self, client_factory: Callable[[], ReviewClient], path: str,
@@ -162,7 +214,9 @@ class KubeAuth:
                  allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL,
                  cache_size: int = CACHE_SIZE, timeout: float = REVIEW_TIMEOUT,
                  max_in_flight: int = MAX_IN_FLIGHT, rate: float = REVIEW_RATE,
-                 burst: int = REVIEW_BURST) -> None:
+                 burst: int = REVIEW_BURST, max_waiters: int = MAX_WAITERS,
+                 address_rate: float = PER_ADDRESS_RATE,
+                 address_burst: int = PER_ADDRESS_BURST) -> None:
         self._factory = client_factory
         self._client: ReviewClient | None = None
         self.path = path
@@ -173,11 +227,16 @@ class KubeAuth:
         self.cache_size = cache_size
         self.timeout = timeout
         self.max_in_flight = max_in_flight
+        self.max_waiters = max_waiters
+        self.address_rate, self.address_burst = address_rate, float(address_burst)
         self._bucket = _Bucket(rate, float(burst), clock)
         self._key = secrets.token_bytes(32)  # the cache key is an HMAC: no token in clear
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._in_flight: dict[bytes, asyncio.Future[Verdict]] = {}
+        self._in_flight: dict[bytes, _Review] = {}
+        self._strangers_in_flight = 0  # reviews for addresses not known good
         self._known_good: OrderedDict[bytes, float] = OrderedDict()  # key -> last allowed at
+        self._addresses: OrderedDict[str, _Address] = OrderedDict()
+        self._good_addresses: OrderedDict[str, float] = OrderedDict()  # -> last allowed at
         self.failures = RateLimitedLog(log)
 
     @property
@@ -189,12 +248,12 @@ class KubeAuth:
             await self._client.aclose()
             self._client = None
 
-    async def authorize(self, authorization: str) -> Verdict:
-        verdict = await self._decide(authorization)
+    async def authorize(self, authorization: str, peer: str = "") -> Verdict:
+        verdict = await self._decide(authorization, client_address(peer))
         self.stats.decided(verdict)
         return verdict
 
-    async def _decide(self, authorization: str) -> Verdict:
+    async def _decide(self, authorization: str, address: str) -> Verdict:
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_BYTES \
@@ -207,22 +266,27 @@ class KubeAuth:
                 self._cache.move_to_end(key)
                 return entry.verdict
             del self._cache[key]
-        waiting = self._in_flight.get(key)
-        if waiting is not None:  # the same token is being reviewed: share the answer
-            return await asyncio.shield(waiting)
-        # A token allowed before (whose decision expired) is reviewed again outside the rate
-        # bound: a flood of new tokens must not lock out the scraper it already knows.
-        known = self._known_good.get(key)
-        renewal = known is not None and self.clock() - known < KNOWN_GOOD_FOR
-        if not renewal and (len(self._in_flight) >= self.max_in_flight
-                            or not self._bucket.take()):
-            self.failures.note("throttled", "more new bearer tokens than %.0f/s (burst %d) or "
-                               "%d reviews at once: answering 429", self._bucket.rate,
-                               int(self._bucket.burst), self.max_in_flight,
-                               level=logging.WARNING)
+        review = self._in_flight.get(key)
+        if review is not None:  # the same token is being reviewed: share the answer
+            if review.waiters >= self.max_waiters:
+                self.failures.note("waiters", "more than %d requests waiting on one token's "
+                                   "review: answering 429", self.max_waiters,
+                                   level=logging.WARNING)
+                return Verdict.THROTTLED
+            review.waiters += 1
+            try:
+                return await asyncio.shield(review.future)
+            finally:
+                review.waiters -= 1
+        stranger = self._admit(key, address)
+        if stranger is None:
             return Verdict.THROTTLED
+        budget = self._addresses.get(address)
+        if budget is not None:
+            budget.in_flight += 1
+        self._strangers_in_flight += stranger
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
+        self._in_flight[key] = _Review(future)
         try:
             verdict = await self._review(token)
             future.set_result(verdict)
@@ -231,11 +295,54 @@ class KubeAuth:
             raise
         finally:
             del self._in_flight[key]
+            self._strangers_in_flight -= stranger
+            if budget is not None:
+                budget.in_flight -= 1
+        self._remember(key, address, verdict)
+        return verdict
+
+    def _admit(self, key: bytes, address: str) -> int | None:
+        """May a review of this token start now? None: no (429); else 1 when it counts against
+        the budget shared by addresses not known good, 0 when it does not."""
+        now = self.clock()
+        if len(self._in_flight) >= MAX_REVIEWS:
+            self._throttled("%d reviews at once", MAX_REVIEWS)
+            return None
+        # A token allowed before (whose decision expired) is reviewed again outside every
+        # budget: a flood of new tokens must not lock out the scraper it already knows.
+        known = self._known_good.get(key)
+        if known is not None and now - known < KNOWN_GOOD_FOR:
+            return 0
+        budget = self._addresses.get(address)
+        if budget is None:
+            budget = self._addresses[address] = _Address(
+                _Bucket(self.address_rate, self.address_burst, self.clock))
+            while len(self._addresses) > ADDRESSES:
+                self._addresses.popitem(last=False)
+        self._addresses.move_to_end(address)
+        if budget.in_flight >= PER_ADDRESS_IN_FLIGHT or not budget.bucket.take():
+            self._throttled("more new bearer tokens from %s than %.0f/s (burst %d, %d at "
+                            "once)", address, self.address_rate, int(self.address_burst),
+                            PER_ADDRESS_IN_FLIGHT)
+            return None
+        good = self._good_addresses.get(address)
+        if good is not None and now - good < KNOWN_GOOD_FOR:
+            return 0
+        if self._strangers_in_flight >= self.max_in_flight or not self._bucket.take():
+            self._throttled("more new bearer tokens from addresses with no token allowed in "
+                            "the last hour than %.0f/s (burst %d, %d at once)",
+                            self._bucket.rate, int(self._bucket.burst), self.max_in_flight)
+            return None
+        return 1
+
+    def _throttled(self, message: str, *args: object) -> None:
+        self.failures.note("throttled", message + ": answering 429", *args,
+                           level=logging.WARNING)
+
+    def _remember(self, key: bytes, address: str, verdict: Verdict) -> None:
         if verdict is Verdict.ALLOWED:
-            self._known_good[key] = self.clock()
-            self._known_good.move_to_end(key)
-            while len(self._known_good) > KNOWN_GOOD_SIZE:
-                self._known_good.popitem(last=False)
+            _remember_good(self._known_good, key, self.clock())
+            _remember_good(self._good_addresses, address, self.clock())
         elif verdict is not Verdict.UNAVAILABLE:  # refused now: no longer known good
             self._known_good.pop(key, None)
         if verdict is not Verdict.UNAVAILABLE:  # failures are not remembered: retried next time
@@ -243,7 +350,6 @@ class KubeAuth:
             self._cache[key] = _Entry(verdict, self.clock() + ttl)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        return verdict
 
     async def _review(self, token: str) -> Verdict:
         """TokenReview, then SubjectAccessReview, within `timeout` in all."""
@@ -251,11 +357,18 @@ class KubeAuth:
         try:
             status = await self._call("token", TOKEN_REVIEWS, token_review(token, self.audiences),
                                       deadline)
-            user = authenticated_user(status, self.audiences)
-            if user is None:
-                return Verdict.UNAUTHENTICATED
-            status = await self._call("access", ACCESS_REVIEWS,
-                                      access_review(user, self.path), deadline)
+            try:
+                user = authenticated_user(status, self.audiences)
+                if user is None:
+                    if transient_error(status):
+                        raise ReviewFailed("authenticator", "the API server could not check "
+                                           f"the token: {_quoted(status.get('error'))}")
+                    return Verdict.UNAUTHENTICATED
+                request = access_review(user, self.path)
+            except (TypeError, ValueError, AttributeError) as e:  # a review of an odd shape
+                raise ReviewFailed("malformed", f"a TokenReview status of an unexpected "
+                                   f"shape ({type(e).__name__})") from None
+            status = await self._call("access", ACCESS_REVIEWS, request, deadline)
             return Verdict.ALLOWED if status.get("allowed") is True \
                 and status.get("denied") is not True else Verdict.DENIED
         except ReviewFailed as e:
@@ -284,7 +397,7 @@ class KubeAuth:
             self.stats.reviewed(review, "failed")
             raise ReviewFailed(type(e).__name__, str(e) or type(e).__name__) from None
         status = answer.get("status") if isinstance(answer, dict) else None
-        if answer.get("kind") != body["kind"] or not isinstance(status, dict):
+        if not isinstance(status, dict) or answer.get("kind") != body["kind"]:
             self.stats.reviewed(review, "failed")
             raise ReviewFailed("malformed", f"the answer to a {body['kind']} is not one")
         self.stats.reviewed(review, "answered")
@@ -309,9 +422,33 @@ def authenticated_user(status: dict[str, Any],
         return None
     if audiences:
         granted = status.get("audiences")
-        if not isinstance(granted, list) or not set(audiences) & set(granted):
+        if not isinstance(granted, list) \
+                or not set(audiences) & {a for a in granted if isinstance(a, str)}:
             return None
     return user
+
+
+# What kube-apiserver's authenticators say about a token that is not valid (a made-up, expired,
+# revoked or wrong-audience one): a refusal, cached. Any other `status.error` with
+# `authenticated: false` is an authenticator that failed (a webhook or OIDC provider down, a
+# timeout): not a decision about the token, so not cached and answered 503.
+_REFUSAL_WORDS = ("invalid bearer token", "token has expired", "token audiences",
+                  "not found", "has been invalidated", "is invalid", "invalid token")
+
+
+def transient_error(status: dict[str, Any]) -> bool:
+    """`authenticated: false` with a `status.error` that does not say the token is invalid."""
+    error = status.get("error")
+    if status.get("authenticated") is True or not error:
+        return False
+    text = str(error).lower()
+    return not any(word in text for word in _REFUSAL_WORDS)
+
+
+def _quoted(value: object) -> str:
+    """An API server's text for a log line: bounded and quoted (no terminal escapes, no
+    forged lines)."""
+    return repr(str(value)[:200])
 
 
 def access_review(user: dict[str, Any], path: str) -> dict[str, Any]:
@@ -323,7 +460,8 @@ def access_review(user: dict[str, Any], path: str) -> dict[str, Any]:
         spec["groups"] = [g for g in user["groups"] if isinstance(g, str)]
     if isinstance(user.get("extra"), dict):
         spec["extra"] = {k: [x for x in v if isinstance(x, str)]
-                         for k, v in user["extra"].items() if isinstance(v, list)}
+                         for k, v in user["extra"].items()
+                         if isinstance(k, str) and isinstance(v, list)}
     return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": spec}
 
@@ -333,7 +471,7 @@ class HttpReviewClient:
     the in-cluster service account, re-read when rotated), answers bounded in size."""
 
     def __init__(self, kubeconfig: str | None, timeout: float = REVIEW_TIMEOUT,
-                 max_connections: int = MAX_IN_FLIGHT) -> None:
+                 max_connections: int = MAX_REVIEWS) -> None:
         import httpx2 as httpx
         from lightkube.config.client_adapter import user_auth, verify_cluster
         from lightkube.config.models import User

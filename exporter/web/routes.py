@@ -67,7 +67,10 @@ class Routes:
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._bcrypt_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def respond(self, request: h11.Request) -> Response:
+    async def respond(self, request: h11.Request, peer: str = "",
+                      evictable: Callable[[bool], None] = lambda _: None) -> Response:
+        """The answer to one request from `peer`. `evictable(True)` while it only waits on
+        someone else's work (a token review): the server may close it to make room."""
         method = request.method.decode("ascii", "replace")
         path = request.target.split(b"?", 1)[0].decode("latin-1")
         if method not in ("GET", "HEAD"):
@@ -77,7 +80,12 @@ class Routes:
         if path == self.telemetry_path and self.kube_auth is not None:
             # Only the telemetry path is protected: /healthz is for probes, and the index
             # page and 404s are constant text.
-            decision = await self.kube_auth.authorize(_header(request, b"authorization"))
+            evictable(True)
+            try:
+                decision = await self.kube_auth.authorize(_header(request, b"authorization"),
+                                                          peer)
+            finally:
+                evictable(False)
             if decision is not Verdict.ALLOWED:
                 code, text, headers = REFUSALS[decision]
                 return code, "text/plain", text, headers

@@ -3,9 +3,12 @@
 Bearer tokens must not cross the node network in clear, and a DaemonSet should not need a
 Secret minted per cluster before its pods can start: so when no `tls_server_config` is given
 the exporter makes its own key (ECDSA P-256) and a self-signed certificate whose SANs are the
-node name, `localhost` and the addresses of the host's interfaces (hostNetwork: the addresses
-Prometheus scrapes). The key never touches a filesystem: it is handed to OpenSSL through a
-memfd (an anonymous in-memory file), and lives as long as the process. A new key every start.
+node name, `localhost` and the loopback addresses, and the names and addresses
+`--web.tls.extra-san` adds: not every address of the host (storage, management, VPN networks),
+which anyone who connects would read. Prometheus does not verify this certificate (below), so
+it needs no SAN for the address it scrapes. The key never touches a filesystem: it is handed
+to OpenSSL through a memfd (an anonymous in-memory file), and lives as long as the process. A
+new key every start.
 A scraper cannot verify a self-signed certificate, so the ServiceMonitor skips verification;
 docs/security.md says what that allows and how to use a certificate from a Secret or
 cert-manager instead.
@@ -15,30 +18,37 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import shutil
 import ssl
 import tempfile
 from pathlib import Path
 
+_DNS_NAME = re.compile(r"(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                       r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MAX_SANS = 64  # a host with many addresses still gets a certificate of a few KiB
 VALID_DAYS = 365  # restarted long before: a new certificate every start
 
 
-def host_addresses() -> list[str]:
-    """The IP addresses of the host's interfaces, loopback first, link-local left out."""
-    import psutil  # type: ignore[import-untyped]
+LOOPBACK = ("127.0.0.1", "::1")
 
-    found: list[str] = []
-    for addrs in psutil.net_if_addrs().values():
-        for addr in addrs:
-            try:
-                ip = ipaddress.ip_address(addr.address.split("%", 1)[0])
-            except ValueError:
-                continue  # a MAC address (AF_PACKET)
-            if ip.is_link_local:
-                continue
-            found.append(str(ip))
-    return sorted(set(found), key=lambda a: (not ipaddress.ip_address(a).is_loopback, a))
+
+def split_sans(values: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) of `--web.tls.extra-san` values; ValueError naming the bad
+    one (the runner exits 2)."""
+    names, addresses = [], []
+    for value in values:
+        value = value.strip()
+        try:
+            addresses.append(str(ipaddress.ip_address(value)))
+            continue
+        except ValueError:
+            pass
+        if not _DNS_NAME.fullmatch(value) or len(value) > 253:
+            raise ValueError(f"--web.tls.extra-san {value!r}: accepted values are a DNS name "
+                             "(node-1.example.com, *.example.com) or an IP address")
+        names.append(value.lower())
+    return names, addresses
 
 
 def certificate(names: list[str], addresses: list[str]) -> tuple[bytes, bytes]:
@@ -103,14 +113,14 @@ def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def self_signed_context(node_name: str, addresses: list[str] | None = None
+def self_signed_context(node_name: str, extra_sans: tuple[str, ...] = ()
                         ) -> tuple[ssl.SSLContext, bytes]:
     """A server context (TLS 1.2+, the web config's default suites) with a fresh self-signed
-    certificate for this node; also returns the certificate (PEM) for the log and tests."""
+    certificate for this node (its name, localhost, loopback and `extra_sans`); also returns
+    the certificate (PEM) for the log and tests. ValueError for a bad extra SAN."""
     from exporter.web.config import DEFAULT_TLS12_SUITES, TLS12_SUITES
-
-    addresses = host_addresses() if addresses is None else addresses
-    cert_pem, key_pem = certificate([node_name, "localhost"], addresses)
+    names, addresses = split_sans(extra_sans)
+    cert_pem, key_pem = certificate([node_name, "localhost", *names], [*LOOPBACK, *addresses])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(":".join(TLS12_SUITES[n] for n in DEFAULT_TLS12_SUITES))

@@ -88,7 +88,9 @@ class _Conn:
         self.stream = stream
         self.writer = stream.writer
         self.peer = peer
-        self.waiting = True  # not computing an answer right now: may be closed to make room
+        # Not computing an answer right now (reading, or waiting on a token review someone
+        # else's request started): may be closed to make room.
+        self.waiting = True
 
     def abort(self) -> None:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
@@ -100,12 +102,13 @@ class MetricsServer:
 
         MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
                       telemetry_path="/metrics", auth="config", node_name="",
-                      kubeconfig=None, token_audiences=())
+                      kubeconfig=None, token_audiences=(), extra_sans=())
 
     `auth`: "config" (the web config file decides: basic auth or none), "none" (no
     authentication; basic_auth_users in the file are an error), "kubernetes" (bearer tokens,
     TokenReview + SubjectAccessReview, always TLS: the file's certificate or a self-signed one
-    for `node_name`; `review_client` replaces the HTTP client to the API server in tests).
+    for `node_name`, localhost, loopback and `extra_sans`; `review_client` replaces the HTTP
+    client to the API server in tests).
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
@@ -114,7 +117,8 @@ class MetricsServer:
                  telemetry_path: str = "/metrics", auth: str = "config", node_name: str = "",
                  kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
                  review_client: Callable[[], ReviewClient] | None = None,
-                 plan: Callable[[str], tuple[int, bytes]] | None = None):
+                 plan: Callable[[str], tuple[int, bytes]] | None = None,
+                 extra_sans: tuple[str, ...] = ()):
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth_mode = auth
         self.generated_certificate: bytes | None = None  # PEM, when made at start
@@ -130,7 +134,7 @@ class MetricsServer:
             if self.web.ssl_context is None:
                 from exporter.web.selfsigned import self_signed_context
                 self.web.ssl_context, self.generated_certificate = self_signed_context(
-                    node_name or socket.gethostname())
+                    node_name or socket.gethostname(), extra_sans)
             self.kube_auth = KubeAuth(review_client, telemetry_path, token_audiences,
                                       stats=self.auth_stats)
         elif auth not in ("config", "none"):
@@ -334,7 +338,8 @@ class MetricsServer:
             # reading a body nobody asked for is work an attacker would choose.
             has_body = h.their_state is h11.SEND_BODY \
                 and not isinstance(h.next_event(), h11.EndOfMessage)
-            code, ctype, body, headers = await self.routes.respond(request)
+            code, ctype, body, headers = await self.routes.respond(
+                request, conn.peer, lambda evictable: setattr(conn, "waiting", evictable))
             # Evictable again while its answer drains: a client slow to read it (or one that
             # never does) must not keep a newer scraper out.
             conn.waiting = True

@@ -142,6 +142,7 @@ class FakeApiServer:
         self._watches: list[_Watch] = []
         self._delay = 0.0
         self._forbidden = False
+        self._forbidden_collections: set[str] = set()
         self._stopping = threading.Event()
         self._admit_watches = threading.Event()
         self._admit_watches.set()
@@ -264,8 +265,14 @@ class FakeApiServer:
     def set_delay(self, seconds: float) -> None:
         self._delay = seconds
 
-    def set_forbidden(self, forbidden: bool) -> None:
-        self._forbidden = forbidden
+    def set_forbidden(self, forbidden: bool, collection: str | None = None) -> None:
+        """403 for every list and watch, or only for `collection` ("pods")."""
+        if collection is None:
+            self._forbidden = forbidden
+        elif forbidden:
+            self._forbidden_collections.add(collection)
+        else:
+            self._forbidden_collections.discard(collection)
 
     def set_silent(self, silent: bool) -> None:
         """An API server that accepts connections and never answers (requests held meanwhile
@@ -811,7 +818,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                "resource"))
             return
         collection = parts[2]
-        if api._forbidden:
+        if api._forbidden or collection in api._forbidden_collections:
             verb = "watch" if query.get("watch") == "true" else "list"
             self._send_json(403, status_object(
                 403, "Forbidden",

@@ -81,7 +81,9 @@ class Received:
 class HttpReceiver:
     """OTLP/HTTP protobuf receiver: POST /v1/traces."""
 
-    def __init__(self) -> None:
+    def __init__(self, junk_header: bool = False) -> None:
+        """`junk_header`: answer 200 with a header line that is not one (a broken proxy in
+        front of the collector): urllib3 cannot parse the answer's headers."""
         self.received = Received()
         received = self.received
 
@@ -103,6 +105,8 @@ class HttpReceiver:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(reply)))
+                if junk_header:
+                    self._headers_buffer.append(b"this line is no header\r\n")
                 self.end_headers()
                 self.wfile.write(reply)
 

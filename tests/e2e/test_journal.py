@@ -530,3 +530,102 @@ def test_the_kernel_state_the_last_process_knew(tmp_path):
     changes = changes_while_down(before, snap(T0 + 100, {0, 1, 2, 3}, {0}))
     assert changes == {(Resource.CPU, Direction.ONLINE): 2, (Resource.MEMORY, Direction.OFFLINE): 1}
     j.close()
+
+
+def test_a_snapshot_ahead_of_what_was_counted_does_not_hide_a_down_change(tmp_path):
+    """A SIGKILL right after a storm: the reconciler journaled a snapshot read after cpu1 came
+    back online, but the online transition itself was still queued and died with the process
+    (it had counted cpu1 offline last). The restart must count cpu1's online while down: the
+    state compared with sysfs is the one the process counted (its start snapshot and every
+    transition after it), not the newest snapshot. And the next process, which counted that
+    down change and journaled its own start, counts it no second time."""
+    from exporter.correlate.down_changes import changes_while_down, state_at_stop
+    from exporter.events import (
+        Direction,
+        KernelSnapshot,
+        Resource,
+        Result,
+        SourceStatus,
+        Transition,
+    )
+
+    def snap(t: float, cpus: set[int]) -> KernelSnapshot:
+        return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
+                              frozenset({0, 1}), 128 << 20, frozenset({0}), frozenset(),
+                              1 << 30, 0)
+
+    now = snap(T0 + 100, {0, 1})  # sysfs at the restart: cpu1 online
+    j = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
+    j.on_event(SourceStatus("sysfs", True, T0))  # the killed process starts ...
+    j.on_event(snap(T0, {0, 1}))
+    for i in range(3):  # ... a storm: it counts offline, online, offline, online, offline
+        j.on_event(Transition("uevent", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS,
+                              end=T0 + 1 + i))
+        if i < 2:
+            j.on_event(Transition("uevent", Resource.CPU, 1, Direction.ONLINE, Result.SUCCESS,
+                                  end=T0 + 1.5 + i))
+    j.on_event(snap(T0 + 3.5, {0, 1}))  # read after the last online; its transition was lost
+    assert j.flush(10)
+    before = state_at_stop(j.last_kernel_events())
+    assert before is not None and before.cpus_online == {0}  # what it counted last: offline
+    assert changes_while_down(before, now) == {(Resource.CPU, Direction.ONLINE): 1}
+    # The restarted process counts that, then journals its own start: nothing more is due.
+    j.on_event(SourceStatus("sysfs", True, T0 + 100))
+    j.on_event(now)
+    assert j.flush(10)
+    assert changes_while_down(state_at_stop(j.last_kernel_events()), snap(T0 + 200, {0, 1})) \
+        == {}
+    j.close()
+
+
+def test_a_journal_without_a_start_marker_falls_back_to_the_newest_snapshot(tmp_path):
+    from exporter.correlate.down_changes import state_at_stop
+    from exporter.events import KernelSnapshot
+
+    j = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
+    for t, cpus in ((T0, {0, 1}), (T0 + 1, {0})):
+        j.on_event(KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus),
+                                  frozenset({0, 1}), frozenset({0, 1}), 128 << 20,
+                                  frozenset({0}), frozenset(), 1 << 30, 0))
+    assert j.flush(10)
+    before = state_at_stop(j.last_kernel_events())
+    assert before is not None and before.cpus_online == {0}
+    j.close()
+
+
+def test_a_restart_on_a_journal_whose_tail_lacks_the_last_transition_counts_it(tmp_path):
+    """A real `run` restarted on a journal written as a process killed right after a storm
+    leaves it: it had counted cpu1 offline last, then journaled a snapshot read after cpu1 came
+    back online, and the online transition died in its queue. This machine's sysfs (read, not
+    changed) says cpu1 is online: the restart counts that online as a change while down."""
+    import time
+
+    from exporter.events import (
+        Direction,
+        Resource,
+        Result,
+        SourceStatus,
+        Transition,
+    )
+    from exporter.sources.kernel.sysfs import SysfsReader
+    from testkit.exporter_proc import RunningExporter
+
+    now = SysfsReader("/sys", "/proc").read(time.time() - 60)  # the killed process's start
+    if 1 not in now.cpus_online:
+        pytest.skip("cpu1 is not online on this machine")
+    path = tmp_path / "journal.db"
+    j = JournalSink(path, clock=FakeClock(now.time))
+    j.on_event(SourceStatus("sysfs", True, now.time))
+    j.on_event(now)
+    j.on_event(Transition("uevent", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS,
+                          end=now.time + 1))
+    j.on_event(replace(now, time=now.time + 1.01))  # read after the lost online: ahead
+    assert j.flush(10)
+    j.close()
+    with RunningExporter("--source", "sysfs", "--kubernetes", "off",
+                         "--journal", str(path)) as exp:
+        s = exp.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                           source="sysfs") == 1, timeout=60)
+    assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
+                   direction="online") == 1
+    assert s.total("node_resize_exporter_down_changes_total", resource="cpu") == 1

@@ -133,3 +133,73 @@ def test_check_line_lists_the_pods_over_real_http(api, tmp_path):
     assert check.fix.startswith("drain these")
     missing = check_readmission_forecast(options.replace(node_name="no-such-node"))
     assert missing.status == "warn" and "no Node named no-such-node" in missing.detail
+
+
+def _valid(s) -> dict[str, float]:
+    return {dict(labels)["reason"]: v
+            for labels, v in s.series("node_resize_readmission_forecast_valid").items()}
+
+
+def _forecast_series(s) -> dict:
+    return {name: s.series(name) for name in (
+        "node_resize_readmission_forecast_pods", "node_resize_readmission_forecast_rejected",
+        "node_resize_readmission_forecast_rejected_pods",
+        "node_resize_readmission_forecast_rejected_unlisted_pods")
+        if s.series(name)}
+
+
+def test_a_forecast_that_cannot_see_the_pods_says_so_and_shows_no_zero(api, tmp_path):
+    """Pods forbidden by RBAC (the Node readable): source_up{kube_pods} 0, and the forecast's
+    series absent with node_resize_readmission_forecast_valid{reason="pods_forbidden"} 0,
+    not `pods 0, rejected 0`. Allowed again: the forecast comes back, valid 1."""
+    cpus = _online_cpus()
+    api.set_node("fc-node", cpu=str(cpus), allocatable_cpu=f"{cpus * 1000 - 500}m")
+    api.put_pod("a-older", node="fc-node", requests={"cpu": "1"})
+    api.put_pod("b-younger", node="fc-node", requests={"cpu": str(cpus)})
+    api.set_forbidden(True, "pods")
+    kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
+                         "--node-name", "fc-node", "--podresources-socket", "",
+                         "--kubelet-root-dir", "") as exp:
+        s = exp.wait_for(lambda s: _valid(s) == {"pods_forbidden": 0}, timeout=60)
+        assert s.value("node_resize_exporter_source_up", source="kube_pods") == 0
+        assert _forecast_series(s) == {}
+        api.set_forbidden(False, "pods")
+        s = exp.wait_for(lambda s: _valid(s) == {"ok": 1}, timeout=90)
+        s = exp.wait_for(lambda s: s.value("node_resize_readmission_forecast_pods") == 2,
+                         timeout=30)
+        assert _forecast(s) == {("b-younger", "OutOfcpu"): 1}
+
+
+def test_a_forecast_past_the_pod_list_bound_says_so(api, tmp_path):
+    """More pods bound to the node than the exporter lists (10,000): the list is refused, the
+    forecast absent with reason pods_truncated; `check` says it cannot forecast."""
+    from exporter.sinks.forecast_collector import check_readmission_forecast
+    from exporter.sources.apiserver.listwatch import LIST_MAX_OBJECTS
+
+    cpus = _online_cpus()
+    api.set_node("fc-node", cpu=str(cpus), allocatable_cpu=f"{cpus * 1000 - 500}m")
+    for i in range(LIST_MAX_OBJECTS + 1):
+        api.put_pod(f"p-{i}", node="fc-node", requests={"cpu": "1m"})
+    kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
+                         "--node-name", "fc-node", "--podresources-socket", "",
+                         "--kubelet-root-dir", "") as exp:
+        s = exp.wait_for(lambda s: _valid(s) == {"pods_truncated": 0}, timeout=120)
+        assert _forecast_series(s) == {}
+    options = Options().replace(kubeconfig=kubeconfig, node_name="fc-node", kubelet_root_dir="")
+    check = check_readmission_forecast(options)
+    assert check.status == "warn" and check.detail.startswith("cannot forecast: "), check
+    assert "pods" in check.detail and check.fix
+
+
+def test_check_says_it_cannot_forecast_when_pods_are_forbidden(api, tmp_path):
+    from exporter.sinks.forecast_collector import check_readmission_forecast
+
+    api.set_node("fc-node", cpu="2")
+    api.set_forbidden(True, "pods")
+    kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    options = Options().replace(kubeconfig=kubeconfig, node_name="fc-node", kubelet_root_dir="")
+    check = check_readmission_forecast(options)
+    assert check.status == "warn" and check.detail.startswith("cannot forecast: "), check
+    assert "forbidden" in check.detail and "list" in check.fix

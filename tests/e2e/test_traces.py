@@ -329,7 +329,7 @@ def test_otel_service_name_reaches_the_collector(otel_env):
     ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-1", "whole numbers from 0"),  # a traceback
     ("OTEL_SPAN_EVENT_COUNT_LIMIT", "", "whole numbers from 0"),
     ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%0d%0aInjected: 1", "control or non-ASCII"),
-    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "no equals sign", "is not a header"),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "no equals sign", "is not a key=value header"),
 ])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_hostile_otel_files_limits_and_headers_exit_2_naming_the_variable(
@@ -353,6 +353,21 @@ def test_hostile_otel_files_limits_and_headers_exit_2_naming_the_variable(
     assert r.returncode == 2, r.stderr
     assert name in r.stderr and words in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("value, words", [
+    ("Authorization: Bearer SEKRIT-token-0123456789", "item 1 is not a key=value header"),
+    ("x-tenant=ops,Authorization=Bearer \"SEKRIT-token\"", "the value of 'Authorization'"),
+    ("x-tenant=ops, Bearer SEKRIT-token=", "item 2 is not a key=value header"),
+    ("api-key=SEKRIT%0d%0a", "the value of 'api-key'"),
+])
+def test_a_malformed_header_names_the_key_never_the_credential(value, words):
+    from exporter.sinks.traces.env import _check_headers
+    with pytest.raises(ValueError) as raised:
+        _check_headers({"OTEL_EXPORTER_OTLP_HEADERS": value}, "OTEL_EXPORTER_OTLP_HEADERS")
+    message = str(raised.value)
+    assert words in message, message
+    assert "SEKRIT" not in message, message
 
 
 def test_close_is_bounded_when_the_collector_never_answers(otel_env):
@@ -390,6 +405,30 @@ def test_close_is_bounded_when_the_collector_never_answers(otel_env):
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def test_a_junk_header_on_the_collectors_200_is_an_error_and_one_line(otel_env, caplog):
+    """A collector (or a proxy before it) answering 200 with a header line that is not one:
+    urllib3 logged a traceback per export and the SDK counted it delivered. Now each such
+    export is counted in errors, and logged once an interval, without a traceback."""
+    from exporter.sinks.traces import sink as sink_module
+    with HttpReceiver(junk_header=True) as rx:
+        otel_env({"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        caplog.set_level("DEBUG")
+        sink_module._SDK_FILTER.reset()
+        caplog.clear()
+        sink = TraceSink.from_env()
+        for _ in range(3):
+            sink.on_update(ended(cpu_offline_episode()))
+            sink._seen.clear()
+            sink.flush()
+        sink.close()
+        assert rx.received.requests >= 3  # delivered, as far as the collector knows
+    defects = [r for r in caplog.records if "Failed to parse headers" in str(r.msg)]
+    assert len(defects) == 1, [r.getMessage() for r in defects]
+    assert not any(r.exc_info for r in defects) and "Traceback" not in caplog.text
+    assert sink.errors >= 3
 
 
 def test_sdk_warnings_are_logged_once_per_interval(otel_env, caplog):

@@ -565,11 +565,15 @@ def test_an_unknown_user_costs_a_check_of_the_same_cost():
 def test_concurrent_bcrypt_checks_are_bounded():
     """16 password guessers ran 16 bcrypt checks at once (174% CPU)."""
     lock, running, peak = threading.Lock(), [0], [0]
+    paired = threading.Event()  # two checks ran at once (however slowly threads start)
 
     def checkpw(password: bytes, hashed: bytes) -> bool:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
+            if running[0] == 2:
+                paired.set()
+        paired.wait(30)  # the first check holds its slot until a second one runs beside it
         time.sleep(0.2)
         with lock:
             running[0] -= 1

@@ -150,8 +150,9 @@ def test_single_transitions_log_one_line_when_they_open_and_one_when_they_end(cp
     with RunningExporter(*FAST) as exp:
         base = cpu_transitions(exp)
         cpu1.set_online(False)
+        # Ended (wait_quiet: no episode open), so past its window by the condition, not by a
+        # sleep: the way back is an episode of its own.
         wait_quiet(exp, base + 1)
-        time.sleep(WINDOW + 0.5)  # past the window: the way back is an episode of its own
         cpu1.set_online(True)
         wait_quiet(exp, base + 2)
         lines = episode_lines(exp, ended=2)

@@ -27,7 +27,15 @@ from exporter.correlate.readmission_forecast import (
     OUT_OF_PODS,
     ReadmissionForecast,
 )
-from exporter.events import Direction, PodsRelisted, PodStatus, Resource, Result, Transition
+from exporter.events import (
+    Direction,
+    PodsRelisted,
+    PodStatus,
+    Resource,
+    Result,
+    SourceStatus,
+    Transition,
+)
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.forecast_collector import ForecastCollector
 from testkit.correlator import config
@@ -75,7 +83,8 @@ def test_forecast_names_the_two_pods_the_real_kubelet_rejected():
     assert result.by_reason == {OUT_OF_PODS: 0, OUT_OF_CPU: 2, OUT_OF_MEMORY: 0}
 
 
-def test_the_episode_carries_the_forecast_the_restart_then_proved_right():
+@pytest.mark.parametrize("pod_source", ["up", "forbidden"])
+def test_the_episode_carries_the_forecast_the_restart_then_proved_right(pod_source):
     """Through the Correlator on the recording's own clock: the episode of cpu1's unplug
     carries the forecast made before the restart, and the pods the kubelet then really
     rejected are exactly the ones it named; through the journal's codec unchanged."""
@@ -92,11 +101,15 @@ def test_the_episode_carries_the_forecast_the_restart_then_proved_right():
 
     feed(snapshot(2, 24684084 * 1024, when=clock.t), clock.t)
     feed(node_status(node_events[0]["object"], clock.t).event, clock.t)
+    feed(SourceStatus("kube_pods", True, clock.t, "listed pods (2)"), clock.t)  # as it does
     before, after = [], []
     for e in pod_events:
         (before if int(e["object"]["metadata"]["resourceVersion"]) <= 1121 else after).append(e)
     for e in before:
         feed(pod_status(e["object"], clock.t, None).event, clock.t)
+    if pod_source == "forbidden":  # RBAC changed: the pods can no longer be seen
+        feed(SourceStatus("kube_pods", False, clock.t, 'API server answered 403 for pods: '
+                          'pods is forbidden'), clock.t)
     off = at("08:31:00")
     feed(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS, off,
                     off - 0.0078125), off)
@@ -117,6 +130,9 @@ def test_the_episode_carries_the_forecast_the_restart_then_proved_right():
     ended = [u.episode for u in updates if u.kind is UpdateKind.ENDED]
     assert len(ended) == 1
     ep = ended[0]
+    if pod_source == "forbidden":  # never a forecast of pods it could not see
+        assert ep.forecast is None and c.forecast_validity.current.reason == "pods_forbidden"
+        return
     assert ep.forecast is not None
     assert sorted((r.name, r.reason) for r in ep.forecast.rejected) == \
         [("sleeper-1", OUT_OF_CPU), ("sleeper-2", OUT_OF_CPU)]
@@ -426,6 +442,7 @@ def test_the_episode_keeps_the_forecast_from_before_the_resyncing_node_status():
     c = Correlator(config(kubernetes=True, readmission_settle=10), clock)
     c.handle(snapshot(2, when=T))
     c.handle(node_status(node(cpu="2", allocatable_cpu="1500m"), T).event)
+    c.handle(SourceStatus("kube_pods", True, T, "listed pods (2)"))  # as the pod source does
     for name, second in (("a", "01"), ("b", "02")):
         c.handle(pod_status(pod(name, {"cpu": "300m"}, created=f"08:00:{second}"), T, None).event)
     off = T + 10
@@ -455,6 +472,7 @@ def test_the_episode_keeps_the_forecast_from_before_a_pod_rejected_ahead_of_the_
     c = Correlator(config(kubernetes=True, readmission_settle=10), clock)
     c.handle(snapshot(2, when=T))
     c.handle(node_status(node(cpu="2", allocatable_cpu="1500m"), T).event)
+    c.handle(SourceStatus("kube_pods", True, T, "listed pods (3)"))  # as the pod source does
     for name, second in (("a", "01"), ("b", "02"), ("c", "03")):
         c.handle(pod_status(pod(name, {"cpu": "300m"}, created=f"08:00:{second}"), T, None).event)
     off = T + 10
@@ -482,3 +500,21 @@ def test_the_episode_keeps_the_forecast_from_before_a_pod_rejected_ahead_of_the_
     shown = timeline(ended)
     assert "1 pod rejected OutOfcpu" in shown
     assert "would reject 2 of 3 pods: default/b OutOfcpu, default/c OutOfcpu" in shown
+
+
+def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
+    from exporter.correlate.forecast_validity import ForecastValidity
+
+    v = ForecastValidity()
+    assert (v.current.valid, v.current.reason) == (False, "pods_not_listed")
+    v.on_source_status(SourceStatus("kube_node", True, T, "listed nodes (1)"))  # not pods
+    assert v.current.reason == "pods_not_listed"
+    v.on_source_status(SourceStatus("kube_pods", True, T, "listed pods (3)"))
+    assert (v.current.valid, v.current.reason, v.current.describe()) == (True, "ok", "")
+    for reason, why in (
+            ("list of pods has more than 10000 objects", "pods_truncated"),
+            ("RBAC: forbidden (403): pods is forbidden", "pods_forbidden"),
+            ("API server unreachable: connection refused", "pods_source_down")):
+        v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+        assert (v.current.valid, v.current.reason) == (False, why)
+        assert reason in v.current.describe() and v.current.fix

@@ -96,23 +96,54 @@ def exported_open(conn: sqlite3.Connection) -> set[str]:
         "SELECT id FROM episodes WHERE exported=1 AND ended IS NULL")}
 
 
+# The sysfs reconciler's first events in a process: SourceStatus up (no reason), then the
+# snapshot it read at start, after which that process counted every transition it saw.
+_SYSFS_STARTED = '{"type":"SourceStatus","source":"sysfs","up":true,%"reason":""}'
+MAX_STATE_TRANSITIONS = 200_000  # transitions of the last process read at start, at most
+
+
 def last_kernel_events(conn: sqlite3.Connection, bad: Malformed) -> list[Event]:
-    """The KernelSnapshot read last (by its time, not by arrival) and every Transition that
-    ended at or after it, whatever order they were journaled in: the input of
-    exporter/correlate/down_changes.py's state_at_stop, which orders them by kernel time."""
+    """The kernel state the last process counted, as exporter/correlate/down_changes.py's
+    state_at_stop reads it (ordering by kernel time): the snapshot that process read at its
+    start and every Transition it journaled after that.
+
+    Not the newest snapshot: a snapshot is read from sysfs, which can be ahead of what the
+    process counted (a transition in sysfs whose event was still queued at a SIGKILL), and
+    comparing that with sysfs at the next start would lose the change. A journal with no
+    start marker (written before it, or pruned), or with more than MAX_STATE_TRANSITIONS since
+    the start, falls back to the newest snapshot and the transitions that ended after it."""
+    start = conn.execute("SELECT seq FROM events WHERE type='SourceStatus' AND json LIKE ? "
+                         "ORDER BY seq DESC LIMIT 1", (_SYSFS_STARTED,)).fetchone()
+    if start is not None:
+        row = conn.execute("SELECT json FROM events WHERE type='KernelSnapshot' AND seq > ? "
+                           "ORDER BY seq LIMIT 1", (start[0],)).fetchone()
+        events = _snapshot_and_after(conn, row, bad, MAX_STATE_TRANSITIONS)
+        if events is not None:
+            return events
     row = conn.execute("SELECT json FROM events WHERE type='KernelSnapshot' "
                        "ORDER BY time DESC, seq DESC LIMIT 1").fetchone()
+    return _snapshot_and_after(conn, row, bad, None) or []
+
+
+def _snapshot_and_after(conn: sqlite3.Connection, row: tuple[str] | None, bad: Malformed,
+                        most: int | None) -> list[Event] | None:
+    """The snapshot in `row` and every Transition that ended at or after it; None when there
+    is none, or more than `most` of them."""
     if row is None:
-        return []
+        return None
     try:
         snapshot = codec.loads(row[0])
     except codec.CodecError:
         bad.count += 1
-        return []
+        return None
     out: list[Event] = [snapshot]
     # events.time of a Transition is its end (schema.event_time); the index makes this a range.
-    for (text,) in conn.execute("SELECT json FROM events WHERE type='Transition' AND time >= ? "
-                                "ORDER BY seq", (snapshot.time,)):
+    rows = conn.execute("SELECT json FROM events WHERE type='Transition' AND time >= ? "
+                        "ORDER BY seq" + ("" if most is None else f" LIMIT {most + 1}"),
+                        (snapshot.time,)).fetchall()
+    if most is not None and len(rows) > most:
+        return None
+    for (text,) in rows:
         try:
             out.append(codec.loads(text))
         except codec.CodecError:

@@ -163,13 +163,19 @@ def _check_headers(env: Mapping[str, str], name: str) -> None:
     raw = env.get(name, "")
     fix = (f"e.g. {name}='api-key=secret,x-tenant=a%20b' (comma-separated key=value, values "
            "URL-encoded, printable ASCII once decoded)")
-    for item in re.split(r"[ \t]*,[ \t]*", raw.strip()):
+    # Header values are credentials (api keys, bearer tokens): an error names the key, or
+    # the item's place when the key itself is not one, never any of the text.
+    for n, item in enumerate(re.split(r"[ \t]*,[ \t]*", raw.strip()), 1):
         if not item:
             continue
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or not _HEADER_KEY.fullmatch(key) or not _HEADER_VALUE.fullmatch(value):
-            raise ValueError(f"{name}: {item[:60]!r} is not a header; {fix}")
+        if not sep or not _HEADER_KEY.fullmatch(key):
+            raise ValueError(f"{name}: item {n} is not a key=value header (its text is not "
+                             f"shown: it may hold a credential); {fix}")
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"{name}: the value of {key!r} is not URL-encoded (not shown: it "
+                             f"may hold a credential); {fix}")
         decoded = unquote(value)
         if not _SENDABLE.fullmatch(decoded):
             raise ValueError(f"{name}: the value of {key!r} holds a control or non-ASCII "

@@ -45,15 +45,36 @@ SDK_LOGGERS = ("urllib3.connectionpool", "urllib3.connection",
                "opentelemetry.exporter.otlp.proto.http._common",
                "opentelemetry.exporter.otlp.proto.grpc.exporter",
                "opentelemetry.sdk._shared_internal",
-               "opentelemetry.sdk.trace.export")
+               "opentelemetry.sdk.trace.export",
+               # urllib3 warns with a traceback when a collector's answer has a header line
+               # that is not one (a broken proxy), on every export: one line an interval.
+               "urllib3.connection", "urllib3.connectionpool")
 
 
 # One filter on every SDK logger: a collector flapping for a minute is one line, not twelve.
 _SDK_FILTER = RateLimitFilter(LOG_INTERVAL)
+_header_defects = threading.local()  # per export thread: urllib3 found the answer's headers bad
+
+
+class _HeaderDefect(logging.Filter):
+    """Marks an export whose answer urllib3 could not parse the headers of: the SDK counts it
+    delivered (the status was 200), _CountingExporter counts it an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Failed to parse headers"):
+            _header_defects.seen = True
+        return True
+
+
+_DEFECT_FILTER = _HeaderDefect()
 
 
 def quiet_sdk_loggers() -> None:
     """Rate-limit the OTel SDK's warnings (idempotent)."""
+    for name in SDK_LOGGERS:  # first: it sees what the rate limit then holds back
+        logger = logging.getLogger(name)
+        if _DEFECT_FILTER not in logger.filters:
+            logger.addFilter(_DEFECT_FILTER)
     rate_limit_loggers(SDK_LOGGERS, _SDK_FILTER)
 
 
@@ -74,8 +95,9 @@ class _CountingExporter(SpanExporter):
         self.sink = sink
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        _header_defects.seen = False
         result = self.inner.export(spans)
-        if result is not SpanExportResult.SUCCESS:
+        if result is not SpanExportResult.SUCCESS or _header_defects.seen:
             self.sink.errors += 1
         return result
 
