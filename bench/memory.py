@@ -78,45 +78,47 @@ def status(pid: int) -> dict[str, int]:
     return out
 
 
-def anonymous_mappings(pid: int) -> dict[str, dict]:
-    """Anonymous RSS by kind of mapping: [heap] (brk: glibc's main arena), thread stacks
-    ([stack], and the 8 MiB-class private mappings glibc makes for each thread), glibc's
-    per-thread malloc arenas (64 MiB-class reservations), and the rest (pymalloc's arenas,
-    large blocks mmap'd directly, BPF maps)."""
-    kinds: dict[str, dict] = {}
-    text = Path(f"/proc/{pid}/smaps").read_text()
+def mappings(pid: int) -> dict[str, dict[str, int]]:
+    """RSS by mapping, from /proc/PID/smaps: the anonymous part by kind ([heap]: brk, glibc's
+    main arena; thread stacks: the 8 MiB-class private mappings glibc makes for each thread;
+    shared libraries' written pages; the rest: pymalloc's arenas, other malloc arenas, large
+    blocks mmap'd directly, BPF maps) and the file-backed part by file."""
+    anon: dict[str, int] = {}
+    files: dict[str, int] = {}
     header = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$")
-    size = anon = 0
-    name = ""
+    size, name, rss, anonymous = 0, "", 0, 0
 
     def flush() -> None:
-        if not anon:
-            return
-        if name == "[heap]":
-            kind = "heap (brk)"
-        elif name == "[stack]":
-            kind = "main thread stack"
-        elif name == "":
-            kind = ("thread stacks (8 MiB-class mappings)" if 7 * MiB < size <= 9 * MiB
-                    else "malloc arenas (64 MiB-class)" if size >= 60 * MiB
-                    else "other anonymous (pymalloc arenas, large blocks)")
-        else:
-            kind = "shared libraries' written pages (relocations, .data)"
-        entry = kinds.setdefault(kind, {"mappings": 0, "anon_bytes": 0})
-        entry["mappings"] += 1
-        entry["anon_bytes"] += anon
+        if anonymous:
+            if name == "[heap]":
+                kind = "heap (brk)"
+            elif name == "[stack]":
+                kind = "main thread stack"
+            elif name == "":
+                kind = ("thread stacks" if 7 * MiB < size <= 9 * MiB
+                        else "other anonymous (pymalloc and malloc arenas, large blocks)")
+            else:
+                kind = "shared libraries' written pages (relocations, .data)"
+            anon[kind] = anon.get(kind, 0) + anonymous
+        if rss > anonymous and name.startswith("/"):
+            files[name] = files.get(name, 0) + rss - anonymous
 
-    for line in text.splitlines():
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         m = header.match(line)
         if m:
             flush()
             size = int(m.group(2), 16) - int(m.group(1), 16)
             name = m.group(3).strip()
-            anon = 0
+            rss = anonymous = 0
+        elif line.startswith("Rss:"):
+            rss = int(line.split()[1]) * 1024
         elif line.startswith("Anonymous:"):
-            anon = int(line.split()[1]) * 1024
+            anonymous = int(line.split()[1]) * 1024
     flush()
-    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["anon_bytes"]))
+    top = sorted(files.items(), key=lambda kv: -kv[1])
+    return {"anonymous": dict(sorted(anon.items(), key=lambda kv: -kv[1])),
+            "file_backed": {Path(k).name: v for k, v in top[:15]}
+            | {"(the other files)": sum(v for _, v in top[15:])}}
 
 
 def import_costs(python: str = sys.executable) -> dict[str, float]:
@@ -251,7 +253,7 @@ class PodExporter:
         trigger.touch()
         t0 = time.monotonic()
         while not self.probe.exists():
-            if time.monotonic() - t0 > 120:
+            if time.monotonic() - t0 > 600:  # a snapshot takes ~10-60 s on a loaded machine
                 raise RuntimeError("memprobe wrote no report")
             time.sleep(0.2)
         return json.loads(self.probe.read_text())
@@ -287,7 +289,7 @@ def steady_state(window: float = 60.0, peer: bool = True, traces: bool = False,
             time.sleep(min(SCRAPE_INTERVAL, max(0.0, end - time.monotonic())))
         out = {"node-resize-exporter": {**memory_row(ours.pid), "startup_s": ours.startup_s,
                                         "series": series,
-                                        "anonymous_by_mapping": anonymous_mappings(ours.pid)}}
+                                        "by_mapping": mappings(ours.pid)}}
         for name, p in peers.items():
             out[name] = memory_row(p.pid)
         return out

@@ -240,7 +240,6 @@ def _fail(message: str) -> int:
 def serve(options: Options) -> int:
     """`run`: build everything, serve until SIGTERM/SIGINT. Returns the exit status."""
     from exporter.sinks.traces.env import trace_config_from_env
-    from exporter.sinks.traces.sink import TraceSink
     from exporter.web.server import MetricsServer
 
     clock = MonotonicWallClock()
@@ -285,6 +284,7 @@ def serve(options: Options) -> int:
         journal.start()  # its writer thread, after the drop like every thread
     # After the drop: the span processor starts a thread, which would keep what it inherited.
     if trace_config is not None:
+        from exporter.sinks.traces.sink import TraceSink  # OpenTelemetry: only with traces on
         agent.add_sink(TraceSink(trace_config, journal=journal, node_name=node))
     if options.kube_events and kubernetes:
         from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api

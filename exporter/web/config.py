@@ -35,8 +35,6 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml  # type: ignore[import-untyped]
-
 from exporter.web.auth import hash_problem
 
 MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; certificates a few KiB
@@ -140,6 +138,7 @@ def read_bounded(path: str | Path, what: str, limit: int = MAX_FILE_BYTES) -> by
 
 def load_web_config(path: str) -> WebConfig:
     """Read and validate the file; ValueError (naming the key) on anything wrong."""
+    import yaml  # type: ignore[import-untyped]  # here: only --web.config.file needs it
     text = read_bounded(path, "--web.config.file")
     try:
         raw = yaml.safe_load(text)

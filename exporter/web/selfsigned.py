@@ -6,6 +6,9 @@ the exporter makes its own key (ECDSA P-256) and a self-signed certificate whose
 node name, `localhost` and the addresses of the host's interfaces (hostNetwork: the addresses
 Prometheus scrapes). The key never touches a filesystem: it is handed to OpenSSL through a
 memfd (an anonymous in-memory file), and lives as long as the process. A new key every start.
+The key and certificate are made in a short-lived child process (`python -m
+exporter.web.selfsigned`, answering on a pipe): the cryptography library it takes (~10 MiB of
+RSS, its Rust core) is needed once, so it never enters the long-running exporter's memory.
 A scraper cannot verify a self-signed certificate, so the ServiceMonitor skips verification;
 docs/security.md says what that allows and how to use a certificate from a Secret or
 cert-manager instead.
@@ -14,14 +17,18 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import shutil
 import ssl
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 MAX_SANS = 64  # a host with many addresses still gets a certificate of a few KiB
 VALID_DAYS = 365  # restarted long before: a new certificate every start
+CHILD_TIMEOUT = 60.0  # seconds; the child takes ~0.3 s on an idle node
 
 
 def host_addresses() -> list[str]:
@@ -77,6 +84,33 @@ def certificate(names: list[str], addresses: list[str]) -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+def certificate_in_child(names: list[str], addresses: list[str] | None
+                         ) -> tuple[bytes, bytes]:
+    """certificate(names, addresses or the host's) made by a child process; the two PEMs come
+    back on its stdout (a pipe). ValueError saying why when it cannot."""
+    request = json.dumps({"names": names, "addresses": addresses}).encode()
+    try:
+        done = subprocess.run([sys.executable, "-m", "exporter.web.selfsigned"], input=request,
+                              capture_output=True, timeout=CHILD_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"--web.auth=kubernetes: cannot make the TLS certificate: {e}") from None
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        raise ValueError(f"--web.auth=kubernetes: cannot make the TLS certificate (exit "
+                         f"{done.returncode}: {why[0]}); or give one in --web.config.file "
+                         "(tls_server_config)")
+    answer = json.loads(done.stdout)
+    return answer["certificate"].encode(), answer["key"].encode()
+
+
+def _child() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    addresses = request["addresses"]
+    cert_pem, key_pem = certificate(request["names"],
+                                    host_addresses() if addresses is None else addresses)
+    sys.stdout.write(json.dumps({"certificate": cert_pem.decode(), "key": key_pem.decode()}))
+
+
 def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     """ctx.load_cert_chain from memory. OpenSSL reads files only: a memfd gives it one that no
     other process can open by name; where memfd or /proc is missing, a private temporary
@@ -109,11 +143,14 @@ def self_signed_context(node_name: str, addresses: list[str] | None = None
     certificate for this node; also returns the certificate (PEM) for the log and tests."""
     from exporter.web.config import DEFAULT_TLS12_SUITES, TLS12_SUITES
 
-    addresses = host_addresses() if addresses is None else addresses
-    cert_pem, key_pem = certificate([node_name, "localhost"], addresses)
+    cert_pem, key_pem = certificate_in_child([node_name, "localhost"], addresses)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(":".join(TLS12_SUITES[n] for n in DEFAULT_TLS12_SUITES))
     ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     load_into(ctx, cert_pem, key_pem)
     return ctx, cert_pem
+
+
+if __name__ == "__main__":
+    _child()

@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from exporter.clock import Clock
 from exporter.config.options import Opt
@@ -26,9 +25,15 @@ from exporter.config.types import Seconds
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
 from exporter.sources.base import Emit, Source
 from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list
-from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
 from exporter.sources.readfile import read_text
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
+
+# gRPC and the generated stubs (~15 MiB of RSS: its C core, protobuf) are imported on the first
+# poll that finds the socket: a node without one, and every other command, never loads them.
+if TYPE_CHECKING:
+    import grpc
+
+    from exporter.sources.kubelet.proto import podresources_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # A real answer is a CPU list (<= 8192 ids, ~2 bytes each) and a few memory entries: KiB.
@@ -69,6 +74,9 @@ class PodResourcesSource(Source):
         if problem:
             self._down(emit, problem)
             return
+        import grpc
+
+        from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
         if self._stub is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
@@ -136,7 +144,8 @@ class PodResourcesSource(Source):
             return f"{self.socket_path} exists but is not a unix socket"
         return ""
 
-    def _rpc_failed(self, e: grpc.RpcError, emit: Emit) -> None:
+    def _rpc_failed(self, e: "grpc.RpcError", emit: Emit) -> None:
+        import grpc
         code = e.code() if hasattr(e, "code") else None
         details = (e.details() if hasattr(e, "details") else "") or ""
         now = self.clock.now()
