@@ -279,8 +279,8 @@ def steady_state(window: float = 60.0, peer: bool = True, traces: bool = False,
                  extra: tuple[str, ...] = (), podresources: bool = True) -> dict:
     """Both exporters started, then scraped every 15 s for `window` seconds; memory at the
     end. The exporter is scraped over TLS with a token (a TokenReview on the first)."""
-    with PodShaped(traces=traces, podresources=podresources) as world, PodExporter(world, extra=extra) as ours, \
-            contextlib.ExitStack() as stack:
+    with PodShaped(traces=traces, podresources=podresources) as world, \
+            PodExporter(world, extra=extra) as ours, contextlib.ExitStack() as stack:
         peers = {}
         if peer:
             peers["node_exporter"] = stack.enter_context(NodeExporter())

@@ -19,7 +19,6 @@ import math
 import re
 from decimal import Decimal
 
-
 # 2^63 - 1: apimachinery's Quantity.Value() is an int64, and the kernel counts bytes in 64 bits;
 # a capacity beyond it is a corrupt or hostile object, not a node.
 MAX_QUANTITY = Decimal(2**63 - 1)

@@ -11,7 +11,6 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-
 AUTH_CACHE_SECONDS = 60.0  # bcrypt costs ~0.1-0.3 s a check; Prometheus scrapes every 15-60 s
 AUTH_CACHE_SIZE = 100
 # bcrypt checks at once: 16 password guessers used 174% CPU of a 2-CPU node without a bound.
