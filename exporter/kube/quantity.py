@@ -78,7 +78,7 @@ def _parse_text(text: str) -> Decimal:
 
 def _lightkube_parse():
     """lightkube's parser, imported on the first quantity: importing lightkube loads its client
-    (httpx and more, ~15 MiB), which a process that never joins Kubernetes has no use for."""
+    (httpx and more, ~17 MiB), which a process that never joins Kubernetes has no use for."""
     from lightkube.utils.quantity import parse_quantity
     return parse_quantity
 
