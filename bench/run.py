@@ -1,7 +1,7 @@
 """Benchmarks against peers. Run as root from the repository:
 
     .venv/bin/python bench/run.py all [--quick] [--out bench/results/latest.json]
-    .venv/bin/python bench/run.py latency|storm|overhead|scrape|correlator|fleet [--quick]
+    .venv/bin/python bench/run.py latency|storm|overhead|memory|scrape|correlator|fleet [--quick]
 
 Each subcommand prints its results as JSON; `all` also writes them to --out and prints the
 Markdown table bench/README.md quotes (bench/table.py renders it from a results file).
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repository
     sys.path.insert(0, str(REPO))
 
-from bench import correlator, fleet, latency, overhead, scrape_load, storm  # noqa: E402
+from bench import correlator, fleet, latency, memory, overhead, scrape_load, storm  # noqa: E402
 from bench.procs import node_exporter_path  # noqa: E402
 from bench.table import render  # noqa: E402
 
@@ -70,6 +70,11 @@ def run_overhead(quick: bool, peer: bool) -> dict:
             "idle": overhead.idle(size("idle_seconds", quick), peer=peer)}
 
 
+def run_memory(quick: bool, peer: bool) -> dict:
+    return memory.bill(size("idle_seconds", quick), peer=peer,
+                       breakdown_window=size("scrape_seconds", quick))
+
+
 def run_scrape(quick: bool, peer: bool) -> dict:
     return scrape_load.scrape_cost(size("scrape_seconds", quick), peer=peer)
 
@@ -88,7 +93,8 @@ def run_fleet(quick: bool, peer: bool) -> dict:
 
 
 BENCHMARKS = {"latency": run_latency, "storm": run_storm, "overhead": run_overhead,
-              "scrape": run_scrape, "correlator": run_correlator, "fleet": run_fleet}
+              "memory": run_memory, "scrape": run_scrape, "correlator": run_correlator,
+              "fleet": run_fleet}
 
 
 def main(argv: list[str] | None = None) -> int:

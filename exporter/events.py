@@ -181,7 +181,7 @@ class NodeStatus:
     max_pods: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per pod (or container): no __dict__ each
 class ContainerResize:
     """Balloon pod in-place resize state, read from conditions (or deprecated status.resize)."""
 
@@ -195,7 +195,7 @@ class ContainerResize:
     message: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per pod (or container): no __dict__ each
 class ContainerSizing:
     """One container of a pod as the kubelet sized it when it created it: what the running-pods
     judge (exporter/correlate/running_pods.py) compares the container's cgroup and processes
@@ -208,7 +208,7 @@ class ContainerSizing:
     sidecar: bool = False  # a restartable init container (its OOM score follows the app's)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per pod (or container): no __dict__ each
 class PodStatus:
     """One pod on this node, as the pod watch delivered it."""
 

@@ -18,8 +18,7 @@ import decimal
 import math
 import re
 from decimal import Decimal
-
-from lightkube.utils.quantity import parse_quantity as _lightkube_parse
+from typing import Callable
 
 # 2^63 - 1: apimachinery's Quantity.Value() is an int64, and the kernel counts bytes in 64 bits;
 # a capacity beyond it is a corrupt or hostile object, not a node.
@@ -68,14 +67,23 @@ def _parse_text(text: str) -> Decimal:
         # Enough digits that every number of MAX_LENGTH characters is exact, so the range check
         # in parse_quantity, not a rounding error, is what rejects a long one.
         with decimal.localcontext(prec=MAX_LENGTH + 16):
-            value = _lightkube_parse(spelled)
+            value = _lightkube_parse()(spelled)
     except (ValueError, ArithmeticError) as e:
         # lightkube's reason names the rewritten text; only say it when that is what was given.
         reason = f" ({e})" if spelled == stripped else ""
         raise ValueError(f"not a Kubernetes quantity: {_shown(text)}{reason}") from None
     if value is None:  # pragma: no cover - lightkube returns None only for None in
         raise ValueError(f"not a Kubernetes quantity: {_shown(text)}")
-    return value
+    result: Decimal = value
+    return result
+
+
+def _lightkube_parse() -> Callable[[str], Decimal | None]:
+    """lightkube's parser, imported on the first quantity: importing lightkube loads its client
+    (httpx and more, ~17 MiB), which a process that never joins Kubernetes has no use for."""
+    from lightkube.utils.quantity import parse_quantity
+    parse: Callable[[str], Decimal | None] = parse_quantity
+    return parse
 
 
 def _shown(text: object) -> str:

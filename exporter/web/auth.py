@@ -11,8 +11,6 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-import bcrypt
-
 AUTH_CACHE_SECONDS = 60.0  # bcrypt costs ~0.1-0.3 s a check; Prometheus scrapes every 15-60 s
 AUTH_CACHE_SIZE = 100
 # bcrypt checks at once: 16 password guessers used 174% CPU of a 2-CPU node without a bound.
@@ -40,6 +38,7 @@ def hash_problem(hashed: str) -> str | None:
     cost = int(match.group(1))
     if not 4 <= cost <= 31:
         return f"bcrypt cost {match.group(1)} is outside 4..31 (use 10-12, as htpasswd -nBC 12)"
+    import bcrypt  # here and below: only a web config with users needs it
     try:  # the salt, checked at the cheapest cost: the real one may take seconds
         bcrypt.hashpw(b"", (hashed[:4] + "04" + hashed[6:29]).encode())
     except ValueError:
@@ -53,6 +52,7 @@ def _dummy_hash(users: dict[str, bytes]) -> bytes:
     make) with the cost field raised: the check of it still runs the full cost."""
     if not users:
         return b""
+    import bcrypt
     cost = max(int(h[4:6]) for h in users.values())
     cheap = bcrypt.hashpw(b"no password matches this", bcrypt.gensalt(rounds=4))
     return cheap[:4] + b"%02d" % cost + cheap[6:]
@@ -73,13 +73,16 @@ class BasicAuth:
     def __init__(self, users: dict[str, bytes], ttl: float = AUTH_CACHE_SECONDS,
                  size: int = AUTH_CACHE_SIZE, clock: Callable[[], float] = time.monotonic,
                  concurrency: int = AUTH_CONCURRENCY, wait: float = AUTH_WAIT,
-                 checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw) -> None:
+                 checkpw: Callable[[bytes, bytes], bool] | None = None) -> None:
         self.users = users
         self.ttl = ttl
         self.size = size
         self.clock = clock
         self.wait = wait
-        self._checkpw = checkpw
+        if checkpw is None and users:
+            import bcrypt
+            checkpw = bcrypt.checkpw
+        self._checkpw = checkpw or (lambda password, hashed: False)  # no users: never asked
         self._cache: OrderedDict[bytes, float] = OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency)

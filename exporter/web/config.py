@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.untrusted import TooLarge, read_bytes
 from exporter.web.auth import hash_problem
 
@@ -124,6 +122,7 @@ def read_bounded(path: str | Path, what: str, limit: int = MAX_FILE_BYTES) -> by
 
 def load_web_config(path: str) -> WebConfig:
     """Read and validate the file; ValueError (naming the key) on anything wrong."""
+    import yaml  # here: only --web.config.file needs it
     text = read_bounded(path, "--web.config.file")
     try:
         raw = yaml.safe_load(text)

@@ -9,6 +9,9 @@ which anyone who connects would read. Prometheus does not verify this certificat
 it needs no SAN for the address it scrapes. The key never touches a filesystem: it is handed
 to OpenSSL through a memfd (an anonymous in-memory file), and lives as long as the process. A
 new key every start.
+The key and certificate are made in a short-lived child process (`python -m
+exporter.web.selfsigned`, answering on a pipe): the cryptography library it takes (~10 MiB of
+RSS, its Rust core) is needed once, so it never enters the long-running exporter's memory.
 A scraper cannot verify a self-signed certificate, so the ServiceMonitor skips verification;
 docs/security.md says what that allows and how to use a certificate from a Secret or
 cert-manager instead.
@@ -17,10 +20,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import re
 import shutil
 import ssl
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +34,7 @@ _DNS_NAME = re.compile(r"(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*
                        r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MAX_SANS = 64  # a host with many addresses still gets a certificate of a few KiB
 VALID_DAYS = 365  # restarted long before: a new certificate every start
+CHILD_TIMEOUT = 60.0  # seconds; the child takes ~0.3 s on an idle node
 
 
 LOOPBACK = ("127.0.0.1", "::1")
@@ -87,6 +94,30 @@ def certificate(names: list[str], addresses: list[str]) -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+def certificate_in_child(names: list[str], addresses: list[str]) -> tuple[bytes, bytes]:
+    """certificate(names, addresses) made by a child process; the two PEMs come back on its
+    stdout (a pipe). ValueError saying why when it cannot."""
+    request = json.dumps({"names": names, "addresses": addresses}).encode()
+    try:
+        done = subprocess.run([sys.executable, "-m", "exporter.web.selfsigned"], input=request,
+                              capture_output=True, timeout=CHILD_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"--web.auth=kubernetes: cannot make the TLS certificate: {e}") from None
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        raise ValueError(f"--web.auth=kubernetes: cannot make the TLS certificate (exit "
+                         f"{done.returncode}: {why[0]}); or give one in --web.config.file "
+                         "(tls_server_config)")
+    answer = json.loads(done.stdout)
+    return answer["certificate"].encode(), answer["key"].encode()
+
+
+def _child() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    cert_pem, key_pem = certificate(request["names"], request["addresses"])
+    sys.stdout.write(json.dumps({"certificate": cert_pem.decode(), "key": key_pem.decode()}))
+
+
 def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     """ctx.load_cert_chain from memory. OpenSSL reads files only: a memfd gives it one that no
     other process can open by name; where memfd or /proc is missing, a private temporary
@@ -120,10 +151,15 @@ def self_signed_context(node_name: str, extra_sans: tuple[str, ...] = ()
     the certificate (PEM) for the log and tests. ValueError for a bad extra SAN."""
     from exporter.web.config import DEFAULT_TLS12_SUITES, TLS12_SUITES
     names, addresses = split_sans(extra_sans)
-    cert_pem, key_pem = certificate([node_name, "localhost", *names], [*LOOPBACK, *addresses])
+    cert_pem, key_pem = certificate_in_child([node_name, "localhost", *names],
+                                             [*LOOPBACK, *addresses])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(":".join(TLS12_SUITES[n] for n in DEFAULT_TLS12_SUITES))
     ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     load_into(ctx, cert_pem, key_pem)
     return ctx, cert_pem
+
+
+if __name__ == "__main__":
+    _child()

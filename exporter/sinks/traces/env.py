@@ -21,18 +21,17 @@ import re
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 from urllib.parse import unquote, urlparse
-
-from opentelemetry.sdk.resources import HOST_NAME, OTELResourceDetector
-from opentelemetry.sdk.resources import Resource as OtelResource
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
-from opentelemetry.semconv.attributes.k8s_attributes import K8S_NODE_NAME
-from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME as SERVICE_NAME_KEY
-from opentelemetry.semconv.attributes.service_attributes import SERVICE_VERSION
 
 import exporter
 from exporter.untrusted import Refused, TooLarge, read_bytes
+
+# The OpenTelemetry SDK is imported where traces are made, not here: deciding whether they are
+# on must not load it (about 6 MiB of a process that never sends a span).
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource as OtelResource
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 SERVICE_NAME = "node-resize-exporter"  # unless OTEL_SERVICE_NAME (or the attributes) say else
 EXPORTERS = ("otlp", "console", "none")
@@ -238,10 +237,11 @@ def _check_exporter(env: Mapping[str, str], protocol: str) -> None:
                              f"{', '.join(accepted)} (or leave it unset for none)")
 
 
-def span_exporters(config: TraceConfig) -> list[SpanExporter]:
+def span_exporters(config: TraceConfig) -> list["SpanExporter"]:
     # No arguments: each exporter reads its endpoint, headers, timeout, compression and TLS
     # files from the OTEL_EXPORTER_OTLP_* variables itself (the HTTP one also appends
     # /v1/traces to a base endpoint, as the OTLP spec says).
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
     out: list[SpanExporter] = []
     if "otlp" in config.exporters:
         if config.protocol == "grpc":
@@ -259,13 +259,20 @@ def span_exporters(config: TraceConfig) -> list[SpanExporter]:
     return out
 
 
-def trace_resource(node_name: str | None = None, host_name: str | None = None) -> OtelResource:
+def trace_resource(node_name: str | None = None, host_name: str | None = None) -> "OtelResource":
     """service.name, service.version, host.name and k8s.node.name, under what the user set.
 
     Resource.create() puts the attributes it is given over the environment's; the spec wants
     the user's OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES to win over what a process says
     of itself, so the SDK's environment detector is applied once more on top.
     """
+    from opentelemetry.sdk.resources import HOST_NAME, OTELResourceDetector
+    from opentelemetry.sdk.resources import Resource as OtelResource
+    from opentelemetry.semconv.attributes.k8s_attributes import K8S_NODE_NAME
+    from opentelemetry.semconv.attributes.service_attributes import (
+        SERVICE_NAME as SERVICE_NAME_KEY,
+    )
+    from opentelemetry.semconv.attributes.service_attributes import SERVICE_VERSION
     ours = {SERVICE_NAME_KEY: SERVICE_NAME, SERVICE_VERSION: exporter.__version__,
             HOST_NAME: host_name or socket.gethostname()}
     node = node_name or os.environ.get("NODE_NAME")

@@ -18,9 +18,7 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from exporter.checks import FAIL, OK, WARN, Check
 from exporter.clock import Clock
@@ -29,9 +27,16 @@ from exporter.config.types import Seconds
 from exporter.events import MalformedInput, PodResourcesAllocatable, SourceStatus
 from exporter.sources.base import Emit, Source
 from exporter.sources.kernel.sysfs import MAX_CPUS, parse_cpu_list
-from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
 from exporter.sources.registry import KUBERNETES, SourceSpec, register
 from exporter.untrusted import read_text
+
+# gRPC and the generated stubs (18 MiB imported alone: its C core, protobuf) are imported on
+# the first poll that finds the socket: a node without one, and every other command, never
+# loads them.
+if TYPE_CHECKING:
+    import grpc
+
+    from exporter.sources.kubelet.proto import podresources_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # A real answer is a CPU list (<= 8192 ids, ~2 bytes each) and a few memory entries: KiB.
@@ -72,6 +77,9 @@ class PodResourcesSource(Source):
         if problem:
             self._down(emit, problem)
             return
+        import grpc
+
+        from exporter.sources.kubelet.proto import podresources_pb2, podresources_pb2_grpc
         if self._stub is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
@@ -140,7 +148,8 @@ class PodResourcesSource(Source):
             return f"{self.socket_path} exists but is not a unix socket"
         return ""
 
-    def _rpc_failed(self, e: grpc.RpcError, emit: Emit) -> None:
+    def _rpc_failed(self, e: "grpc.RpcError", emit: Emit) -> None:
+        import grpc
         code = e.code() if hasattr(e, "code") else None
         details = (e.details() if hasattr(e, "details") else "") or ""
         now = self.clock.now()
