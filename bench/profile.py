@@ -40,7 +40,7 @@ from testkit import kernel  # noqa: E402
 def py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(found).exists():
-        raise SystemExit("py-spy missing: .venv/bin/pip install py-spy")
+        raise SystemExit("py-spy missing: run scripts/setup.sh bench (the test extra has it)")
     return found
 
 
