@@ -7,7 +7,6 @@ the plan. It changes nothing. Exit 0: the change hurts nothing; 1: it would; 2: 
 """
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import sys
@@ -17,12 +16,13 @@ import click
 
 from exporter.config import options
 from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
+from exporter.kube.client import NODE_PODS_MAX
 from exporter.plan.model import BadChange, Plan, parse_change
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS
 
-PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
+PODS_MAX = NODE_PODS_MAX  # pods listed at most (the watch sources' own bound)
 
 EPILOG = """\b
 Examples:
@@ -89,28 +89,22 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
 
 def _read_kubernetes(opts: Options, node: str, forecast: Any, pods: list[Any]) -> str:
     """This node's Node and pods into the forecast (and `pods`); "" or why not."""
-    from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+    from exporter.kube.client import KubeUnavailable, load_config, node_and_pods
     from exporter.kube.convert import node_status, pod_status
-    from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
     try:
         config = load_config(KUBECONFIG.of(opts))
     except KubeUnavailable as e:
         return f"pods: {e.reason} ({e.fix})"
-    client, transport = make_client(config, request_timeout=10.0)
     try:
-        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
-                                              chunk_size=1)]
-        raw = [dict(o) for o in itertools.islice(
-            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
-                        chunk_size=500), PODS_MAX)]
+        found, raw, truncated = node_and_pods(config, node, PODS_MAX)
     except Exception as e:  # noqa: BLE001 - unreachable, 403: said in the plan, never a traceback
         return f"pods: listing node {node} and its pods failed: " \
             f"{str(e)[:200] or type(e).__name__}"
-    finally:
-        transport.close()
-    if not nodes:
+    if truncated:  # a verdict on some of the pods would not be one on all of them
+        return f"pods: more than {PODS_MAX} pods are bound to node {node} (the list bound)"
+    if found is None:
         return f"pods: the API server has no Node {node} (pass --node-name)"
-    converted = node_status(nodes[0], 0.0).event
+    converted = node_status(found, 0.0).event
     if converted is None or not hasattr(converted, "allocatable"):
         return f"pods: the Node {node} is not readable"
     forecast.on_node(converted)

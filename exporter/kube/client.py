@@ -17,6 +17,7 @@ writing HTTP ourselves:
 """
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import stat
@@ -313,3 +314,25 @@ def probe_api(config: SingleConfig, node: str, timeout: float = 5.0) -> str:
         return f"API server {config.cluster.server} refused a list of nodes: {message}"
     finally:
         transport.close()
+
+
+ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
+NODE_PODS_MAX = 10_000  # pods listed at most, the watch sources' own bound
+
+
+def node_and_pods(config: SingleConfig, node: str, max_pods: int = NODE_PODS_MAX,
+                  timeout: float = 10.0) -> tuple[dict[str, Any] | None, list[dict[str, Any]],
+                                                  bool]:
+    """One list of this node's Node and of the pods bound to it, as `check` and `plan` take
+    them: (the Node or None, at most `max_pods` pods, whether there were more). Raises what
+    the API answered (unreachable, 403), for the caller to say."""
+    client, transport = make_client(config, request_timeout=timeout)
+    try:
+        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
+                                              chunk_size=1)]
+        pods = [dict(o) for o in itertools.islice(
+            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
+                        chunk_size=500), max_pods + 1)]
+    finally:
+        transport.close()
+    return (nodes[0] if nodes else None), pods[:max_pods], len(pods) > max_pods

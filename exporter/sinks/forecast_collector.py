@@ -16,7 +16,6 @@ compute; node_resize_readmission_forecast_valid says so and why.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterable
 
@@ -34,9 +33,8 @@ from exporter.correlate.readmission_forecast import (
     Forecast,
     ReadmissionForecast,
 )
-from exporter.kube.client import KubeUnavailable, RawNode, RawPod, load_config, make_client
+from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, node_and_pods
 from exporter.kube.convert import node_status, pod_status
-from exporter.sources.apiserver.kube_pods import ALL_NAMESPACES
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
 
@@ -102,7 +100,7 @@ class ForecastCollector(Collector):
 
 
 FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
-FORECAST_PODS_MAX = 10_000  # pods listed at most (the watch sources' own bound)
+FORECAST_PODS_MAX = NODE_PODS_MAX  # pods listed at most (the watch sources' own bound)
 
 
 def check_readmission_forecast(options: Options) -> Check:
@@ -121,30 +119,23 @@ def check_readmission_forecast(options: Options) -> Check:
         config = load_config(KUBECONFIG.of(options))
     except KubeUnavailable as e:
         return Check(name, "warn", f"not checked: {e.reason}", e.fix)
-    client, transport = make_client(config, request_timeout=10.0)
     try:
-        nodes = [dict(o) for o in client.list(RawNode, fields={"metadata.name": node},
-                                              chunk_size=1)]
-        pods = [dict(o) for o in itertools.islice(
-            client.list(RawPod, namespace=ALL_NAMESPACES, fields={"spec.nodeName": node},
-                        chunk_size=500), FORECAST_PODS_MAX + 1)]
+        found, pods, truncated = node_and_pods(config, node, FORECAST_PODS_MAX)
     except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
         # Never a forecast of the pods it did not see.
         return Check(name, "warn", f"cannot forecast: listing node {node} and its pods failed: "
                      f"{quoted(e) or type(e).__name__}",
                      "check the API server address, the credentials and list on nodes and pods")
-    finally:
-        transport.close()
-    if len(pods) > FORECAST_PODS_MAX:
+    if truncated:
         return Check(name, "warn", f"cannot forecast: more than {FORECAST_PODS_MAX} pods are "
                      f"bound to node {node} (the list bound); a forecast of some would not be "
                      "one of all", "check --node-name and the pods the API server binds to it")
-    if not nodes:
+    if found is None:
         return Check(name, "warn", f"not checked: no Node named {node}",
                      "pass --node-name (or $NODE_NAME) as the kubelet registered it")
     forecast = ReadmissionForecast()
     forecast.on_snapshot(snap)
-    converted = node_status(nodes[0], 0.0).event
+    converted = node_status(found, 0.0).event
     if converted is None or not hasattr(converted, "allocatable"):
         return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
     forecast.on_node(converted)  # type: ignore[arg-type]

@@ -14,13 +14,11 @@ from exporter.clock import Clock
 from exporter.config.options import KUBECONFIG, Opt
 from exporter.config.types import KubeName, LabelSelectorText
 from exporter.events import MalformedInput, PodsRelisted, PodStatus
-from exporter.kube.client import RawPod
+from exporter.kube.client import ALL_NAMESPACES, RawPod
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources.apiserver.listwatch import ListWatchSource
 from exporter.sources.base import Emit
 from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
-
-ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
 
 
 class KubePodsSource(ListWatchSource):
