@@ -6,7 +6,7 @@ only I/O is the page-flags reader the caller may hand in (bounded by its budget)
 The verdicts are the exporter's own, run on a hypothetical kernel snapshot (the one the change
 would leave), not copies:
 - pods: the readmission forecast (exporter/correlate/readmission_forecast.py);
-- running containers: the running-pods judge (exporter/correlate/running_pods.py), with the
+- running containers: the running-pods judge (exporter/correlate/running_pods_view.py), with the
   cpusets the kernel would leave (an offlined CPU leaves every cpuset), plus containers pinned
   exclusively to a CPU that goes;
 - the kubelet's restart: its CPU and memory manager checkpoints against what is left
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from exporter.correlate.kubelet_view import cpu_list, cpu_manager_problem, memory_manager_problem
 from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.correlate.running_pods import Finding, RunningPodsView
+from exporter.correlate.running_pods_view import Finding, RunningPodsView
 from exporter.events import (
     ContainerCgroup,
     CpuManagerCheckpoint,
