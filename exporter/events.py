@@ -64,7 +64,8 @@ class Transition:
     """
 
     source: str  # "bpf", "uevent" or "sysfs"
-    resource: Resource  # CPU or MEMORY (per unit); capacity-only changes use CapacityChange
+    resource: Resource  # CPU or MEMORY (per unit); swap and hugepages are capacities only
+    # (KernelSnapshot.capacity)
     unit: int  # CPU number or memory block number
     direction: Direction
     result: Result
