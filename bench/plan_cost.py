@@ -22,7 +22,7 @@ from collections import Counter
 
 from bench.forecast import T0, node, pods
 from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.correlate.running_pods import RunningPodsView
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import ContainerCgroup, KernelSnapshot, Resource, RunningContainers
 from exporter.plan.model import Change
 from exporter.plan.pages import KPF_BUDDY, KPF_LRU, KPF_SLAB

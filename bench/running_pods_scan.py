@@ -20,11 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/x.py` puts bench/ first, not the repository
     sys.path.insert(0, str(REPO))
 
-from exporter.correlate.running_pods import RunningPodsView  # noqa: E402
+from exporter.correlate.running_pods_view import RunningPodsView  # noqa: E402
 from exporter.events import ContainerSizing, PodStatus  # noqa: E402
 from exporter.sources.kernel.sysfs import SysfsReader  # noqa: E402
 from exporter.sources.kubelet.running_pods import scan  # noqa: E402
-from testkit.running_pods import construct, procfs  # noqa: E402
+from testkit.container_cgroups import construct, procfs  # noqa: E402
 
 FILES = {"cpuset.cpus": "0-1\n", "cpu.cfs_quota_us": "150000\n", "cpu.cfs_period_us": "100000\n",
          "memory.limit_in_bytes": "4294967296\n",

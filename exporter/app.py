@@ -61,8 +61,8 @@ from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
-from exporter.sinks.plan import PlanSink
-from exporter.sinks.running_pods import RunningPodsSink
+from exporter.sinks.plan_collector import PlanSink
+from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR

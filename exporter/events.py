@@ -64,7 +64,8 @@ class Transition:
     """
 
     source: str  # "bpf", "uevent" or "sysfs"
-    resource: Resource  # CPU or MEMORY (per unit); capacity-only changes use CapacityChange
+    resource: Resource  # CPU or MEMORY (per unit); swap and hugepages are capacities only
+    # (KernelSnapshot.capacity)
     unit: int  # CPU number or memory block number
     direction: Direction
     result: Result
@@ -198,7 +199,7 @@ class ContainerResize:
 @dataclass(frozen=True, slots=True)  # one per pod (or container): no __dict__ each
 class ContainerSizing:
     """One container of a pod as the kubelet sized it when it created it: what the running-pods
-    judge (exporter/correlate/running_pods.py) compares the container's cgroup and processes
+    judge (exporter/correlate/running_pods_view.py) compares the container's cgroup and processes
     with. Memory in bytes, as allocated when the kubelet reports it, else the spec's."""
 
     name: str

@@ -26,7 +26,7 @@ PANEL_H = {"stat": 4}
 # `on:` is the boolean true, a comma in an unquoted flow-style title starts a new key).
 PANEL_KEYS = {"type", "title", "description", "targets", "w", "h", "unit", "bars", "log",
               "alarm_at", "alarm_color", "node_link", "sort_by", "columns", "column_units",
-              "on", "off", "drift", "column_drift"}
+              "on", "off", "on_is_alarm", "drift", "column_drift"}
 # Colours that mean what they say on a drift (kernel minus kubelet): below the jitter bound
 # the kubelet advertises what the kernel took away, pods at risk (red); within it, in sync
 # (green); above it, capacity not advertised yet, nothing at risk (amber: Grafana's default
@@ -162,13 +162,15 @@ def _field_config(panel: dict, values: dict) -> dict:
                                       "steps": copy.deepcopy(DRIFT_STEPS[drift])}
             defaults["custom"]["thresholdsStyle"] = {"mode": "area"}
     elif kind == "state-timeline":
+        # 1 is good (a source up) unless the panel says 1 is the alarm (a restart blocked).
+        off, on = ("green", "red") if panel.get("on_is_alarm") else ("red", "green")
         defaults.update({"color": {"mode": "thresholds"}, "mappings": [{
-            "type": "value", "options": {"0": {"text": panel.get("off", "down"), "color": "red",
+            "type": "value", "options": {"0": {"text": panel.get("off", "down"), "color": off,
                                                "index": 0},
-                                         "1": {"text": panel.get("on", "up"), "color": "green",
+                                         "1": {"text": panel.get("on", "up"), "color": on,
                                                "index": 1}}}],
-            "thresholds": {"mode": "absolute", "steps": [{"color": "red", "value": None},
-                                                         {"color": "green", "value": 1}]},
+            "thresholds": {"mode": "absolute", "steps": [{"color": off, "value": None},
+                                                         {"color": on, "value": 1}]},
             "custom": {"fillOpacity": 70, "lineWidth": 0}})
     elif kind == "heatmap":
         defaults["custom"] = {"scaleDistribution": {"type": "linear"}}

@@ -22,6 +22,7 @@ class Row:
     line: int  # in docs/metrics.md, for failure messages
     # label -> the values the row lists in parentheses after it (absent: not listed)
     values: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    meaning: str = field(default="", compare=False)  # the row's fourth cell
 
 
 def rows(path: Path = CATALOGUE) -> dict[str, Row]:
@@ -37,7 +38,7 @@ def rows(path: Path = CATALOGUE) -> dict[str, Row]:
         values = {label: frozenset(v.strip() for v in listed.split(","))
                   for label, listed in re.findall(r"`([a-z_]+)` \(([a-z0-9_, ]+)\)", labels)}
         found[name] = Row(name, kind, frozenset(re.findall(r"`([a-z_]+)`", labels)), number,
-                          values)
+                          values, cells[3])
     return found
 
 

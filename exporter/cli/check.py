@@ -23,7 +23,7 @@ from exporter.kube.client import KubeUnavailable, load_config
 from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kubelet_collector import KubeletSink
-from exporter.sinks.running_pods import RunningPodsSink
+from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 
 __all__ = ["Check", "run_checks", "render"]

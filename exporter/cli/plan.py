@@ -41,7 +41,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     """(Inputs, page-flags reader or None, what could not be read), read once."""
     from exporter.config.decide import kubernetes_enabled, resolve_node_name
     from exporter.correlate.readmission_forecast import ReadmissionForecast
-    from exporter.correlate.running_pods import RunningPodsView
+    from exporter.correlate.running_pods_view import RunningPodsView
     from exporter.plan.planner import Inputs
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader

@@ -3,4 +3,4 @@ the clock injected. correlator.py is the entry; ledger.py counts the kernel's tr
 node_view.py holds both sides' view of the node now, episodes.py (with index.py, and
 deadlines.py: when each decision falls due) follows each capacity change to its end,
 readmission_forecast.py says which pods a kubelet restart would reject, kubelet_view.py
-whether it would start at all, running_pods.py what the running containers risk."""
+whether it would start at all, running_pods_view.py what the running containers risk."""

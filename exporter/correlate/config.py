@@ -9,7 +9,8 @@ from exporter.events import Resource
 @dataclass(frozen=True)
 class CorrelatorConfig:
     # The four settings are options (--coalesce-window, ...): their defaults live in the option
-    # table (exporter/config/options.py) alone; exporter.app.correlator_config builds this.
+    # table (exporter/config/options.py) alone; exporter.config.decide.correlator_config
+    # builds this.
     coalesce_window: float  # s: same resource+direction transitions join one episode
     resync_deadline: float  # s after kernel done -> resync_timeout
     readmission_settle: float  # s without a pod change after resync -> settled

@@ -6,7 +6,7 @@ only I/O is the page-flags reader the caller may hand in (bounded by its budget)
 The verdicts are the exporter's own, run on a hypothetical kernel snapshot (the one the change
 would leave), not copies:
 - pods: the readmission forecast (exporter/correlate/readmission_forecast.py);
-- running containers: the running-pods judge (exporter/correlate/running_pods.py), with the
+- running containers: the running-pods judge (exporter/correlate/running_pods_view.py), with the
   cpusets the kernel would leave (an offlined CPU leaves every cpuset), plus containers pinned
   exclusively to a CPU that goes;
 - the kubelet's restart: its CPU and memory manager checkpoints against what is left
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from exporter.correlate.kubelet_view import cpu_list, cpu_manager_problem, memory_manager_problem
 from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.correlate.running_pods import Finding, RunningPodsView
+from exporter.correlate.running_pods_view import Finding, RunningPodsView
 from exporter.events import (
     ContainerCgroup,
     CpuManagerCheckpoint,
@@ -271,13 +271,51 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
     """The plan for `change`. Raises TooLarge when the change is more than the machine has.
     `page_flags` reads a block's kpageflags (at most `page_budget` blocks); `verdicts` are
     block verdicts already made (judge_blocks), reused across plans."""
-    snap, hw = inputs.snapshot, inputs.hardware
-    online = snap.cpus_online
+    snap = inputs.snapshot
     notes: list[str] = []
     refusals: list[Refusal] = []
-    cpu_take: list[int] = []
-    cpu_add: list[int] = []
-    cpu_short = 0
+    cpus = _cpus_to_move(change, inputs, notes, refusals)
+    memory = _memory_to_move(change, inputs, page_flags, page_budget, verdicts, notes, refusals)
+
+    cpus_off, cpus_on = frozenset(cpus.take), frozenset(cpus.add)
+    hypo = after(snap, cpus_off, cpus_on, memory.take, memory.add)
+    if memory.not_present:
+        hypo = dataclasses.replace(hypo, mem_total_bytes=hypo.mem_total_bytes
+                                   + memory.not_present * memory.size)
+    capacity = {"cpu": float(len(hypo.cpus_online)), "memory": float(hypo.mem_total_bytes)}
+
+    pods = _pods_after(inputs, hypo, notes)
+    stale = stale_after(inputs.running, hypo, cpus_off, _exclusive_cpus(inputs))
+    running = inputs.running is not None and inputs.running.scan is not None \
+        and inputs.running.scan.cgroup_version > 0
+    if not running:
+        notes.append("running containers not judged: no kubepods cgroup scanned")
+    problem = _restart_problem(change, inputs, hypo, cpus_off | cpus_on, memory.take)
+
+    plan_ = Plan(change, tuple(cpus.take), tuple(cpus.add), cpus.short, tuple(memory.take),
+                 tuple(memory.add), memory.needed, memory.short, memory.size, capacity,
+                 tuple(pods.rejected), pods.rejected_total, pods.by_reason, pods.rejected_now,
+                 tuple(stale[:STALE_LISTED]), tuple(refusals[:REFUSALS_LISTED]), len(refusals),
+                 not problem, problem,
+                 inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
+                 pods.kubernetes, running, (), tuple(notes),
+                 allocatable_after=pods.allocatable)
+    return dataclasses.replace(plan_, steps=tuple(steps(plan_, inputs)))
+
+
+@dataclass(frozen=True)
+class _CpusMoved:
+    take: list[int]  # CPUs to offline
+    add: list[int]  # CPU slots to online (present first)
+    short: int  # CPUs asked to leave that none can stand for
+
+
+def _cpus_to_move(change: Change, inputs: Inputs, notes: list[str],
+                  refusals: list[Refusal]) -> _CpusMoved:
+    """Which CPUs leave or come for `change.cpus`; when too few can leave, why the others
+    cannot (into `refusals`). Raises TooLarge past what the machine has."""
+    snap = inputs.snapshot
+    online = snap.cpus_online
     if change.cpus < 0:
         n = -change.cpus
         if n >= len(online):
@@ -287,28 +325,45 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
                            + (f"take at most {most} (cpu -{most})" if most else
                               "no CPU can be taken now"))
         candidates, cpu_refusals = cpu_candidates(inputs)
-        cpu_take = candidates[:n]
-        cpu_short = n - len(cpu_take)
-        if cpu_short:
+        take = candidates[:n]
+        if n - len(take):
             refusals += cpu_refusals
-    elif change.cpus > 0:
+        return _CpusMoved(take, [], n - len(take))
+    if change.cpus > 0:
         slots = sorted(snap.cpus_possible - online)
         if change.cpus > len(slots):
             raise TooLarge(f"cpu +{change.cpus}: the kernel has room for {len(slots)} more "
                            f"CPU(s) (cpus possible {len(snap.cpus_possible)}, online "
                            f"{len(online)}); add at most {len(slots)}")
         present = [c for c in slots if c in snap.cpus_present]
-        cpu_add = (present + [c for c in slots if c not in snap.cpus_present])[:change.cpus]
-        missing = [c for c in cpu_add if c not in snap.cpus_present]
+        add = (present + [c for c in slots if c not in snap.cpus_present])[:change.cpus]
+        missing = [c for c in add if c not in snap.cpus_present]
         if missing:
             notes.append(f"{cpu_list(frozenset(missing))} not present: the hypervisor must add "
                          "them first (they then appear offline, or online by udev rule)")
+        return _CpusMoved([], add, 0)
+    return _CpusMoved([], [], 0)
 
+
+@dataclass(frozen=True)
+class _MemoryMoved:
+    take: list[int]  # memory blocks to offline
+    add: list[int]  # offline blocks to online
+    needed: int  # blocks the change is
+    short: int  # bytes asked to leave that no block can stand for
+    size: int  # bytes per block
+    not_present: int  # blocks to add that the hypervisor must plug first
+
+
+def _memory_to_move(change: Change, inputs: Inputs, page_flags: PageFlags | None,
+                    page_budget: int, verdicts: list[BlockVerdict] | None, notes: list[str],
+                    refusals: list[Refusal]) -> _MemoryMoved:
+    """Which memory blocks leave or come for `change.memory`, in whole blocks; when too few
+    can leave, why the others cannot (into `refusals`). Raises TooLarge past what the machine
+    has."""
+    snap, hw = inputs.snapshot, inputs.hardware
     size = hw.block_size or snap.memory_block_size
-    mem_take: list[int] = []
-    mem_add: list[int] = []
     needed = 0
-    short = 0
     if change.memory:
         if size <= 0:
             raise TooLarge("memory: this kernel has no memory hotplug (no "
@@ -324,8 +379,8 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
         if verdicts is None:
             verdicts = judge_blocks(hw, page_flags, page_budget, enough=needed)
         ordered = _take_order(verdicts)
-        mem_take = [v.number for v in ordered[:needed]]
-        short = (needed - len(mem_take)) * size
+        take = [v.number for v in ordered[:needed]]
+        short = (needed - len(take)) * size
         if short:
             bad = [v for v in verdicts if not v.ok]
             refusals += [Refusal("memory", v.number, v.reason, v.detail) for v in bad]
@@ -335,64 +390,59 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
             notes.append(f"only {len(ordered)} of {len(verdicts)} online blocks can be "
                          "expected to go: " + ", ".join(f"{n} {r.replace('_', ' ')}"
                                                           for r, n in sorted(counts.items())))
-    elif change.memory > 0:
-        offline = sorted(snap.memory_blocks_offline)
-        mem_add = offline[:needed]
-        if len(mem_add) < needed:
-            notes.append(f"{needed - len(mem_add)} block(s) not present: the hypervisor must "
+        return _MemoryMoved(take, [], needed, short, size, 0)
+    if change.memory > 0:
+        add = sorted(snap.memory_blocks_offline)[:needed]
+        if len(add) < needed:
+            notes.append(f"{needed - len(add)} block(s) not present: the hypervisor must "
                          "add them first (a DIMM, virtio-mem); they then appear offline, or "
                          f"online as auto_online_blocks says ({hw.auto_online or 'unknown'})")
-        zones = {z for b in hw.blocks if b.number in set(mem_add) for z in b.zones[:1]}
+        zones = {z for b in hw.blocks if b.number in set(add) for z in b.zones[:1]}
         if hw.auto_online in ("online", "online_kernel") or zones - {MOVABLE_ZONE}:
             notes.append("online hot-added memory as online_movable (echo online_movable > "
                          ".../memoryN/state, or auto_online_blocks=online_movable): memory "
                          "onlined into a kernel zone may never leave again")
+        return _MemoryMoved([], add, needed, 0, size, needed - len(add))
+    return _MemoryMoved([], [], needed, 0, size, 0)
 
-    cpus_off, cpus_on = frozenset(cpu_take), frozenset(cpu_add)
-    extra = needed - len(mem_add) if change.memory > 0 else 0
-    hypo = after(snap, cpus_off, cpus_on, mem_take, mem_add)
-    if extra:
-        hypo = dataclasses.replace(hypo, mem_total_bytes=hypo.mem_total_bytes + extra * size)
-    capacity = {"cpu": float(len(hypo.cpus_online)), "memory": float(hypo.mem_total_bytes)}
 
-    rejected: list[RejectedPod] = []
-    allocatable: dict[str, float] = {}
-    rejected_total = rejected_now = 0
-    by_reason: dict[str, int] = {}
-    if inputs.forecast is not None:
-        now = _forecast_at(inputs.forecast, snap, snap)
-        later = _forecast_at(inputs.forecast, hypo, snap)
-        if now is not None:
-            rejected_now = now[1]
-        if later is not None:
-            rejected, rejected_total, by_reason, allocatable = later
-    kubernetes = inputs.forecast is not None and inputs.forecast.allocatable() is not None
-    if inputs.forecast is not None and not kubernetes:
-        notes.append("pods not judged: no Node status read")
-    elif inputs.forecast is None:
+@dataclass(frozen=True)
+class _PodsAfter:
+    rejected: list[RejectedPod]
+    rejected_total: int
+    by_reason: dict[str, int]
+    allocatable: dict[str, float]  # what a restarted kubelet would offer
+    rejected_now: int  # what a restart before the change would reject
+    kubernetes: bool  # the pods were judged (a Node status read)
+
+
+def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _PodsAfter:
+    """What a kubelet restart would reject on the machine after the change (and now)."""
+    forecast, snap = inputs.forecast, inputs.snapshot
+    if forecast is None:
         notes.append("pods not judged: Kubernetes is off (pass --kubeconfig, or run in the "
                      "cluster)")
+        return _PodsAfter([], 0, {}, {}, 0, False)
+    now = _forecast_at(forecast, snap, snap)
+    later = _forecast_at(forecast, hypo, snap)
+    rejected, rejected_total, by_reason, allocatable = later if later is not None \
+        else ([], 0, {}, {})
+    kubernetes = forecast.allocatable() is not None
+    if not kubernetes:
+        notes.append("pods not judged: no Node status read")
+    return _PodsAfter(rejected, rejected_total, by_reason, allocatable,
+                      now[1] if now is not None else 0, kubernetes)
 
-    stale = stale_after(inputs.running, hypo, cpus_off, _exclusive_cpus(inputs))
-    running = inputs.running is not None and inputs.running.scan is not None \
-        and inputs.running.scan.cgroup_version > 0
-    if not running:
-        notes.append("running containers not judged: no kubepods cgroup scanned")
 
+def _restart_problem(change: Change, inputs: Inputs, hypo: KernelSnapshot,
+                     cpus_moved: frozenset[int], memory_taken: list[int]) -> str:
+    """Why a kubelet restart after the change would fail on its checkpoints ("" if not)."""
     problem = ""
-    if inputs.cpu_checkpoint is not None and (cpus_off or cpus_on):
+    if inputs.cpu_checkpoint is not None and cpus_moved:
         problem = cpu_manager_problem(inputs.cpu_checkpoint, hypo.cpus_online) or ""
-    if not problem and inputs.memory_checkpoint is not None and (mem_take or change.memory):
+    if not problem and inputs.memory_checkpoint is not None and (memory_taken or change.memory):
         problem = memory_manager_problem(inputs.memory_checkpoint, hypo) or ""
-
-    refusals_total = len(refusals)
-    plan_ = Plan(change, tuple(cpu_take), tuple(cpu_add), cpu_short, tuple(mem_take),
-                 tuple(mem_add), needed, short, size, capacity, tuple(rejected), rejected_total,
-                 by_reason, rejected_now, tuple(stale[:STALE_LISTED]),
-                 tuple(refusals[:REFUSALS_LISTED]), refusals_total, not problem, problem,
-                 inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
-                 kubernetes, running, (), tuple(notes), allocatable_after=allocatable)
-    return dataclasses.replace(plan_, steps=tuple(steps(plan_, inputs)))
+    return problem
 
 
 def steps(p: Plan, inputs: Inputs) -> list[str]:

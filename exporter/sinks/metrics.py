@@ -6,19 +6,9 @@ Correlator alone, under the agent's lock, and read here under that same lock; th
 this sink counts (exporter/sinks/stats.py) are under its own lock, since the agent calls sinks
 outside its lock. Names are the contract in docs/metrics.md (tests/e2e/test_catalogue.py checks it).
 
-How the composition root builds it (the ledger and view are shared with the Correlator; the
-sink must be among the agent's sinks, and must see the updates resume() returns):
-
-    ledger = KernelLedger()
-    view = NodeView(config, clock)
-    correlator = Correlator(config, clock, ledger=ledger, view=view)
-    agent = Agent(correlator, sources, sinks, clock, ...)   # sinks: [journal] or []
-    metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks)
-    agent.add_sink(metrics)
-    for update in correlator.resume(journal.open_episodes() if journal else []):
-        for sink in agent.sinks:
-            sink.on_update(update)
-    registry.register(metrics)
+The composition root builds it (exporter/app.py `build_agent`): the ledger and the node view
+are the Correlator's own; the sink is one of the agent's sinks, so it also sees the episodes
+the journal kept open as they are resumed through every sink.
 
 `sinks` is the agent's live list (their error counters are shown; this sink skips itself).
 """

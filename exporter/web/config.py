@@ -233,6 +233,8 @@ def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict[str, Any], notes: list[st
 
 def _tls_context(path: str, base: Path, tls: dict[str, Any],
                  notes: list[str]) -> tuple[ssl.SSLContext | None, tuple[Any, ...]]:
+    """The server's TLS (certificate and key, versions, ciphers) and its client certificate
+    rules; (None, ()) without TLS."""
     cert = _string(path, "tls_server_config.cert_file", tls.get("cert_file"))
     key = _string(path, "tls_server_config.key_file", tls.get("key_file"))
     if not cert and not key:
@@ -263,7 +265,13 @@ def _tls_context(path: str, base: Path, tls: dict[str, Any],
     except (OSError, ssl.SSLError) as e:
         raise _err(path, "tls_server_config.cert_file/key_file",
                    f"cannot load {cert_path} with {key_path}: {e}") from None
+    return ctx, _client_auth(path, base, tls, ctx)
 
+
+def _client_auth(path: str, base: Path, tls: dict[str, Any],
+                 ctx: ssl.SSLContext) -> tuple[Any, ...]:
+    """Whether and how `ctx` verifies client certificates (client_auth_type, client_ca_file),
+    and the SANs a client certificate must carry (client_allowed_sans)."""
     auth_name = _string(path, "tls_server_config.client_auth_type",
                         tls.get("client_auth_type")) or "NoClientCert"
     if auth_name == "RequireAnyClientCert":
@@ -293,7 +301,7 @@ def _tls_context(path: str, base: Path, tls: dict[str, Any],
     if sans and ctx.verify_mode == ssl.CERT_NONE:
         raise _err(path, "tls_server_config.client_allowed_sans",
                    "needs a client_auth_type that verifies client certificates")
-    return ctx, tuple(sans)
+    return tuple(sans)
 
 
 def _headers(path: str, raw: Any) -> dict[str, str]:

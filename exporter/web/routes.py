@@ -30,7 +30,8 @@ INDEX = """<html><head><title>node-resize-exporter</title></head><body>
 </body></html>"""
 
 Response = tuple[int, str, bytes, dict[str, str]]  # status, content type, body, more headers
-# GET /plan (exporter/sinks/plan.py): its answer for a query string, computed off the loop.
+# GET /plan (exporter/sinks/plan_collector.py): its answer for a query string, computed off the
+# loop.
 PLAN_PATH = "/plan"
 PLAN_RATE, PLAN_BURST = 2.0, 5  # plans per second, and at once; past it 429
 Plan = Callable[[str], tuple[int, bytes]]

@@ -142,7 +142,8 @@ class MetricsServer:
         self.auth = BasicAuth(self.web.users)
         self.exposition = Exposition(registry, version)
         # ValueError on a bad path, before the socket is bound.
-        # GET /plan (exporter/sinks/plan.py): the same tokens, reviewed for the path /plan.
+        # GET /plan (exporter/sinks/plan_collector.py): the same tokens, reviewed for the path
+        # /plan.
         plan_auth = None if self.kube_auth is None or plan is None else KubeAuth(
             review_client, PLAN_PATH, token_audiences, stats=self.auth_stats)  # type: ignore[arg-type]
         self.routes = Routes(self.exposition, self.auth, healthy, telemetry_path,

@@ -286,8 +286,8 @@ def _api_calls(sources: dict[str, str]) -> dict[tuple[str, str], set[str]]:
     Resource classes are those declared with create_api_info (exporter/kube/client.py) or
     imported from lightkube.resources. A call names its resource directly
     (`client.watch(RawNode, ...)`) or, in the shared list-then-watch base
-    (exporter/kube/watch.py), through `self.resource`, which each source sets as a class
-    attribute (`resource = RawNode`): those verbs then apply to every such resource.
+    (exporter/sources/apiserver/listwatch.py), through `self.resource`, which each source sets
+    as a class attribute (`resource = RawNode`): those verbs then apply to every such resource.
     """
     classes: dict[str, tuple[str, str]] = {}
     for text in sources.values():

@@ -19,6 +19,7 @@ import promql_parser
 import pytest
 import yaml
 
+from testkit import metrics_doc
 from testkit.exporter_proc import free_port
 from testkit.monitoring import as_promql, dashboard_exprs, recorded_rules
 from testkit.prometheus import Daemon, get_json, wait_for
@@ -523,6 +524,75 @@ def test_no_panel_mixes_units_on_one_axis():
                 (name, panel["title"])
             if "byte" in units:
                 assert panel["fieldConfig"]["defaults"]["unit"] == "bytes", panel["title"]
+
+
+# Families that are a 0/1 flag (the catalogue's meaning starts "1 when" or "1 while"), and
+# Prometheus's own `up`: drawn as they are, they sit on no axis with counts.
+FLAGS = {"up"} | {r.name for r in metrics_doc.rows().values()
+                  if r.type == "gauge" and re.match(r"1 (when|while|\(reason ok\) while)\b",
+                                                    r.meaning)}
+CPU_FAMILIES = r"node_resize_(kernel_cpus|podresources_\w+_cpus|kubelet_\w*cpus)\b"
+BLOCK_FAMILIES = r"node_resize_(kernel_memory_blocks|memory_blocks_by_zone|" \
+                 r"memory_hot_added_blocks)\b(?!_bytes)"
+
+
+def _quantity(expr: str) -> str | None:
+    """What a target counts, where the expression says so: nodes (a count() over them), CPUs,
+    memory blocks, or a 0/1 flag drawn as it is; None when it does not say (left alone)."""
+    if expr.startswith("count("):
+        return "nodes"
+    if re.search(CPU_FAMILIES, expr) or re.search(r'unit="core"|resource="cpu"', expr):
+        return "CPUs"
+    if re.search(BLOCK_FAMILIES, expr):
+        return "memory blocks"
+    names = set(re.findall(r"\b([a-z_:]+)\{", expr))
+    if names & FLAGS and not re.match(r"(sum|avg|count)\b", expr):
+        return "0/1 flag"
+    return None
+
+
+@pytest.mark.parametrize("expr, quantity", [
+    ("count(max by (node) (x{a=\"1\"}) > 0) or vector(0)", "nodes"),
+    ('sum(node_resize_kernel_cpus{state="offline"})', "CPUs"),
+    ('max(node_resize_podresources_offline_cpus{job=~"$job"})', "CPUs"),
+    ('max(node_resize_kubelet_capacity{resource="cpu"})', "CPUs"),
+    ('sum(node_resize_kernel_memory_blocks{state="offline"})', "memory blocks"),
+    ('max(node_resize_kernel_memory_blocks_bytes{job=~"$job"})', None),
+    ('max by (reason) (node_resize_kubelet_restart_blocked{job=~"$job"})', "0/1 flag"),
+    ('avg by (source) (node_resize_exporter_source_up{job=~"$job"})', None),  # a share
+    ('max(node_resize_exporter_episodes_open{job=~"$job"})', None),
+])
+def test_quantity_reads_what_a_target_counts(expr, quantity):
+    assert _quantity(expr) == quantity
+
+
+def test_no_graph_puts_different_counts_on_one_axis():
+    """A graph's lines count one thing: no 0/1 flag beside counts, no nodes beside the CPUs or
+    memory blocks they have, no CPUs beside memory blocks."""
+    assert {"node_resize_kubelet_restart_blocked", "node_resize_exporter_source_up"} <= FLAGS
+    mixed = []
+    for name, board in _boards().items():
+        for panel in _panels(board):
+            if panel["type"] not in ("timeseries", "stat"):
+                continue
+            kinds = {_quantity(t["expr"]) for t in panel["targets"]} - {None}
+            if len(kinds) > 1:
+                mixed.append((name, panel["title"], sorted(kinds)))
+    assert not mixed, mixed
+
+
+def test_a_state_timeline_is_red_where_its_state_is_bad():
+    """Up, attached: green at 1; a kubelet restart blocked: red at 1."""
+    for name, board in _boards().items():
+        for panel in _panels(board):
+            if panel["type"] != "state-timeline":
+                continue
+            steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+            alarm = "restart_blocked" in panel["targets"][0]["expr"]
+            want = (GREEN, RED) if alarm else (RED, GREEN)
+            assert (_colour(steps, 0), _colour(steps, 1)) == want, (name, panel["title"])
+            assert (mapping["options"]["0"]["color"], mapping["options"]["1"]["color"]) == want
 
 
 def test_the_cluster_variable_is_hidden_unless_the_site_has_several(tmp_path):

@@ -4,9 +4,9 @@ does is in tests/kernel/test_running_pods_kernel.py; here, a tree with container
 could never have created, and hostile entries, which are counted and skipped."""
 from __future__ import annotations
 
+from testkit.container_cgroups import CID, UID, construct
 from testkit.exporter_proc import RunningExporter
 from testkit.fakes.apiserver import FakeApiServer
-from testkit.running_pods import CID, UID, construct
 
 
 def test_exporter_reports_stale_containers_and_counts_unreadable_ones(tmp_path):

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.correlate.running_pods import KINDS, RunningPodsView, container_oom_score_adj
+from exporter.correlate.running_pods_view import KINDS, RunningPodsView, container_oom_score_adj
 from exporter.events import ContainerSizing, PodStatus
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.running_pods import scan
-from testkit.exporter_proc import RunningExporter
-from testkit.fakes.apiserver import FakeApiServer
-from testkit.running_pods import (
+from testkit.container_cgroups import (
     CID,
     UID,
     cgroup2_mount,
@@ -23,6 +21,8 @@ from testkit.running_pods import (
     real_v1_container,
     real_v2_container,
 )
+from testkit.exporter_proc import RunningExporter
+from testkit.fakes.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.kernel
 

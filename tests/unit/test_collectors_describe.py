@@ -16,7 +16,7 @@ from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import KubeEventsSink
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
-from exporter.sinks.running_pods import RunningPodsSink
+from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sinks.traces.env import TraceConfig
 from exporter.sinks.traces.sink import TraceSink
 from exporter.web.authmetrics import WebAuthCollector

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from exporter.correlate.running_pods import RunningPodsView
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
     ContainerCgroup,
     ContainerSizing,

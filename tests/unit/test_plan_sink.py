@@ -9,7 +9,7 @@ import pytest
 
 from exporter.events import DeviceChange, NodeStatus, Resource
 from exporter.kube.convert import node_status, pod_status
-from exporter.sinks.plan import PlanSink
+from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit.forecast import T, node, pod
 from testkit.plan import fake_host
@@ -73,7 +73,7 @@ def test_the_gauges_say_what_can_leave_and_memory_by_zone(sink):
 
 
 def test_the_gauges_are_kept_until_an_input_changes(sink, monkeypatch):
-    import exporter.sinks.plan as module
+    import exporter.sinks.plan_collector as module
     calls = []
     real = module.unpluggable
     monkeypatch.setattr(module, "unpluggable", lambda *a: calls.append(1) or real(*a))

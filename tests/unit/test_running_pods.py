@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.correlate.running_pods import (
+from exporter.correlate.running_pods_view import (
     KINDS,
     RunningPodsView,
     container_oom_score_adj,
@@ -23,7 +23,7 @@ from exporter.events import (
 )
 from exporter.kube.convert import pod_status
 from exporter.sources.kubelet.running_pods import RunningPodsSource, scan
-from testkit.running_pods import CID, PAUSE, UID, construct, container_rel, procfs
+from testkit.container_cgroups import CID, PAUSE, UID, construct, container_rel, procfs
 
 GI = 1 << 30
 CAPACITY = 25276502016  # MemTotal of the recorded v1.36 node (README)
@@ -299,7 +299,7 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
 
 def test_check_names_stale_containers_and_the_fix(tmp_path):
     from exporter.config.options import Options
-    from exporter.sinks.running_pods import check_running_pods
+    from exporter.sinks.running_pods_collector import check_running_pods
     sys_ = tmp_path / "sys/devices/system/cpu"
     sys_.mkdir(parents=True)
     for name, text in (("online", "0"), ("offline", "1"), ("present", "0-1"),
@@ -367,7 +367,7 @@ def test_a_fifo_in_the_cgroup_tree_is_refused_without_blocking(tmp_path, name):
         ("burstable", UID, CID, {"cgroup.procs": "", "cpu.cfs_period_us": "100000"}),
         ("burstable", UID, PAUSE, {"cpuset.cpus": "0", "cgroup.procs": ""})])
     rel = container_rel(1, "cgroupfs", "burstable", UID, CID)
-    from testkit.running_pods import _controller
+    from testkit.container_cgroups import _controller
     path = root / _controller(name) / rel / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
@@ -572,7 +572,7 @@ def test_check_ends_with_a_fifo_in_the_cgroup_tree(tmp_path):
     import threading
 
     from exporter.config.options import Options
-    from exporter.sinks.running_pods import check_running_pods
+    from exporter.sinks.running_pods_collector import check_running_pods
     from exporter.sources import registry
 
     registry.load()

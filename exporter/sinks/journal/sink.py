@@ -73,6 +73,50 @@ DROP_LOG_SECONDS = 60.0
 CLOSE_SECONDS = 10.0
 
 
+@dataclasses.dataclass
+class _Batch:
+    """One write's rows, encoded before the transaction."""
+
+    exported: list[str]  # episode ids whose trace went out
+    events: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)
+    episodes: list[tuple[object, ...]] = dataclasses.field(default_factory=list)
+    transitions: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
+    # (episode, index): its stored transitions from there on go (the list got shorter)
+    cuts: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    after: list[tuple[Episode, list[Transition]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.events) + len(self.episodes) + len(self.transitions) + \
+            len(self.exported)
+
+    @property
+    def items(self) -> int:
+        """What a failure loses."""
+        return len(self.events) + len(self.episodes) + len(self.exported)
+
+    @property
+    def bytes(self) -> int:
+        return sum(len(r[2]) for r in self.events) + \
+            sum(len(str(r[6])) for r in self.episodes) + sum(len(r[2]) for r in self.transitions)
+
+    def insert(self, c: sqlite3.Connection) -> None:
+        c.executemany("INSERT INTO events(time, type, json) VALUES (?, ?, ?)", self.events)
+        c.executemany(
+            "INSERT INTO episodes(id, resource, change, opened, ended, outcome, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "resource=excluded.resource, change=excluded.change, opened=excluded.opened, "
+            "ended=excluded.ended, outcome=excluded.outcome, json=excluded.json", self.episodes)
+        c.executemany("DELETE FROM transitions WHERE episode=? AND idx>=?", self.cuts)
+        c.executemany("INSERT OR REPLACE INTO transitions(episode, idx, json) "
+                      "VALUES (?, ?, ?)", self.transitions)
+        # The trace sink may run before the journal sees the ENDED update: a stub row the
+        # coming upsert fills in (it never touches `exported`).
+        c.executemany("INSERT INTO episodes(id, exported) VALUES (?, 1) "
+                      "ON CONFLICT(id) DO UPDATE SET exported=1",
+                      [(i,) for i in self.exported])
+
+
 class JournalSink:
     """The journal as the agent's sink. Raises JournalRefused for an unsafe path, and, with
     `must_open` (the user named the path), for one that cannot be created or opened."""
@@ -329,14 +373,34 @@ class JournalSink:
 
     def _write_batch(self, events: list[Event], episodes: list[Episode],
                      exported: list[str]) -> None:
-        rows_ev = []
+        batch = self._encode(events, episodes, exported)
+        if not batch.rows:
+            return
+        with self._db:
+            if not self.up or not self._commit(batch):
+                return
+        if self._failing:
+            self._failing = False
+            log.warning("journal %s: writes succeed again after %d failures", self.path,
+                        self.failed)
+        for ep, written in batch.after:  # only once committed: a failed batch is rewritten whole
+            if ep.ended is not None:
+                self._written.pop(ep.id, None)
+                self._full_checked.discard(ep.id)
+            else:
+                self._written[ep.id] = written
+
+    def _encode(self, events: list[Event], episodes: list[Episode],
+                exported: list[str]) -> _Batch:
+        """The batch's rows; what does not encode is counted malformed and left out."""
+        batch = _Batch(exported=exported)
         for event in events:
             try:
-                rows_ev.append((event_time(event), type(event).__name__, codec.dumps(event)))
+                batch.events.append((event_time(event), type(event).__name__,
+                                     codec.dumps(event)))
             except codec.CodecError as e:
                 self.malformed += 1
                 log.debug("journal: event not stored: %s", e)
-        rows_ep, rows_tr, cuts, after = [], [], [], []
         for ep in episodes:
             try:
                 row, transitions, cut, written = self._episode_rows(ep)
@@ -344,63 +408,34 @@ class JournalSink:
                 self.malformed += 1
                 log.debug("journal: episode %s not stored: %s", ep.id, e)
                 continue
-            rows_ep.append(row)
-            rows_tr += transitions
+            batch.episodes.append(row)
+            batch.transitions += transitions
             if cut is not None:
-                cuts.append(cut)
-            after.append((ep, written))
-        n = len(rows_ev) + len(rows_ep) + len(rows_tr) + len(exported)
-        if not n:
-            return
-        items = len(rows_ev) + len(rows_ep) + len(exported)  # what a failure loses
+                batch.cuts.append(cut)
+            batch.after.append((ep, written))
+        return batch
 
-        def write(c: sqlite3.Connection) -> None:
-            c.executemany("INSERT INTO events(time, type, json) VALUES (?, ?, ?)", rows_ev)
-            c.executemany(
-                "INSERT INTO episodes(id, resource, change, opened, ended, outcome, json) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                "resource=excluded.resource, change=excluded.change, opened=excluded.opened, "
-                "ended=excluded.ended, outcome=excluded.outcome, json=excluded.json", rows_ep)
-            c.executemany("DELETE FROM transitions WHERE episode=? AND idx>=?", cuts)
-            c.executemany("INSERT OR REPLACE INTO transitions(episode, idx, json) "
-                          "VALUES (?, ?, ?)", rows_tr)
-            # The trace sink may run before the journal sees the ENDED update: a stub row the
-            # coming upsert fills in (it never touches `exported`).
-            c.executemany("INSERT INTO episodes(id, exported) VALUES (?, 1) "
-                          "ON CONFLICT(id) DO UPDATE SET exported=1",
-                          [(i,) for i in exported])
-
-        with self._db:
-            if not self.up:
-                return
+    def _commit(self, batch: _Batch) -> bool:
+        """One transaction (under the lock), then the counters and a prune when one is due;
+        False when it failed (the sink went down, or the failure is counted)."""
+        try:
+            self._store.transaction(batch.insert)
+        except JournalNewer as e:
+            self._go_down(str(e))
+            return False
+        except (OSError, sqlite3.Error) as e:
+            self._write_failed(e, batch.items)
+            return False
+        self.written += batch.rows
+        self.bytes_written += batch.bytes
+        self._since_prune += batch.rows
+        if self._since_prune >= self.prune_every:
+            self._since_prune = 0
             try:
-                self._store.transaction(write)
-            except JournalNewer as e:
-                self._go_down(str(e))
-                return
+                self._store.prune()
             except (OSError, sqlite3.Error) as e:
-                self._write_failed(e, items)
-                return
-            self.written += n
-            self.bytes_written += sum(len(r[2]) for r in rows_ev) + \
-                sum(len(str(r[6])) for r in rows_ep) + sum(len(r[2]) for r in rows_tr)
-            self._since_prune += n
-            if self._since_prune >= self.prune_every:
-                self._since_prune = 0
-                try:
-                    self._store.prune()
-                except (OSError, sqlite3.Error) as e:
-                    self._write_failed(e, 0)
-        if self._failing:
-            self._failing = False
-            log.warning("journal %s: writes succeed again after %d failures", self.path,
-                        self.failed)
-        for ep, written in after:  # only once committed: a failed batch is rewritten whole
-            if ep.ended is not None:
-                self._written.pop(ep.id, None)
-                self._full_checked.discard(ep.id)
-            else:
-                self._written[ep.id] = written
+                self._write_failed(e, 0)
+        return True
 
     def _episode_rows(self, ep: Episode) -> tuple[
             tuple[object, ...], list[tuple[str, int, str]], tuple[str, int] | None,

@@ -79,7 +79,7 @@ def quiet_sdk_loggers() -> None:
 
 
 class ExportedFlag(Protocol):
-    """What the trace sink needs from the journal (exporter.sinks.journal.store.Journal)."""
+    """What the trace sink needs from the journal (exporter.sinks.journal.sink.JournalSink)."""
 
     def is_exported(self, episode_id: str) -> bool: ...
 

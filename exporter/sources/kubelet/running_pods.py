@@ -1,6 +1,6 @@
 """The running containers' cgroups and processes: what the kubelet gave each container when
 it created it (cpuset, CPU quota, memory and swap limits, the OOM score adjustment of its
-processes), read back so exporter/correlate/running_pods.py can judge them against today's
+processes), read back so exporter/correlate/running_pods_view.py can judge them against today's
 kernel. A resize changes none of these: the kubelet does not revisit running containers.
 
 Where (under --cgroup-root; the kubelet's cgroupfs and systemd drivers, cgroup v1 and v2):

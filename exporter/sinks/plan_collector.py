@@ -28,7 +28,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.correlate.running_pods import RunningPodsView
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
     CpuManagerCheckpoint,
     DeviceChange,

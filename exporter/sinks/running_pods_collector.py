@@ -2,7 +2,7 @@
 Collector in one, like the kubelet sink beside it (exporter/sinks/kubelet_collector.py).
 
 The agent hands it every raw event (`on_event`, in the agent's thread); it feeds the pure
-RunningPodsView (exporter/correlate/running_pods.py) under its own lock, and /metrics renders
+RunningPodsView (exporter/correlate/running_pods_view.py) under its own lock, and /metrics renders
 the findings under that lock: judged at scrape time, so a memory block that goes offline
 makes a Burstable container's OOM score stale at the next scrape, without a rescan. The
 running-pods source rescans after every CPU or memory event (its `poked_by`: a cpuset changes
@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
 from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
-from exporter.correlate.running_pods import KINDS, RunningPodsView
+from exporter.correlate.running_pods_view import KINDS, RunningPodsView
 from exporter.events import Event
 from exporter.kube.client import RawPod, load_config, make_client
 from exporter.kube.convert import pod_status
