@@ -29,10 +29,11 @@ from exporter.sinks.episode_log import EpisodeLog
 from exporter.sources.base import Source
 
 log = logging.getLogger(__name__)
-TICK_SECONDS = 0.25
-# With no episode open no deadline can fall due, so the loop sleeps until an event
-# (or wake()) instead of ticking 4 times a second; the bound only guards a caller that sets
-# its stop event without wake().
+# The loop sleeps until the correlator's next deadline (an open episode's coalescing window,
+# resync deadline or settle window) or an event, whichever comes first: a decision is taken at
+# its own instant whenever tick() runs, so waking earlier would change nothing but the CPU.
+# With no deadline (no episode open) it sleeps until an event (or wake()); the bound only
+# guards a caller that sets its stop event without wake().
 IDLE_SECONDS = 30.0
 # A thread woken by an event waits for the GIL at most this long while another runs
 # Python (a scrape rendering, a sysfs read); CPython's default of 5 ms bounds the detection
@@ -104,9 +105,8 @@ class Agent:
         self.alive.set()
         try:
             while not stop.is_set():
-                wait = TICK_SECONDS if self.correlator.episodes_open() else IDLE_SECONDS
                 try:
-                    name, event = self.queue.get(timeout=wait)
+                    name, event = self.queue.get(timeout=self._until_due())
                 except queue.Empty:
                     pass
                 else:
@@ -191,6 +191,10 @@ class Agent:
         self._malformed_logged.add(event.source)
         log.log(level, "malformed input from %s (counted, skipped): %s", event.source,
                 event.detail)
+
+    def _until_due(self) -> float:
+        """Seconds until the correlator's next deadline (0: due now), at most IDLE_SECONDS."""
+        return min(IDLE_SECONDS, max(0.0, self.correlator.next_due() - self.clock.now()))
 
     def _tick(self) -> None:
         with self.lock:

@@ -127,6 +127,11 @@ class Correlator:
     def episodes_open(self) -> int:
         return self._tracker.episodes_open
 
+    def next_due(self) -> float:
+        """When tick() next has something to decide, on the clock's axis: the earliest
+        deadline of an open episode (it may be early, never late); inf when none is due."""
+        return self._next_due()
+
     @property
     def episodes_looked_at(self) -> int:
         """Work done per open episode so far (next decisions and resync checks worked out): an

@@ -44,6 +44,7 @@ RESYNC_ERROR_REASONS = ("kernel_failed", "resync_timeout", "mismatch")
 UNPLUG_ERROR_REASONS = RESYNC_ERROR_REASONS + ("readmission_rejected",)
 KERNEL_ONLY_ERROR_REASONS = ("kernel_failed",)
 READMISSION_OUTCOMES = (("kept", "Running"),)
+HUGEPAGES = (Resource.HUGEPAGES_2MI, Resource.HUGEPAGES_1GI)
 
 
 def _with_zeros(values: Mapping[Any, int], keys: Iterable[Hashable]) -> dict[Any, int]:
@@ -95,17 +96,36 @@ class MetricsSink(Collector):
 
     def collect(self) -> Iterable[Metric]:
         with self.lock:
-            families = list(self._self_metrics()) + list(self._kernel())
+            unused = self._unused_hugepages()
+            families = list(self._self_metrics()) + list(self._kernel(unused))
             if self.view is not None:
                 with self._stats_lock:
                     families += list(self._episodes(self.stats))
                     if self.kubernetes:
-                        families += list(self._kubernetes(self.view, self.stats))
+                        families += list(self._kubernetes(self.view, self.stats, unused))
         families.append(self._sink_errors())
         up = self._sink_up()
         if up.samples:  # only a journal has one; none with --no-journal
             families.append(up)
         return families
+
+    def _unused_hugepages(self) -> frozenset[Resource]:
+        """Hugepage sizes no side has any of: the kernel has no page of the size, and the Node
+        neither reports nor allocates one, nor does a balloon hold one (a kubelet reports every
+        size the kernel supports, at 0). Each of their series would be 0 in every per-resource
+        family, so none is shown; the first page of the size, on either side, shows them all."""
+        snap = self.ledger.snapshot
+        view = self.view if self.kubernetes else None
+        unused = set()
+        for r in HUGEPAGES:
+            values = [snap.capacity(r)] if snap is not None else []
+            if view is not None:
+                values += [view.kubelet_capacity().get(r, 0.0),
+                           view.kubelet_allocatable().get(r, 0.0)]
+                values += [view.balloon_requests(which).get(r, 0.0) for which in VIEWS]
+            if not any(values):
+                unused.add(r)
+        return frozenset(unused)
 
     def _sink_errors(self) -> Metric:
         fam = CounterMetricFamily("node_resize_exporter_sink_errors",
@@ -182,7 +202,7 @@ class MetricsSink(Collector):
 
     # ------------------------------------------------------------ kernel side
 
-    def _kernel(self) -> Iterable[Metric]:
+    def _kernel(self, unused: frozenset[Resource] = frozenset()) -> Iterable[Metric]:
         led = self.ledger
         tx = CounterMetricFamily("node_resize_kernel_transitions",
                                  "CPU and memory block transitions the kernel made or refused.",
@@ -195,9 +215,12 @@ class MetricsSink(Collector):
                                    "CPUs and memory blocks found in another state at start than "
                                    "the journal last knew: changes while the exporter was down.",
                                    labels=["resource", "direction"])
+        # Counted once, at start, before the first scrape: a series only for what changed (none
+        # on a node whose exporter saw every transition), never an increase() to miss.
         for r in KERNEL_RESOURCES:
             for d in Direction:
-                down.add_metric([r.value, d.value], led.down_changes.get((r, d), 0))
+                if led.down_changes.get((r, d), 0):
+                    down.add_metric([r.value, d.value], led.down_changes[(r, d)])
         yield down
         dur = HistogramMetricFamily("node_resize_kernel_transition_duration_seconds",
                                     "Kernel time of one transition, first cpuhp step (or "
@@ -231,7 +254,8 @@ class MetricsSink(Collector):
             labels=["resource", "unit"],
         )
         for r in Resource:
-            if r in (Resource.CPU, Resource.MEMORY, Resource.SWAP) or r in snap.hugepages_bytes:
+            if r in (Resource.CPU, Resource.MEMORY, Resource.SWAP) or (
+                    r in snap.hugepages_bytes and r not in unused):
                 cap.add_metric([r.value, r.unit], snap.capacity(r))
         yield cap
         yield GaugeMetricFamily(
@@ -289,7 +313,8 @@ class MetricsSink(Collector):
 
     # ------------------------------------------------------------ Kubernetes side
 
-    def _kubernetes(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
+    def _kubernetes(self, view: NodeView, st: EpisodeStats,
+                    unused: frozenset[Resource] = frozenset()) -> Iterable[Metric]:
         fam = HistogramMetricFamily(
             "node_resize_resync_duration_seconds",
             "Kernel done to Node capacity updated.",
@@ -315,17 +340,20 @@ class MetricsSink(Collector):
             ),
         )
         yield _gauge(
-            "node_resize_kubelet_capacity", "Node status.capacity.", view.kubelet_capacity()
+            "node_resize_kubelet_capacity", "Node status.capacity.", view.kubelet_capacity(),
+            unused,
         )
         yield _gauge(
             "node_resize_kubelet_allocatable",
             "Node status.allocatable.",
             view.kubelet_allocatable(),
+            unused,
         )
         yield _gauge(
             "node_resize_capacity_drift",
             "Kernel capacity minus the Node's (0 in sync).",
             view.drift(),
+            unused,
         )
         drift_s = GaugeMetricFamily(
             "node_resize_capacity_drift_seconds",
@@ -333,9 +361,10 @@ class MetricsSink(Collector):
             labels=["resource"],
         )
         for r, v in sorted(view.drift_seconds().items(), key=str):
-            drift_s.add_metric([r.value], v)
+            if r not in unused:
+                drift_s.add_metric([r.value], v)
         yield drift_s
-        yield from self._balloons(view, st)
+        yield from self._balloons(view, st, unused)
         fam = HistogramMetricFamily(
             "node_resize_balloon_resize_duration_seconds", "Balloon resize spec change to applied."
         )
@@ -357,7 +386,8 @@ class MetricsSink(Collector):
 
     # ------------------------------------------------------------ balloons
 
-    def _balloons(self, view: NodeView, st: EpisodeStats) -> Iterable[Metric]:
+    def _balloons(self, view: NodeView, st: EpisodeStats,
+                  unused: frozenset[Resource] = frozenset()) -> Iterable[Metric]:
         fam = GaugeMetricFamily(
             "node_resize_balloon_requests",
             "Requests held by balloon pods, as the scheduler (KEP-1287: "
@@ -376,6 +406,7 @@ class MetricsSink(Collector):
             "node_resize_capacity_effective",
             "Kubelet allocatable minus balloon requests in the scheduler's view.",
             view.effective(),
+            unused,
         )
         # Infeasible by every reason from the start: the alert sees the first one.
         yield _counter(
@@ -419,8 +450,10 @@ def _counter(name: str, help_: str, labels: list[str], values: Mapping[Any, int]
     return fam
 
 
-def _gauge(name: str, help_: str, values: dict[Resource, float]) -> Metric:
+def _gauge(name: str, help_: str, values: dict[Resource, float],
+           unused: frozenset[Resource] = frozenset()) -> Metric:
     fam = GaugeMetricFamily(name, help_, labels=["resource", "unit"])
     for r, v in sorted(values.items(), key=str):
-        fam.add_metric([r.value, r.unit], v)
+        if r not in unused:
+            fam.add_metric([r.value, r.unit], v)
     return fam

@@ -1,6 +1,8 @@
 """The fleet's bill: how many series one exporter puts on a Prometheus, on a node that has never
 resized (docs/metrics.md, "Series budget"). Every sample line of a real scrape counts,
-process_* included.
+process_* included. With Kubernetes on, the exporter runs as the DaemonSet runs it
+(bench/memory.py's pod-shaped run: deploy/daemonset.yaml's own args, only the paths, the port
+and the API server made local).
 
 The machine-wide hotplug lock is held for the whole scrape, so no other test flaps a CPU or a
 memory block meanwhile: a resize adds histogram series, and this is the page before any.
@@ -9,12 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from testkit.exporter_proc import RunningExporter, Scrape
+from bench.memory import PodExporter, PodShaped
+from testkit.exporter_proc import RunningExporter, Scrape, poll_until
 from testkit.kernel import hotplug_lock
 
 BUDGET_KUBERNETES_OFF = 80
-BUDGET_KUBERNETES_ON = 160  # a Node, 2 balloon pods, 30 other pods, podresources; the plan's 5
-BALLOON = {"node-resize-exporter.io/balloon": "true"}
+BUDGET_KUBERNETES_ON = 150  # the DaemonSet's args, a Node and its Lease, 30 pods, podresources
 
 
 def series(scrape: Scrape) -> list[str]:
@@ -58,45 +60,34 @@ def test_kubernetes_off_fits_the_budget():
         assert scrape.value("process_resident_memory_bytes") > 0
 
 
-def test_kubernetes_on_with_32_pods_fits_the_budget(tmp_path):
-    from exporter.sources.kubelet.proto import podresources_pb2 as pb
-    from testkit.fakes.apiserver import FakeApiServer
-    from testkit.fakes.podresources import Kubelet, Server
-
-    kubelet = Kubelet()
-    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0, 1])
-    sock = str(tmp_path / "kubelet.sock")
-    server = Server(sock, kubelet)
-    try:
-        with FakeApiServer() as api, hotplug_lock():
-            api.set_node("budget-node", cpu="2", memory="8Gi")
-            for i in range(2):
-                api.put_pod(f"balloon-{i}", node="budget-node", labels=BALLOON,
-                            requests={"cpu": "250m", "memory": "256Mi"})
-            for i in range(30):
-                api.put_pod(f"app-{i}", node="budget-node",
-                            requests={"cpu": "10m", "memory": "16Mi"})
-            kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
-            with RunningExporter("--kubernetes", "on", "--kubeconfig", kubeconfig,
-                                 "--node-name", "budget-node",
-                                 "--podresources-socket", sock) as exp:
-                scrape = exp.wait_for(lambda s: (
-                    kernel_side_ready(s)
-                    and s.value("node_resize_balloon_pods") == 2
-                    and s.series("node_resize_kubelet_capacity")
-                    and s.value("node_resize_podresources_allocatable_cpus") == 2
-                ), timeout=60)
-                assert never_resized(scrape)
-                assert len(series(scrape)) <= BUDGET_KUBERNETES_ON, bill(scrape)
-                assert "_bucket{" not in scrape.text, bill(scrape)
-                # No series names a pod: 32 pods cost what 2 do.
-                assert "pod=" not in scrape.text
-                # Every reason an alert's increase() reads is there at 0.
-                for reason in ("kernel_failed", "resync_timeout", "mismatch",
-                               "readmission_rejected"):
-                    assert scrape.value("node_hot_unplug_errors_total", resource="memory",
-                                        reason=reason) == 0, reason
-                assert scrape.value("node_resize_balloon_resize_total", result="infeasible",
-                                    reason="capacity") == 0
-    finally:
-        server.stop()
+def test_the_daemonsets_configuration_with_30_pods_fits_the_budget():
+    """The DaemonSet's own args (--web.auth=kubernetes over TLS, the journal, every default
+    source), the node's Node and Lease, 30 pods (2 balloons) and podresources answering,
+    scraped with a bearer token as the ServiceMonitor does (bench/memory.py's pod-shaped run)."""
+    with hotplug_lock(), PodShaped() as world, PodExporter(world) as exp:
+        scrape = poll_until(
+            lambda: Scrape(world.scrape(exp.port)[1]),
+            lambda s: (kernel_side_ready(s)
+                       and s.value("node_resize_readmission_forecast_valid", reason="ok") == 1
+                       and s.value("node_resize_kubelet_heartbeat_age_seconds", via="lease")
+                       is not None
+                       and s.series("node_resize_unpluggable")),
+            60, 0.2, lambda s: AssertionError(f"never a steady page:\n{bill(s)}"))
+        assert never_resized(scrape)
+        assert len(series(scrape)) <= BUDGET_KUBERNETES_ON, bill(scrape)
+        assert "_bucket{" not in scrape.text, bill(scrape)
+        # No series names a pod: 30 pods cost what 2 do.
+        assert "pod=" not in scrape.text
+        # Every reason an alert's increase() reads is there at 0.
+        for reason in ("kernel_failed", "resync_timeout", "mismatch", "readmission_rejected"):
+            assert scrape.value("node_hot_unplug_errors_total", resource="memory",
+                                reason=reason) == 0, reason
+        assert scrape.value("node_resize_balloon_resize_total", result="infeasible",
+                            reason="capacity") == 0
+        # A hugepage size no side has any of (the test API server's Node reports both at 0,
+        # as a kubelet does) shows in no family; one the kernel has pages of shows.
+        for labels in scrape.series("node_resize_kubelet_capacity"):
+            size = dict(labels)["resource"]
+            if size.startswith("hugepages-"):
+                assert scrape.value("node_resize_kernel_capacity", resource=size,
+                                    unit="byte"), bill(scrape)
