@@ -37,15 +37,20 @@ def call(request: dict[str, Any]) -> dict[str, Any]:
             details = (e.details() if hasattr(e, "details") else "") or ""
             return {"error": {"code": code.name if code is not None else "",
                               "details": details[:MAX_DETAILS]}}
-    possible = frozenset(request["possible"])
+    return {"answer": reduce(answer, frozenset(request["possible"]), int(request["max_memory"]))}
+
+
+def reduce(answer: Any, possible: frozenset[int], max_memory: int) -> dict[str, Any]:
+    """An AllocatableResourcesResponse as the reply carries it: the CPU ids in `possible`, the
+    others counted (the first five kept), the first `max_memory` memory entries."""
     ids = set(answer.cpu_ids)  # C-speed; ids repeated any number of times count once
     kept = ids & possible
     bad = sorted(ids - kept)
     entries = answer.memory
     memory = [[(block.memory_type or "memory")[:64], int(block.size)]
-              for block in entries[:int(request["max_memory"])]]
-    return {"answer": {"cpu_ids": sorted(kept), "bad_count": len(bad), "bad_first": bad[:5],
-                       "memory": memory, "memory_entries": len(entries)}}
+              for block in entries[:max_memory]]
+    return {"cpu_ids": sorted(kept), "bad_count": len(bad), "bad_first": bad[:5],
+            "memory": memory, "memory_entries": len(entries)}
 
 
 def main() -> None:
