@@ -9,7 +9,9 @@ listen address (loopback, a free port), the journal's path (a temporary director
 API server (a kubeconfig instead of the service account) and the podresources socket's path.
 
 Measured after a window of scrapes: /proc/PID/smaps_rollup (Rss, Anonymous; file-backed is the
-rest), VmHWM (the peak) and the thread count, node_exporter the same way in the same minutes.
+rest), VmHWM (the peak), the thread count and the CPU over the window (the process's and its
+reaped children's: a podresources poll is a child), node_exporter the same way in the same
+minutes.
 Then where the anonymous part goes: a second run of the same exporter under bench/memprobe.py
 (tracemalloc, modules, threads; its RSS is not the figure, tracemalloc costs its own), the
 anonymous mappings of the plain run by kind (heap, thread stacks, other), and what importing
@@ -267,6 +269,15 @@ class PodExporter:
         return json.loads(self.probe.read_text())
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process and of its children it has waited for (the BPF
+    compiler's, the certificate's, a podresources poll's): /proc/PID/stat utime, stime, cutime,
+    cstime."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def memory_row(pid: int) -> dict:
     rollup, st = smaps_rollup(pid), status(pid)
     return {"rss_mib": rollup["Rss"] / MiB, "anon_mib": rollup["Anonymous"] / MiB,
@@ -288,18 +299,27 @@ def steady_state(window: float = 60.0, peer: bool = True, traces: bool = False,
         stack.callback(lambda: [s.close() for s in scrapers])
         series = sum(1 for line in ours.last_scrape.splitlines()
                      if line and not line.startswith("#"))
-        end = time.monotonic() + window
+        pids = {"node-resize-exporter": ours.pid} | {n: p.pid for n, p in peers.items()}
+        cpu0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+        t0 = time.monotonic()
+        end = t0 + window
         while time.monotonic() < end:
             code, text = world.scrape(ours.port)
             assert code == 200, text[-500:]
             for scraper in scrapers:
                 scraper.get()
             time.sleep(min(SCRAPE_INTERVAL, max(0.0, end - time.monotonic())))
+        elapsed = time.monotonic() - t0
+        cpu = {n: round(100 * (cpu_seconds(pid) - cpu0[n]) / elapsed, 3)
+               for n, pid in pids.items()}
         out = {"node-resize-exporter": {**memory_row(ours.pid), "startup_s": ours.startup_s,
+                                        "cpu_pct_with_children": cpu["node-resize-exporter"],
                                         "series": series,
                                         "by_mapping": mappings(ours.pid)}}
         for name, p in peers.items():
-            out[name] = memory_row(p.pid)
+            out[name] = {**memory_row(p.pid), "cpu_pct_with_children": cpu[name]}
+        out["window_s"] = round(elapsed, 1)
+        out["load_average"] = os.getloadavg()
         return out
 
 

@@ -130,12 +130,14 @@ def register(spec: SourceSpec) -> None:
 
 
 def load() -> None:
-    """Import every module of the package once, so each registers itself."""
+    """Import every module of the package once, so each registers itself. The generated gRPC
+    bindings (`proto` packages) register nothing and import gRPC and protobuf (~10 MiB): they
+    are left to the code that calls them."""
     global _loaded
     if _loaded:
         return
     for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
-        if not info.ispkg:
+        if not info.ispkg and ".proto." not in info.name:
             importlib.import_module(info.name)
     _loaded = True
 

@@ -177,3 +177,34 @@ def test_memory_entries_are_bounded(sock, servers, tmp_path):
     assert len(log.of(PodResourcesAllocatable)[-1].memory_bytes) == 64
     assert "1000 memory entries, only the first 64 kept" in log.of(MalformedInput)[-1].detail
     source.close()
+
+
+# ------------------------------------------------------------ gRPC stays out of the exporter
+
+_POLL_IN_A_FRESH_PROCESS = """
+import sys
+from exporter.clock import MonotonicWallClock
+from exporter.events import PodResourcesAllocatable
+from exporter.sources import registry
+from exporter.sources.kubelet.podresources import PodResourcesSource
+registry.load()
+events = []
+PodResourcesSource(MonotonicWallClock(), socket_path=sys.argv[1]).poll(events.append)
+cpus = [sorted(e.cpu_ids) for e in events if isinstance(e, PodResourcesAllocatable)]
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "google"))
+print(cpus, loaded)
+"""
+
+
+def test_the_exporter_process_never_imports_grpc(sock, servers):
+    """Every source registered and a poll answered, in a fresh process: the call was made (by
+    the poll's child), and neither gRPC nor protobuf is among the process's modules."""
+    import subprocess
+    import sys
+    kubelet = Kubelet()
+    kubelet.answer = pb.AllocatableResourcesResponse(cpu_ids=[0])
+    servers.append(Server(sock, servicer=kubelet))
+    done = subprocess.run([sys.executable, "-c", _POLL_IN_A_FRESH_PROCESS, sock],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "[[0]] []", done.stdout + done.stderr
+    assert kubelet.calls == 1

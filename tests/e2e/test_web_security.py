@@ -615,6 +615,9 @@ SUBPROCESS_ALLOWED = {
     # The self-signed certificate's maker (python -m exporter.web.selfsigned): a fixed argv,
     # the names and addresses go in on its stdin as JSON.
     "exporter/web/selfsigned.py": "sys.executable",
+    # Each podresources poll (python -m exporter.sources.kubelet.podresources_child): a fixed
+    # argv, the socket path and bounds go in on its stdin as JSON.
+    "exporter/sources/kubelet/podresources.py": "sys.executable",
 }
 
 

@@ -33,7 +33,8 @@ from exporter.sources.kernel.sysfs import (
     parse_meminfo,
 )
 from exporter.sources.kernel.uevent import parse_uevent, to_event
-from exporter.sources.kubelet.podresources import PodResourcesSource
+from exporter.sources.kubelet import podresources_child
+from exporter.sources.kubelet.podresources import MAX_MEMORY_ENTRIES, PodResourcesSource
 from exporter.sources.kubelet.proto import podresources_pb2
 from exporter.sources.registry import SourceList
 
@@ -386,15 +387,18 @@ def _emitted() -> tuple[list, callable]:
               st.binary(max_size=16)),
 ))
 def test_podresources_answer_bytes(raw):
-    # The source's decode path: grpc hands the bytes to FromString (DecodeError becomes an
-    # INTERNAL RpcError the source reports as MalformedInput), then _convert.
+    # The source's decode path: in the poll's child process grpc hands the bytes to FromString
+    # (DecodeError becomes an INTERNAL RpcError the source reports as MalformedInput) and
+    # reduce() makes the reply, which crosses the pipe as JSON; then _convert.
     try:
         answer = podresources_pb2.AllocatableResourcesResponse.FromString(raw)
     except DecodeError:
         return
     source = PodResourcesSource(MonotonicWallClock(), socket_path="/nonexistent")
+    reply = json.loads(json.dumps(podresources_child.reduce(
+        answer, source._possible_cpus(), MAX_MEMORY_ENTRIES)))
     events, emit = _emitted()
-    event = source._convert(answer, NOW, emit)
+    event = source._convert(reply, NOW, emit)
     assert all(isinstance(e, MalformedInput) for e in events)
     assert event.cpu_ids is None or all(n >= 0 for n in event.cpu_ids)
     assert all(v >= 0 for v in event.memory_bytes.values())
