@@ -19,7 +19,7 @@ import click
 from exporter import codec
 from exporter.clock import FakeClock
 from exporter.config import options
-from exporter.config.decide import correlator_config
+from exporter.config.decide import correlator_config, default_journal_path
 from exporter.config.options import Options
 from exporter.config.types import ParamType
 from exporter.correlate.config import CorrelatorConfig
@@ -27,7 +27,6 @@ from exporter.correlate.correlator import Correlator
 from exporter.correlate.model import Episode, EpisodeUpdate, Outcome
 from exporter.events import NodeStatus, PodsRelisted, PodStatus
 from exporter.report import figure, lookup, text, timeline
-from exporter.sinks.journal.path import default_journal_path
 from exporter.sinks.journal.reader import JournalReader
 from exporter.sinks.journal.schema import JournalError, event_time
 

@@ -22,7 +22,8 @@ from exporter.config.options import (
     Options,
 )
 from exporter.correlate.config import CorrelatorConfig
-from exporter.sinks.journal.path import journal_path
+
+APP_DIR = "node-resize-exporter"
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,20 @@ def correlator_config(options: Options, kubernetes: bool) -> CorrelatorConfig:
                             readmission_settle=READMISSION_SETTLE.of(options),
                             memory_tolerance_bytes=MEMORY_TOLERANCE.of(options),
                             kubernetes=kubernetes)
+
+
+def default_journal_path() -> Path:
+    """/var/lib/node-resize-exporter/journal.db for root, the XDG state directory otherwise."""
+    if os.geteuid() == 0:
+        return Path("/var/lib") / APP_DIR / "journal.db"
+    state = os.environ.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / APP_DIR / "journal.db"
+
+
+def journal_path(named: str | os.PathLike[str] | None, off: bool = False) -> Path | None:
+    """Where the journal is: None when off (--no-journal), the named path, else the default."""
+    if off:
+        return None
+    return Path(named) if named else default_journal_path()

@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from exporter.clock import FakeClock
+from exporter.config.decide import default_journal_path
 from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.events import EventsLost, MalformedInput
-from exporter.sinks.journal.path import default_journal_path
 from exporter.sinks.journal.reader import JournalReader
 from exporter.sinks.journal.schema import JournalError
 from exporter.sinks.journal.sink import JournalSink

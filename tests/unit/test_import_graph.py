@@ -109,6 +109,9 @@ def test_the_exporter_has_no_import_cycles():
     ("exporter.correlate", "exporter.web"), ("exporter.events", "exporter.correlate"),
     ("exporter.sources", "exporter.sinks"), ("exporter.sources", "exporter.correlate"),
     ("exporter.config", "exporter.sources"), ("exporter.kube", "exporter.sources"),
+    # The decisions every stage shares sit below them all (the journal's default path too).
+    ("exporter.config", "exporter.sinks"), ("exporter.config", "exporter.web"),
+    ("exporter.config", "exporter.cli"), ("exporter.config", "exporter.app"),
     # The plan: judged by the correlator's pure code, read by the sinks, the web and the CLI.
     ("exporter.correlate", "exporter.plan"), ("exporter.sources", "exporter.plan"),
     ("exporter.plan", "exporter.sources"), ("exporter.plan", "exporter.sinks"),

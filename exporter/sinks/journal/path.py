@@ -1,5 +1,6 @@
-"""The journal's policy, in one place: where it lives by default, where it may live (checked
-before SQLite touches anything), the fix every refusal names, and `check`'s journal line.
+"""The journal's policy, in one place: where it may live (checked before SQLite touches
+anything), the fix every refusal names, and `check`'s journal line. Where it is (the named path
+or the default) is decided once with the other decisions, in exporter/config/decide.py.
 
 The exporter runs as root and makes the journal 0600. A journal path that is a symbolic link
 would make it chmod (and then overwrite) whatever the link points at, an empty target would
@@ -31,7 +32,8 @@ import tempfile
 from pathlib import Path
 
 from exporter.checks import FAIL, OK, Check
-from exporter.sinks.journal.schema import APP_DIR, NEWER_FIX, SCHEMA_VERSION
+from exporter.config.decide import APP_DIR  # where it is: decided once with the others
+from exporter.sinks.journal.schema import NEWER_FIX, SCHEMA_VERSION
 from exporter.untrusted import NotRegularFile, open_regular
 
 log = logging.getLogger(__name__)
@@ -43,23 +45,6 @@ WRITABLE_FIX = "a writable path on a local filesystem (--journal PATH), or --no-
 # is off, said once with what to do (a log format: the path and the reason).
 DEFAULT_UNWRITABLE = ("journal off: cannot create %s (%s); pass --journal PATH (writable) to "
                       "keep episodes across restarts, or --no-journal")
-
-
-def default_journal_path() -> Path:
-    """/var/lib/node-resize-exporter/journal.db for root, the XDG state directory otherwise."""
-    if os.geteuid() == 0:
-        return Path("/var/lib") / APP_DIR / "journal.db"
-    state = os.environ.get("XDG_STATE_HOME", "")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
-    return base / APP_DIR / "journal.db"
-
-
-def journal_path(named: str | os.PathLike[str] | None, off: bool = False) -> Path | None:
-    """Where the journal is: None when off (--no-journal), the named path, else the default."""
-    if off:
-        return None
-    return Path(named) if named else default_journal_path()
 
 
 class JournalPathError(Exception):

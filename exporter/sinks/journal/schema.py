@@ -23,7 +23,6 @@ from exporter.events import Event
 DEFAULT_MAX_AGE = 30 * 86400.0
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_PRUNE_EVERY = 1000
-APP_DIR = "node-resize-exporter"
 SCHEMA_VERSION = 2
 
 SCHEMA = """

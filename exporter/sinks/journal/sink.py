@@ -35,16 +35,12 @@ from typing import Callable, TypeVar
 
 from exporter import codec
 from exporter.clock import Clock
+from exporter.config.decide import default_journal_path
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
 from exporter.events import Event, Transition
 from exporter.ratelog import RateLimitedLog
 from exporter.sinks.journal import reader
-from exporter.sinks.journal.path import (
-    WRITABLE_FIX,
-    cannot_create,
-    check_journal,
-    default_journal_path,
-)
+from exporter.sinks.journal.path import WRITABLE_FIX, cannot_create, check_journal
 from exporter.sinks.journal.schema import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_BYTES,
