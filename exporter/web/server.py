@@ -5,7 +5,9 @@ certificates and basic auth. `--web.auth=kubernetes` (the DaemonSet's) checks be
 the API server instead (exporter/web/kubeauth.py), over TLS with the file's certificate or one
 made at start (exporter/web/selfsigned.py). /healthz answers without authentication (a kubelet
 probe carries no credentials and learns only "ok"); it is still behind TLS and client
-certificates when those are configured.
+certificates when those are configured. `health_address` adds a plain-HTTP listener with its
+own thread and loop for /healthz alone (exporter/web/health.py): a flood of this port makes
+each turn of its loop long, and a probe here needs several turns.
 
 Built to stay up when anyone who can reach the port misbehaves: one asyncio event
 loop holds every connection (tens of KiB each at most, not a thread), HTTP is parsed by h11
