@@ -48,13 +48,15 @@ IMPORTS = ("prometheus_client", "click", "yaml", "h11", "msgspec", "httpx2", "li
 
 
 def daemonset_args(port: int, journal: str) -> list[str]:
-    """The DaemonSet container's args, with the listen address and journal path made local."""
+    """The DaemonSet container's args, with the listen addresses and journal path made local."""
     out = []
     for arg in container_of(load_manifest("daemonset.yaml"))["args"]:
         if arg.startswith("--web.listen-address="):
             arg = f"--web.listen-address=127.0.0.1:{port}"
         elif arg.startswith("--journal="):
             arg = f"--journal={journal}"
+        elif arg.startswith("--web.health-listen-address="):  # the liveness probe's listener
+            arg = f"--web.health-listen-address=127.0.0.1:{free_port()}"
         out.append(arg)
     return out
 

@@ -43,6 +43,7 @@ from exporter.config.options import (
     WEB_AUTH,
     WEB_AUTH_TOKEN_AUDIENCE,
     WEB_CONFIG_FILE,
+    WEB_HEALTH_LISTEN_ADDRESS,
     WEB_TELEMETRY_PATH,
     WEB_TLS_EXTRA_SAN,
     Options,
@@ -295,7 +296,8 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
                              kubeconfig=KUBECONFIG.of(options),
                              token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
                              extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
-                             plan=plan)
+                             plan=plan,
+                             health_address=WEB_HEALTH_LISTEN_ADDRESS.of(options))
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
     except OSError as e:

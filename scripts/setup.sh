@@ -7,7 +7,7 @@
 #         packages and guest kernel (unpacked in a cache, not installed); cpio (the lab's
 #         initramfs check), perf (bench/profile.py), gcc (gcc-12 here: bench/listeners.py
 #         builds its C listener), python3-fusepy (the slow-disk journal test), curl (the
-#         runbook commands' test); the
+#         runbook commands' test), wrk (the token flood test); the
 #         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
 #         checks that every program the tests, lab and benchmarks run is installed here.
 #   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
@@ -123,8 +123,9 @@ case "$mode" in
   # python3-fusepy: the slow-disk journal test's FUSE file system (testkit/slowfs.py).
   test|bench) base
         # curl: tests/e2e/test_runbook_commands.py runs the runbooks' scrape command as written.
+        # wrk: the token flood at thousands of requests a second (tests/e2e/test_web_token_flood.py).
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
-          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl gcc
+          qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl gcc wrk
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;

@@ -203,6 +203,73 @@ class FloodProcess:
         self._reader.join(10)
 
 
+class WrkFlood:
+    """Debian's wrk against https://127.0.0.1:`port`/metrics: `connections` kept-alive TLS
+    connections on `threads` threads, each request with a new made-up bearer token
+    (testkit/wrk_flood.lua), as fast as the exporter answers; from 127.0.0.1 (the kernel's
+    source address for loopback). `answers` and `throttled` (429s) so far, from the script's
+    progress lines; after the block, `rate` (wrk's "Requests/sec"), `statuses` by code and
+    `report` (wrk's output)."""
+
+    def __init__(self, port: int, connections: int = 8, threads: int = 2,
+                 seconds: int = 300):
+        self.argv = ["wrk", "--latency", "-t", str(threads), "-c", str(connections),
+                     "-d", f"{seconds}s", "-s", "testkit/wrk_flood.lua",
+                     f"https://127.0.0.1:{port}/metrics"]
+        self.progress: dict[int, tuple[int, int]] = {}  # thread -> (answers, 429s)
+        self.statuses: dict[int, int] = {}
+        self.rate = 0.0
+        self.lines: list[str] = []
+
+    @property
+    def answers(self) -> int:
+        return sum(a for a, _ in self.progress.values())
+
+    @property
+    def throttled(self) -> int:
+        return sum(t for _, t in self.progress.values())
+
+    @property
+    def report(self) -> str:
+        return "\n".join(line for line in self.lines if not line.startswith("progress "))
+
+    def __enter__(self) -> "WrkFlood":
+        import subprocess
+        import threading
+
+        from testkit.exporter_proc import REPO
+
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            words = line.split()
+            if words[:1] == ["progress"] and len(words) == 4:
+                self.progress[int(words[1])] = (int(words[2]), int(words[3]))
+            elif words[:1] == ["status"] and len(words) == 3:
+                self.statuses[int(words[1])] = int(words[2])
+            elif words[:1] == ["Requests/sec:"]:
+                self.rate = float(words[1])
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+        import subprocess
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # wrk stops and prints its report
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(10)
+
+
 def _flood_main(port: str, token: str, connections: str) -> None:
     import json
     import sys

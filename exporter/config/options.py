@@ -149,6 +149,10 @@ class Options:
 WEB_LISTEN_ADDRESS: Opt[tuple[str, int]] = Opt(
     "web_listen_address", ("--web.listen-address", "--listen"), "0.0.0.0:9862",
     "Address for the telemetry path and /healthz (HOST:PORT).", ListenAddress())
+WEB_HEALTH_LISTEN_ADDRESS: Opt[tuple[str, int] | None] = Opt(
+    "web_health_listen_address", ("--web.health-listen-address",), None,
+    "Also answer /healthz here, plain HTTP on a listener of its own (HOST:PORT, such as "
+    "127.0.0.1:9863): a liveness probe no flood of the main port delays.", ListenAddress())
 WEB_TELEMETRY_PATH: Opt[str] = Opt(
     "web_telemetry_path", ("--web.telemetry-path",), "/metrics",
     "Path under which to expose metrics.", TelemetryPath())
@@ -233,7 +237,7 @@ NO_JOURNAL: Opt[bool] = Opt(
 
 # In this order in --help and the README.
 declare(
-    WEB_LISTEN_ADDRESS, WEB_TELEMETRY_PATH, WEB_CONFIG_FILE, WEB_AUTH,
+    WEB_LISTEN_ADDRESS, WEB_HEALTH_LISTEN_ADDRESS, WEB_TELEMETRY_PATH, WEB_CONFIG_FILE, WEB_AUTH,
     WEB_AUTH_TOKEN_AUDIENCE, WEB_TLS_EXTRA_SAN, LOG_LEVEL, LOG_FORMAT, SYSFS_ROOT, PROCFS_ROOT,
     KUBERNETES, KUBECONFIG, NODE_NAME, KUBE_EVENTS, COALESCE_WINDOW, RESYNC_DEADLINE,
     READMISSION_SETTLE, MEMORY_TOLERANCE, JOURNAL, NO_JOURNAL)

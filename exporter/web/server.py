@@ -5,7 +5,9 @@ certificates and basic auth. `--web.auth=kubernetes` (the DaemonSet's) checks be
 the API server instead (exporter/web/kubeauth.py), over TLS with the file's certificate or one
 made at start (exporter/web/selfsigned.py). /healthz answers without authentication (a kubelet
 probe carries no credentials and learns only "ok"); it is still behind TLS and client
-certificates when those are configured.
+certificates when those are configured. `health_address` adds a plain-HTTP listener with its
+own thread and loop for /healthz alone (exporter/web/health.py): a flood of this port makes
+each turn of its loop long, and a probe here needs several turns.
 
 Built to stay up when anyone who can reach the port misbehaves: one asyncio event
 loop holds every connection (tens of KiB each at most, not a thread), HTTP is parsed by h11
@@ -25,6 +27,7 @@ import resource
 import socket
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from http import HTTPStatus
 from typing import Any, Callable
@@ -37,6 +40,7 @@ from exporter.web.auth import BasicAuth
 from exporter.web.authmetrics import WebAuthCollector
 from exporter.web.config import WebConfig, load_web_config, peer_san_allowed
 from exporter.web.exposition import Exposition
+from exporter.web.health import HealthServer
 from exporter.web.kubeauth import (
     KubeAuth,
     ReviewClient,
@@ -64,6 +68,8 @@ LISTEN_BACKLOG = 128
 # overflows, SYNs are dropped and a scraper waits out a retransmit (1 s, then 3 s). Seen with
 # socketserver's 5 and 50 scrapers, and with 128 under a slowloris that reconnects at once.
 KERNEL_BACKLOG = 4096
+# The health listener reports down when the main loop has not turned for this long (seconds).
+LOOP_STALL = 30.0
 
 
 def _connection_cap() -> int:
@@ -102,7 +108,8 @@ class MetricsServer:
 
         MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
                       telemetry_path="/metrics", auth="config", node_name="",
-                      kubeconfig=None, token_audiences=(), extra_sans=())
+                      kubeconfig=None, token_audiences=(), extra_sans=(),
+                      health_address=None)
 
     `auth`: "config" (the web config file decides: basic auth or none), "none" (no
     authentication; basic_auth_users in the file are an error), "kubernetes" (bearer tokens,
@@ -118,7 +125,8 @@ class MetricsServer:
                  kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
                  review_client: Callable[[], ReviewClient] | None = None,
                  plan: Callable[[str], tuple[int, bytes]] | None = None,
-                 extra_sans: tuple[str, ...] = ()):
+                 extra_sans: tuple[str, ...] = (),
+                 health_address: tuple[str, int] | None = None):
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth_mode = auth
         self.generated_certificate: bytes | None = None  # PEM, when made at start
@@ -157,12 +165,25 @@ class MetricsServer:
         self.evicted = 0
         self.trimmer = Trimmer()
         self.sock = _listen(host, port)
+        # /healthz also on a plain-HTTP listener of its own (exporter/web/health.py): answered
+        # within a probe's timeout whatever floods this one.
+        self.health: HealthServer | None = None
+        if health_address is not None:
+            try:
+                self.health = HealthServer(*health_address,
+                                           lambda: self.serving() and healthy())
+            except OSError as e:
+                self.sock.close()
+                raise ValueError(f"--web.health-listen-address {health_address[0]}:"
+                                 f"{health_address[1]}: cannot listen: {e.strerror or e}. "
+                                 "Fix: choose another port") from None
         self.server_address = self.sock.getsockname()[:2]
         self._conns: OrderedDict[_Conn, None] = OrderedDict()  # open ones, oldest first
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._last_turn = time.monotonic()
 
     @property
     def scheme(self) -> str:
@@ -176,6 +197,8 @@ class MetricsServer:
     def start(self) -> None:
         self._thread.start()
         self._started.wait(10)
+        if self.health is not None:
+            self.health.start()
         host, port = self.server_address[:2]
         if ":" in host:  # IPv6, written as in a URL
             host = f"[{host}]"
@@ -192,12 +215,20 @@ class MetricsServer:
             log.warning("--web.config.file %s: %s", self.web.path, note)
 
     def stop(self) -> None:
+        if self.health is not None:
+            self.health.stop()
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
             self._thread.join(10)
         else:
             self.sock.close()
         self.routes.close()
+
+    def serving(self) -> bool:
+        """The main listener's loop runs: its thread is alive and it turned in the last
+        LOOP_STALL seconds (a flood makes each turn longer, never this long). What the health
+        listener adds to `healthy`, so that a wedged main loop still fails the probe."""
+        return self._thread.is_alive() and time.monotonic() - self._last_turn < LOOP_STALL
 
     # ------------------------------------------------------------------ the loop
 
@@ -214,8 +245,10 @@ class MetricsServer:
             self.sock.listen(KERNEL_BACKLOG)  # asyncio re-listened with its accept burst
         finally:
             self._started.set()
+        ticking = asyncio.ensure_future(self._tick())
         async with server:
             await self._stopping.wait()
+            ticking.cancel()
             server.close()
             for conn in list(self._conns):
                 conn.abort()
@@ -224,6 +257,11 @@ class MetricsServer:
                     await asyncio.wait_for(self.kube_auth.aclose(), 2)
                 except Exception:  # noqa: BLE001 - stopping: the API client's close is best effort
                     pass
+
+    async def _tick(self) -> None:
+        while True:
+            self._last_turn = time.monotonic()
+            await asyncio.sleep(1)
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # asyncio's own reports (accept() out of descriptors, a transport error): rate-limited.

@@ -596,9 +596,12 @@ def test_metrics_are_served_with_kubernetes_auth_and_no_secret_to_mint():
     assert not any(a.startswith("--web.config.file") for a in args)
     volumes = ds["spec"]["template"]["spec"]["volumes"]
     assert not [v for v in volumes if "secret" in v], "the default deployment mounts no Secret"
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container_of(ds)[probe]["httpGet"]["scheme"] == "HTTPS"
-        assert container_of(ds)[probe]["httpGet"]["path"] == "/healthz"
+    ready, live = container_of(ds)["readinessProbe"], container_of(ds)["livenessProbe"]
+    assert ready["httpGet"]["scheme"] == "HTTPS" and ready["httpGet"]["path"] == "/healthz"
+    # Liveness: the plain-HTTP /healthz listener on the node's loopback the args turn on.
+    assert live["httpGet"]["scheme"] == "HTTP" and live["httpGet"]["path"] == "/healthz"
+    assert f"--web.health-listen-address={live['httpGet']['host']}:" \
+        f"{live['httpGet']['port']}" in args
     (endpoint,) = load_manifest("servicemonitor.yaml")["spec"]["endpoints"]
     assert endpoint["scheme"] == "https"
     assert endpoint["path"] == _telemetry_path(args)

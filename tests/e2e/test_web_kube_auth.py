@@ -252,7 +252,8 @@ def test_the_deployment_as_written_lets_its_prometheus_scrape(api, tmp_path):
     from testkit.deploy import container_of, load_manifest
 
     args = [a for a in container_of(load_manifest("daemonset.yaml"))["args"][1:]
-            if not a.startswith(("--web.listen-address", "--journal"))]
+            if not a.startswith(("--web.listen-address", "--journal",
+                                 "--web.health-listen-address"))]
     role = load_manifest("scrape-clusterrole.yaml")
     binding = load_manifest("scrape-clusterrolebinding.yaml")
     for subject in binding["subjects"]:

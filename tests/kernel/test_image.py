@@ -158,8 +158,9 @@ def _pod(unpacked, tmp_path, web_secret, **kwargs) -> tuple[dict, str, int]:
     kube, _ = web_secret
     port = free_port()
     args = [a for a in oci_pod.exporter_container(oci_pod.daemonset())["args"]
-            if not a.startswith("--web.listen-address")]
+            if not a.startswith(("--web.listen-address", "--web.health-listen-address"))]
     args.append(f"--web.listen-address=127.0.0.1:{port}")  # host network: the host's loopback
+    args.append(f"--web.health-listen-address=127.0.0.1:{free_port()}")
     args.append("--kubeconfig=/etc/nre-test-kube/kubeconfig")  # in a pod: the service account
     spec, what = oci_pod.bundle_config(image_spec, tmp_path / "scratch", args,
                                        {"NODE_NAME": os.uname().nodename}, {}, **kwargs)
