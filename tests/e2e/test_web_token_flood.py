@@ -53,7 +53,11 @@ PROBE_TIMEOUT = float(_CONTAINER["livenessProbe"].get("timeoutSeconds", 1))
 PROBE_FAILURES = int(_CONTAINER["livenessProbe"].get("failureThreshold", 3))
 READY_TIMEOUT = float(_CONTAINER["readinessProbe"].get("timeoutSeconds", 1))
 READY_FAILURES = int(_CONTAINER["readinessProbe"].get("failureThreshold", 3))
-WRK_RATE = 3000.0  # made-up tokens a second the wrk flood must reach (wrk's Requests/sec)
+# Made-up tokens a second the wrk flood must reach (wrk's Requests/sec) for the test to speak of
+# a flood: wrk reaches 3,228-4,235/s on an idle 2-CPU machine here (docs/security.md), but it
+# shares the CPUs with the exporter it floods, so a loaded CI machine gets less; the guarantee
+# does not depend on the rate (the budgets are per address, not per second).
+WRK_RATE = 1500.0
 WRK_CONNECTIONS = 16
 
 FLOODS = {
