@@ -3,29 +3,15 @@ component binds it to one service account, and scraping /metrics does not includ
 with the real `kubectl kustomize` and validated against the Kubernetes schemas."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import kubernetes_validate
-import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl")
+from testkit.deploy import DEPLOY, render
 
 
-def build(tmp_path: Path, components: list[str]) -> list[dict]:
-    shutil.copytree(REPO / "deploy", tmp_path / "deploy")
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": ["../deploy"],
-        "components": [f"../deploy/components/{c}" for c in components]}))
-    out = subprocess.run(["kubectl", "kustomize", str(overlay)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+def build(components: list[str]) -> list[dict]:
+    """deploy/ with `components`, rendered by the test extra's kubectl as `kubectl apply -k`
+    would (testkit/deploy.py)."""
+    return render(DEPLOY, *(DEPLOY / "components" / c for c in components))
 
 
 def grants(docs: list[dict], path: str) -> list[dict]:
@@ -37,14 +23,14 @@ def grants(docs: list[dict], path: str) -> list[dict]:
             and d["roleRef"]["name"] in roles for s in d["subjects"]]
 
 
-def test_the_base_grants_plan_to_nobody_and_metrics_does_not_include_it(tmp_path):
-    docs = build(tmp_path, [])
+def test_the_base_grants_plan_to_nobody_and_metrics_does_not_include_it():
+    docs = build([])
     assert grants(docs, "/plan") == []
     assert grants(docs, "/metrics")  # Prometheus may scrape
 
 
-def test_the_plan_component_binds_it_to_one_service_account(tmp_path):
-    docs = build(tmp_path, ["plan"])
+def test_the_plan_component_binds_it_to_one_service_account():
+    docs = build(["plan"])
     assert grants(docs, "/plan") == [{"kind": "ServiceAccount", "name": "node-resizer",
                                       "namespace": "node-resize-exporter"}]
     for doc in docs:
