@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
-from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
+from exporter.config.options import KUBECONFIG, Options
 from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
@@ -35,7 +35,7 @@ from exporter.correlate.readmission_forecast import (
 )
 from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, node_and_pods
 from exporter.kube.convert import node_status, pod_status
-from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sinks import kernel_now
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
 
 
@@ -110,11 +110,9 @@ def check_readmission_forecast(options: Options) -> Check:
 
     name = "readmission forecast"
     node = decide(options).node
-    try:
-        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
+    snap = kernel_now(options, name)
+    if isinstance(snap, Check):
+        return snap
     try:
         config = load_config(KUBECONFIG.of(options))
     except KubeUnavailable as e:

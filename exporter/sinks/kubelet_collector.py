@@ -17,11 +17,10 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.checks import Check
-from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Options
+from exporter.config.options import Options
 from exporter.correlate.kubelet_view import KubeletView, cpu_list
 from exporter.events import Event
-from exporter.sinks import ViewSink
-from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sinks import ViewSink, kernel_now
 from exporter.sources.kubelet.kubelet_checkpoint import (
     KUBELET_ROOT_DIR,
     read_cpu_manager_state,
@@ -117,11 +116,9 @@ def check_kubelet_restart(options: Options) -> Check:
     if not root:
         return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
                      "pass the kubelet's --root-dir (default /var/lib/kubelet)")
-    try:
-        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
+    snap = kernel_now(options, name)
+    if isinstance(snap, Check):
+        return snap
     try:
         cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
     except OSError as e:

@@ -20,13 +20,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
-from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
+from exporter.config.options import KUBECONFIG, PROCFS_ROOT, Options
 from exporter.correlate.running_pods_view import KINDS, RunningPodsView
 from exporter.events import Event
 from exporter.kube.client import RawPod, load_config, make_client
 from exporter.kube.convert import pod_status
-from exporter.sinks import ViewSink
-from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.sinks import ViewSink, kernel_now
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS, scan
 
@@ -92,11 +91,9 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
     if not root or RUNNING_PODS_MAX_CONTAINERS.of(options) <= 0:
         return Check(name, "warn", "not checked: --cgroup-root is empty or "
                      "--running-pods.max-containers is 0", "pass the host's cgroup mount")
-    try:
-        snap = SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")
+    snap = kernel_now(options, name)
+    if isinstance(snap, Check):
+        return snap
     problems: list[str] = []
     found = scan(root, PROCFS_ROOT.of(options), 0.0,
                  max_containers=RUNNING_PODS_MAX_CONTAINERS.of(options), problems=problems)
