@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from typing import Callable
 
 from exporter.ratelog import RateLimitedLog
+from exporter.web.stream import listen
 
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 4096
 HEAD_TIMEOUT = 2.0
 MAX_CONNECTIONS = 16
+BACKLOG = 128  # a probe every few seconds: the kernel's queue never fills
 
 
 def _answer(code: int, reason: str, body: bytes, head_only: bool) -> bytes:
@@ -39,8 +40,7 @@ class HealthServer:
 
     def __init__(self, host: str, port: int, healthy: Callable[[], bool]):
         self.healthy = healthy
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, port), family=family, backlog=128)
+        self.sock = listen(host, port, BACKLOG)
         self.server_address = self.sock.getsockname()[:2]
         self.failures = RateLimitedLog(log)
         self._open = 0

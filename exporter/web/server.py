@@ -50,7 +50,7 @@ from exporter.web.kubeauth import (
 )
 from exporter.web.memory import Trimmer
 from exporter.web.routes import PLAN_PATH, Routes
-from exporter.web.stream import Plain, Tls
+from exporter.web.stream import Plain, Tls, listen
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,6 @@ LOOP_STALL = 30.0
 def _connection_cap() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, min(MAX_CONNECTIONS, soft // 2))
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """Bound and listening now, so that EADDRINUSE reaches the caller before the privilege drop."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
-    return socket.create_server((host, port), family=family, backlog=KERNEL_BACKLOG)
 
 
 # Go's net/http answer to a plain-HTTP request on a TLS port, word for word.
@@ -164,7 +158,7 @@ class MetricsServer:
         self.max_connections = _connection_cap()
         self.evicted = 0
         self.trimmer = Trimmer()
-        self.sock = _listen(host, port)
+        self.sock = listen(host, port, KERNEL_BACKLOG)
         # /healthz also on a plain-HTTP listener of its own (exporter/web/health.py): answered
         # within a probe's timeout whatever floods this one.
         self.health: HealthServer | None = None

@@ -1,4 +1,5 @@
-"""Byte streams under the HTTP server: plain TCP, or TLS done here with ssl.MemoryBIO.
+"""Byte streams under the HTTP servers (the main endpoint and the health listener): the
+listening socket they come from, then plain TCP, or TLS done here with ssl.MemoryBIO.
 
 Why not asyncio's own TLS (start_server(ssl=...) or StreamWriter.start_tls): when a handshake
 fails, asyncio closes the connection without sending the alert OpenSSL prepared, so a TLS 1.1
@@ -9,10 +10,18 @@ keeps both, and costs one small class.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from typing import Any
 
 READ_SIZE = 16 * 1024
+
+
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """Bound and listening now, so that EADDRINUSE reaches the caller before the privilege drop
+    (and `check`'s port line says what `run` would meet)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
+    return socket.create_server((host, port), family=family, backlog=backlog)
 
 
 class Plain:
