@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import DeviceChange, NodeStatus, Resource
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
@@ -96,6 +98,41 @@ def test_the_gauges_are_kept_until_an_input_changes(agent, sink, monkeypatch):
     handle(agent, SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
     values(sink)
     assert len(calls) == 2  # the kernel changed: at once
+
+
+def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent, sink,
+                                                                            monkeypatch):
+    # On a node listing 20,000 pods, a forecast or a running-pods view of the plan's own would
+    # hold each pod a second time and handle each pod event a second time.
+    assert not [name for name, v in vars(sink).items()
+                if isinstance(v, (ReadmissionForecast, RunningPodsView))]
+    assert sink.shared.forecast is agent.correlator.forecast
+    fed: list[str] = []
+    for cls, method in ((ReadmissionForecast, "on_pod"), (RunningPodsView, "handle")):
+        real = getattr(cls, method)
+        monkeypatch.setattr(cls, method, lambda self, event, _real=real, _name=cls.__name__:
+                            fed.append(_name) or _real(self, event))
+
+    def rejected() -> list[str]:
+        status, body = sink.http("cpu=-1")
+        assert status == 200
+        return [p["name"] for p in json.loads(body)["rejected_pods"]]
+
+    assert rejected() == ["a", "b"]
+    handle(agent, pod_status(pod("c", {"cpu": "100m"}, created="10:00:00"), T, None).event)
+    assert sorted(fed) == ["ReadmissionForecast", "RunningPodsView"]  # each pod event once
+    assert rejected() == ["a", "b", "c"]
+    # Handed to the plan sink alone, a pod changes nothing the plan reads: it keeps no copy.
+    sink.on_event(pod_status(pod("d", {"cpu": "100m"}, created="10:00:01"), T, None).event)
+    assert rejected() == ["a", "b", "c"]
+
+
+def test_a_plan_leaves_the_correlators_forecast_as_it_was(agent, sink):
+    forecast = agent.correlator.forecast
+    before = forecast.result()
+    assert before is not None and before.rejected_total == 0
+    assert sink.http("cpu=-1")[0] == 200 and values(sink)
+    assert forecast.result() is before  # not even its cache moved
 
 
 def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
