@@ -62,7 +62,7 @@ from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
-from exporter.sinks.plan_collector import PlanSink
+from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
@@ -377,8 +377,13 @@ def serve(options: Options) -> int:
     except StartupError as e:
         return _fail(str(e))
     agent = built.agent
-    # Before you unplug: GET /plan and the unpluggable gauges, a sink fed like the correlator.
-    plan = PlanSink.attach(agent, SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
+    # Before you unplug: GET /plan and the unpluggable gauges. The plan reads the Correlator's
+    # forecast and the running-pods view rather than keeping copies of every pod: the running
+    # sink is attached here, before the plan sink, and registered with the others in collect().
+    running = RunningPodsSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
+                                              agent.state_version),
+                           SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
                            KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet")
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
@@ -387,7 +392,8 @@ def serve(options: Options) -> int:
         agent.close_sources()
         return _fail(str(e))
     _drop_privileges(built.keep)
-    events = collect(options, decisions, agent, metrics, built.metrics, journal, traces)
+    events = collect(options, decisions, agent, metrics, built.metrics, journal, traces,
+                     running)
     metrics.register(plan)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -404,10 +410,11 @@ def serve(options: Options) -> int:
 
 def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
             exposition: MetricsSink, journal: JournalSink | None,
-            traces: TraceConfig | None) -> str:
+            traces: TraceConfig | None, running: RunningPodsSink) -> str:
     """After the privilege drop, every thread that start-up leaves (the journal's writer, the
-    span processor's, the Events poster's) and the Collectors /metrics renders. Returns
-    whether Events are posted, for the start-up line."""
+    span processor's, the Events poster's) and the Collectors /metrics renders (`running`:
+    already one of the agent's sinks, the plan reads it). Returns whether Events are posted,
+    for the start-up line."""
     if journal is not None:
         journal.start()
     if traces is not None:
@@ -426,7 +433,7 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
     # running containers: sinks of the agent that see every event, each its own Collector.
     metrics.register(KubeletSink.attach(agent))
-    metrics.register(RunningPodsSink.attach(agent))
+    metrics.register(running)
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
     metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast,
                                        agent.correlator.forecast_validity))

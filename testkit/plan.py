@@ -1,8 +1,18 @@
 """A small sysfs/procfs tree for plan tests: CPUs (cpu0 without an online file, as on x86) and
-memory blocks with their state and valid_zones, as the kernel lays them out."""
+memory blocks with their state and valid_zones, as the kernel lays them out; a plan sink wired
+to an agent as the composition root wires it."""
 from __future__ import annotations
 
 from pathlib import Path
+
+from exporter.agent import Agent
+from exporter.clock import FakeClock
+from exporter.correlate.correlator import Correlator
+from exporter.events import Event
+from exporter.sinks.plan_collector import PlanSink, SharedViews
+from exporter.sinks.running_pods_collector import RunningPodsSink
+from testkit.correlator import config
+from testkit.forecast import T
 
 BLOCK = 128 * 2**20
 
@@ -36,3 +46,20 @@ def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
     proc_root.mkdir()
     (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nSwapTotal: 0 kB\n")
     return str(sys_root), str(proc_root)
+
+
+def plan_agent(sysfs: str, procfs: str) -> tuple[Agent, PlanSink]:
+    """An agent without sources and its plan sink, wired as exporter/app.py serve wires them:
+    the plan reads the Correlator's forecast and the running-pods sink's view."""
+    clock = FakeClock(T)
+    agent = Agent(Correlator(config(kubernetes=True), clock), [], [], clock)
+    running = RunningPodsSink.attach(agent)
+    sink = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
+                                              agent.state_version), sysfs, procfs)
+    return agent, sink
+
+
+def handle(agent: Agent, *events: Event) -> None:
+    """Each event as the agent's loop hands it on: to every sink, then to the Correlator."""
+    for event in events:
+        agent._process("test", event)

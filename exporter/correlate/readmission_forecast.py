@@ -219,6 +219,25 @@ class ReadmissionForecast:
             self._apply()
             self._dirty = True  # the cached result is of the current inputs: recomputed
 
+    def result_on(self, snap: KernelSnapshot) -> tuple[
+            Forecast | None, tuple[tuple[int, int, int, int], int | None, int] | None]:
+        """result() and allocatable() on the kernel `snap` (a plan's hypothetical one) instead
+        of the one noted, the forecast left exactly as it was.
+
+        The planner asks this of the Correlator's own forecast (exporter/sinks/plan_collector.py),
+        between two of its events: the snapshot before the latest (result_before), the time and
+        the cached result must come back as they were, or a plan would show in an episode's
+        forecast and in the gauges."""
+        self.result()  # the pods noted applied for good: from here on only the kernel differs
+        saved = (self._snap_in, self._snap_before, self._kernel, self._cached, self._dirty,
+                 self._time)
+        self._snap_in = snap
+        try:
+            return self.result(), self.allocatable()  # the cached one when the kernel is the same
+        finally:
+            (self._snap_in, self._snap_before, self._kernel, self._cached, self._dirty,
+             self._time) = saved
+
     # ------------------------------------------------------------ applying the inputs
 
     def _apply(self) -> None:

@@ -53,9 +53,10 @@ PageFlags = Callable[[int], Mapping[int, int] | None]
 @dataclass(frozen=True)
 class Inputs:
     """What the planner judges. `forecast`: a ReadmissionForecast fed with the Node, the pods
-    and the CPU manager checkpoint (None: Kubernetes is off); the planner feeds it kernel
-    snapshots and gives it back with the real one. `running`: the running-pods view (its scan,
-    pods and checkpoint; None: not scanned)."""
+    and the CPU manager checkpoint (None: Kubernetes is off); the planner asks it about
+    hypothetical kernels (result_on) and leaves it as it was, so it may be the Correlator's
+    own, under the lock the Correlator writes it under. `running`: the running-pods view (its
+    scan, pods and checkpoint; None: not scanned), read, never fed."""
 
     snapshot: KernelSnapshot
     hardware: HardwareLike
@@ -201,16 +202,11 @@ def after(snap: KernelSnapshot, cpus_off: Iterable[int] = (), cpus_on: Iterable[
         mem_total_bytes=max(0, snap.mem_total_bytes + size * (len(b_on) - len(b_off))))
 
 
-def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot, real: KernelSnapshot
+def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot
                  ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, float]] | None:
     """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
-    kubelet would offer), the forecast given back `real` after."""
-    forecast.on_snapshot(hypo)
-    try:
-        result = forecast.result()
-        offered = forecast.allocatable()
-    finally:
-        forecast.on_snapshot(real)
+    kubelet would offer); the forecast itself is left as it was."""
+    result, offered = forecast.result_on(hypo)
     if result is None or offered is None:
         return None
     (milli, memory, _, _), _, _ = offered
@@ -423,8 +419,8 @@ def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _Pods
         notes.append("pods not judged: Kubernetes is off (pass --kubeconfig, or run in the "
                      "cluster)")
         return _PodsAfter([], 0, {}, {}, 0, False)
-    now = _forecast_at(forecast, snap, snap)
-    later = _forecast_at(forecast, hypo, snap)
+    now = _forecast_at(forecast, snap)
+    later = _forecast_at(forecast, hypo)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
     kubernetes = forecast.allocatable() is not None

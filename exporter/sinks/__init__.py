@@ -14,7 +14,7 @@ a family registered twice is refused at start-up, not exposed twice.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from prometheus_client.registry import Collector
 
@@ -42,9 +42,10 @@ class ViewSink(Collector):
         self.lock = threading.Lock()
 
     @classmethod
-    def attach(cls, agent: Any) -> Any:
-        """Built for a running agent, as one of its sinks."""
-        sink = cls()
+    def attach(cls, agent: Any, *args: Any, **kwargs: Any) -> Self:
+        """Built for a running agent (`args` and `kwargs` to the constructor), as one of its
+        sinks."""
+        sink = cls(*args, **kwargs)
         agent.add_sink(sink)
         return sink
 

@@ -2,17 +2,27 @@
 and what can leave now as gauges, both from the same pure planner (exporter/plan/planner.py)
 as `node-resize-exporter plan`.
 
-A sink and a Collector in one (exporter/sinks/__init__.py ViewSink): the agent hands it every
-event, which it feeds, under its own lock, to its own readmission forecast (the Correlator's
-code, fed the same events), a running-pods view and the latest kubelet checkpoints. The kernel's
-memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL seconds or until a
-kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each block's
-flags kept PAGE_FLAGS_TTL seconds. The gauges are computed at scrape time and kept until an
-input changes, like the forecast's.
+A sink and a Collector in one (exporter/sinks/__init__.py ViewSink) that copies nothing the
+agent already keeps: on a node listing 20,000 pods a second forecast and a second running-pods
+view would hold every pod twice and handle every pod event twice. It plans on
+- the Correlator's readmission forecast, under the agent's lock (the lock the Correlator
+  writes it under), asked about hypothetical kernels and left as it was
+  (ReadmissionForecast.result_on);
+- the running-pods sink's view (exporter/sinks/running_pods_collector.py), under that sink's
+  lock: the running containers, their pods, and the kernel snapshot every plan starts from.
+The agent still hands it every event, for what nobody else keeps (under its own lock): whether
+a Node was seen (no Node: the plan says Kubernetes is off, as `plan` does), the kubelet's
+checkpoints and feature gates, the memory blocks hot-added while it ran, and a count of events
+for the gauges' cache key. The kernel's memory blocks are read when asked (a plan, a scrape),
+kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a plan, at most
+PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds. The gauges are
+computed at scrape time and kept until an input changes, like the forecast's.
 
 The composition root wires it (exporter/app.py):
 
-    plan = PlanSink.attach(agent, sysfs=..., procfs=...)   # an agent sink
+    running = RunningPodsSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
+                                              agent.state_version), sysfs, procfs)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
 """
@@ -22,30 +32,27 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
     CpuManagerCheckpoint,
     DeviceChange,
     Event,
-    KernelSnapshot,
     KubeletFeatures,
     MemoryManagerCheckpoint,
     NodeStatus,
-    PodsRelisted,
-    PodStatus,
     Resource,
-    RunningContainers,
     Transition,
 )
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
 from exporter.sinks import ViewSink
+from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
@@ -63,52 +70,55 @@ def _zone(block: Any) -> str:
     return zone if zone in ZONES else "other"
 
 
+@dataclass(frozen=True)
+class SharedViews:
+    """What the plan reads and others keep, each written under its keeper's lock."""
+
+    lock: threading.Lock  # the agent's: the Correlator writes `forecast` under it
+    forecast: ReadmissionForecast  # the Correlator's
+    running: RunningPodsSink  # its view, under its own lock
+    # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
+    # This sink counts events too, but it may count one before the forecast and the view have
+    # it: a scrape in between would keep gauges computed without it under the new count.
+    version: Callable[[], int]
+
+
 class PlanSink(ViewSink):
-    def __init__(self, sysfs: str = "/sys", procfs: str = "/proc",
+    """Lock order, for a plan and a scrape alike: the agent's lock, then the running-pods
+    sink's, then this sink's own, each only as long as needed. The agent never holds one while
+    taking another (it hands events to the sinks outside its lock, exporter/agent.py _process)
+    and feed() takes only this sink's: a plan waiting for the agent's lock holds nothing the
+    agent waits for. Never take this sink's lock first: the day the agent calls its sinks
+    under its own lock, that would deadlock."""
+
+    def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
                  kubelet_root: str = "/var/lib/kubelet") -> None:
         super().__init__()
+        self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
-        self.forecast = ReadmissionForecast()
-        self.running = RunningPodsView()
         self.kubernetes = False  # a Node status was seen
-        self.snapshot: KernelSnapshot | None = None
         self.cpu_checkpoint: CpuManagerCheckpoint | None = None
         self.memory_checkpoint: MemoryManagerCheckpoint | None = None
         self.kubelet_resizes = False
         self.hot_added: set[int] = set()  # memory blocks seen added while running
-        self._version = 0  # bumped by every input: the gauges' cache key
+        self._version = 0  # bumped by every input: with the agent's, the gauges' cache key
         self._hardware: tuple[float, HotplugHardware] | None = None
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
         # (key, value, computed at): the gauges' cache
-        self._gauges: tuple[tuple[int, int, int], tuple[int, int], float] | None = None
+        self._gauges: tuple[tuple[int, int, int, int], tuple[int, int], float] | None = None
         self._io = threading.Lock()  # one reader of sysfs/kpageflags at a time
         self.plans = 0
-
-    @classmethod
-    def attach(cls, agent: Any, sysfs: str = "/sys", procfs: str = "/proc",
-               kubelet_root: str = "/var/lib/kubelet") -> "PlanSink":
-        sink = cls(sysfs, procfs, kubelet_root)
-        agent.add_sink(sink)
-        return sink
 
     # ------------------------------------------------------------ inputs (agent thread)
 
     def feed(self, event: Event) -> None:
+        # Pods, relists, kernel snapshots and running containers: the forecast and the
+        # running-pods view have them (SharedViews); only the count sees them here.
         self._version += 1
-        self.running.handle(event)
-        if isinstance(event, KernelSnapshot):
-            self.snapshot = event
-            self.forecast.on_snapshot(event)
-        elif isinstance(event, NodeStatus):
+        if isinstance(event, NodeStatus):
             self.kubernetes = True
-            self.forecast.on_node(event)
-        elif isinstance(event, PodStatus):
-            self.forecast.on_pod(event)
-        elif isinstance(event, PodsRelisted):
-            self.forecast.on_relist(event.uids, event.time)
         elif isinstance(event, CpuManagerCheckpoint):
             self.cpu_checkpoint = event
-            self.forecast.on_cpu_manager(event)
         elif isinstance(event, MemoryManagerCheckpoint):
             self.memory_checkpoint = event
         elif isinstance(event, KubeletFeatures):
@@ -119,8 +129,6 @@ class PlanSink(ViewSink):
             if isinstance(event, DeviceChange):
                 (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
                     event.unit)
-        elif isinstance(event, RunningContainers):
-            pass  # the running-pods view has it
 
     # ------------------------------------------------------------ reading the kernel
 
@@ -148,14 +156,24 @@ class PlanSink(ViewSink):
             return flags
         return read
 
-    def _inputs(self, hw: HotplugHardware) -> Inputs | None:
-        """Under the lock."""
-        if self.snapshot is None:
+    def _kernel_read(self) -> bool:
+        with self.shared.running.lock:
+            return self.shared.running.view.snapshot is not None
+
+    def _inputs(self, hw: HotplugHardware) -> tuple[Inputs, int] | None:
+        """The planner's inputs and this sink's event count, None before the kernel was read.
+        Under the agent's lock and the running-pods sink's, held while the planner runs: it
+        asks the forecast about other kernels and the view for its (cached) findings."""
+        running = self.shared.running.view
+        if running.snapshot is None:
             return None
-        return Inputs(self.snapshot, hw, self.forecast if self.kubernetes else None,
-                      self.running if self.running.scan is not None else None,
-                      self.cpu_checkpoint, self.memory_checkpoint, self.kubelet_root,
-                      self.kubelet_resizes)
+        with self.lock:
+            kubernetes, version = self.kubernetes, self._version
+            cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
+                self.kubelet_resizes
+        return Inputs(running.snapshot, hw, self.shared.forecast if kubernetes else None,
+                      running if running.scan is not None else None, cpu, memory,
+                      self.kubelet_root, resizes), version
 
     # ------------------------------------------------------------ GET /plan
 
@@ -173,15 +191,16 @@ class PlanSink(ViewSink):
             with self._io, PageFlagsReader(hw.block_size, self.procfs) as reader:
                 verdicts = judge_blocks(hw, self._page_flags(reader), PAGE_BUDGET,
                                         enough=needed)
-        with self.lock:
-            inputs = self._inputs(hw)
-            if inputs is None:
+        with self.shared.lock, self.shared.running.lock:  # the lock order: PlanSink's doc
+            got = self._inputs(hw)
+            if got is None:
                 return 503, _error("the kernel has not been read yet", "ask again in a "
                                    "second")
             try:
-                result = plan(change, inputs, verdicts=verdicts)
+                result = plan(change, got[0], verdicts=verdicts)
             except TooLarge as e:
                 return 400, _error(str(e), FIX)
+        with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
 
@@ -208,23 +227,28 @@ class PlanSink(ViewSink):
     # ------------------------------------------------------------ the gauges
 
     def collect(self) -> Iterable[Metric]:
-        hw = self.hardware() if self.snapshot is not None else None
+        hw = self.hardware() if self._kernel_read() else None
+        value = None
+        if hw is not None:
+            with self.shared.lock, self.shared.running.lock:  # the lock order: PlanSink's doc
+                got = self._inputs(hw)
+                if got is not None:
+                    inputs, version = got
+                    # Kept until an input changes; a pod's change alone (a busy node: every
+                    # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a
+                    # kernel change at once.
+                    key = (version, self.shared.version(), id(hw), id(inputs.snapshot))
+                    now = time.monotonic()
+                    with self.lock:
+                        cached = self._gauges
+                    if cached is not None and (cached[0] == key or (
+                            cached[0][2:] == key[2:] and now - cached[2] < GAUGE_MAX_AGE)):
+                        value = cached[1]
+                    else:
+                        value = unpluggable(inputs, judge_blocks(hw, None, 0))
+                        with self.lock:
+                            self._gauges = (key, value, now)
         with self.lock:
-            inputs = self._inputs(hw) if hw is not None else None
-            value = None
-            if inputs is not None and hw is not None:
-                # Kept until an input changes; a pod's change alone (a busy node: every
-                # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a kernel
-                # change at once.
-                key = (self._version, id(hw), id(self.snapshot))
-                now = time.monotonic()
-                cached = self._gauges
-                if cached is not None and (cached[0] == key or (
-                        cached[0][1:] == key[1:] and now - cached[2] < GAUGE_MAX_AGE)):
-                    value = cached[1]
-                else:
-                    value = unpluggable(inputs, judge_blocks(hw, None, 0))
-                    self._gauges = (key, value, now)
             hot_added = set(self.hot_added)
         can = GaugeMetricFamily(
             "node_resize_unpluggable",

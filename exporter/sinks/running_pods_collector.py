@@ -8,9 +8,11 @@ makes a Burstable container's OOM score stale at the next scrape, without a resc
 running-pods source rescans after every CPU or memory event (its `poked_by`: a cpuset changes
 without any notification), at least --running-pods.min-interval apart.
 
-The composition root wires it (exporter/app.py):
+The plan sink (exporter/sinks/plan_collector.py) plans on this view rather than keeping one of
+its own, under this sink's lock. The composition root wires it (exporter/app.py):
 
-    registry.register(RunningPodsSink.attach(agent))
+    running = RunningPodsSink.attach(agent)   # before the plan sink, which is handed it
+    registry.register(running)
 """
 from __future__ import annotations
 

@@ -1,32 +1,44 @@
-"""The plan sink: fed like the correlator, it answers GET /plan's query strings and renders
-the unpluggable gauges from a sysfs tree (a fake one here: tests/e2e and tests/kernel use the
-real one)."""
+"""The plan sink: an agent's sink that plans on the Correlator's forecast and the running-pods
+view, it answers GET /plan's query strings and renders the unpluggable gauges from a sysfs tree
+(a fake one here: tests/e2e and tests/kernel use the real one)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import DeviceChange, NodeStatus, Resource
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit.forecast import T, node, pod
-from testkit.plan import fake_host
+from testkit.plan import fake_host, handle, plan_agent
 
 
 @pytest.fixture
-def sink(tmp_path):
+def wired(tmp_path):
     sysfs, procfs = fake_host(tmp_path, blocks={1: ("online", "DMA32"), 8: ("online", "Movable"),
                                                 9: ("online", "Movable"), 10: ("online", "none")})
-    s = PlanSink(sysfs, procfs)
-    s.on_event(SysfsReader(sysfs, procfs).read(T))
+    agent, s = plan_agent(sysfs, procfs)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
     converted = node_status(node(cpu="2", allocatable_cpu="1"), T).event
     assert isinstance(converted, NodeStatus)
-    s.on_event(converted)
+    handle(agent, converted)
     for name in ("a", "b"):
-        s.on_event(pod_status(pod(name, {"cpu": "500m"}), T, None).event)
-    return s
+        handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None).event)
+    return agent, s
+
+
+@pytest.fixture
+def agent(wired):
+    return wired[0]
+
+
+@pytest.fixture
+def sink(wired):
+    return wired[1]
 
 
 def values(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -59,7 +71,7 @@ def test_bad_queries_are_400_with_the_fix(sink, query, fix):
     assert status == 400 and fix in answer["error"] and "GET /plan?" in answer["fix"]
 
 
-def test_the_gauges_say_what_can_leave_and_memory_by_zone(sink):
+def test_the_gauges_say_what_can_leave_and_memory_by_zone(agent, sink):
     got = values(sink)
     # cpu1 would cost both pods: no CPU can leave; both movable blocks can.
     assert got[("node_resize_unpluggable", ("cpu", "core"))] == 0
@@ -68,11 +80,11 @@ def test_the_gauges_say_what_can_leave_and_memory_by_zone(sink):
     assert got[("node_resize_memory_blocks_by_zone", ("DMA32",))] == 1
     assert got[("node_resize_memory_blocks_by_zone", ("none",))] == 1
     assert not any(name == "node_resize_memory_hot_added_blocks" for name, _ in got)
-    sink.on_event(DeviceChange("uevent", Resource.MEMORY, 8, "add", T + 1))
+    handle(agent, DeviceChange("uevent", Resource.MEMORY, 8, "add", T + 1))
     assert values(sink)[("node_resize_memory_hot_added_blocks", ("Movable",))] == 1
 
 
-def test_the_gauges_are_kept_until_an_input_changes(sink, monkeypatch):
+def test_the_gauges_are_kept_until_an_input_changes(agent, sink, monkeypatch):
     import exporter.sinks.plan_collector as module
     calls = []
     real = module.unpluggable
@@ -80,12 +92,47 @@ def test_the_gauges_are_kept_until_an_input_changes(sink, monkeypatch):
     values(sink)
     values(sink)
     assert len(calls) == 1
-    sink.on_event(pod_status(pod("c", {"cpu": "100m"}), T, None).event)
+    handle(agent, pod_status(pod("c", {"cpu": "100m"}), T, None).event)
     values(sink)
     assert len(calls) == 1  # a pod alone: within GAUGE_MAX_AGE the value stands
-    sink.on_event(SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
+    handle(agent, SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
     values(sink)
     assert len(calls) == 2  # the kernel changed: at once
+
+
+def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent, sink,
+                                                                            monkeypatch):
+    # On a node listing 20,000 pods, a forecast or a running-pods view of the plan's own would
+    # hold each pod a second time and handle each pod event a second time.
+    assert not [name for name, v in vars(sink).items()
+                if isinstance(v, (ReadmissionForecast, RunningPodsView))]
+    assert sink.shared.forecast is agent.correlator.forecast
+    fed: list[str] = []
+    for cls, method in ((ReadmissionForecast, "on_pod"), (RunningPodsView, "handle")):
+        real = getattr(cls, method)
+        monkeypatch.setattr(cls, method, lambda self, event, _real=real, _name=cls.__name__:
+                            fed.append(_name) or _real(self, event))
+
+    def rejected() -> list[str]:
+        status, body = sink.http("cpu=-1")
+        assert status == 200
+        return [p["name"] for p in json.loads(body)["rejected_pods"]]
+
+    assert rejected() == ["a", "b"]
+    handle(agent, pod_status(pod("c", {"cpu": "100m"}, created="10:00:00"), T, None).event)
+    assert sorted(fed) == ["ReadmissionForecast", "RunningPodsView"]  # each pod event once
+    assert rejected() == ["a", "b", "c"]
+    # Handed to the plan sink alone, a pod changes nothing the plan reads: it keeps no copy.
+    sink.on_event(pod_status(pod("d", {"cpu": "100m"}, created="10:00:01"), T, None).event)
+    assert rejected() == ["a", "b", "c"]
+
+
+def test_a_plan_leaves_the_correlators_forecast_as_it_was(agent, sink):
+    forecast = agent.correlator.forecast
+    before = forecast.result()
+    assert before is not None and before.rejected_total == 0
+    assert sink.http("cpu=-1")[0] == 200 and values(sink)
+    assert forecast.result() is before  # not even its cache moved
 
 
 def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):

@@ -518,3 +518,21 @@ def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
         v.on_source_status(SourceStatus("kube_pods", False, T, reason))
         assert (v.current.valid, v.current.reason) == (False, why)
         assert reason in v.current.describe() and v.current.fix
+
+
+def test_a_hypothetical_kernel_leaves_the_forecast_as_it_was():
+    # The planner asks the Correlator's own forecast: nothing of a plan may stay in it, neither
+    # the snapshot result_before goes back to, nor the time, nor the cached result.
+    f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
+                   [pod("a", {"cpu": "500m"}), pod("b", {"cpu": "500m"})])
+    newer = snapshot(2, when=T + 5)
+    f.on_snapshot(newer)
+    before = f.result()
+    done = f.recomputed
+    hypo, offered = f.result_on(snapshot(1, when=T + 9))
+    assert hypo is not None and hypo.rejected_total == 2 and offered is not None
+    assert offered[0][0] == 0  # 1 CPU less the 1 reserved
+    assert f.result() is before and f.recomputed == done + 1  # only the hypothetical one
+    same, _ = f.result_on(newer)
+    assert same is before and f.recomputed == done + 1  # the same kernel: the cached result
+    assert f.result_before(newer) == before  # the one before `newer` is still snapshot(2)
