@@ -31,7 +31,7 @@ MEMORY_MANAGER = "memory_manager_state"
 # free of the HTTP client; tests/unit/test_kubelet_kep3953.py checks they agree)
 GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug", "NodeResourceHotUnPlug",
          "BalloonPod")
-# Start times of one process read two ways (psutil, the kubelet's process_start_time_seconds)
+# Start times of one process read two ways (/proc, the kubelet's process_start_time_seconds)
 # differ by rounding; a restart differs by the seconds a kubelet needs to start at least.
 SAME_START = 1.0
 AUTO_ONLINE_POLICIES = ("offline", "online", "online_kernel", "online_movable")

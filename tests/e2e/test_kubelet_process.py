@@ -1,4 +1,4 @@
-"""Kubelet restarts, seen as a new start time of a real process found by name (psutil)."""
+"""Kubelet restarts, seen as a new start time of a real process found by name in /proc."""
 from __future__ import annotations
 
 import os
@@ -45,7 +45,7 @@ def test_a_new_process_is_a_restart_and_the_same_one_is_not(tmp_path):
         # no kubelet running (between stop and start)
         assert _of(KubeletProcess, emitted)[-1].start_time is None
         # A kubelet takes seconds to start; start times within SAME_START are one process
-        # read two ways (psutil and the kubelet's own metric), so the new one starts later.
+        # read two ways (/proc and the kubelet's own metric), so the new one starts later.
         time.sleep(SAME_START + 0.1)
         second = spawn(tmp_path)
         source.poll(emitted.append)
@@ -82,7 +82,7 @@ def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
     import exporter.sources.kubelet.kubelet_process as module
     scans: list[int] = []
     at = [0]  # the check number the fake scan records
-    monkeypatch.setattr(module, "find_process", lambda name: scans.append(at[0]))
+    monkeypatch.setattr(module, "find_process", lambda name, procfs: scans.append(at[0]))
     source = KubeletProcessSource(MonotonicWallClock(), process_name="none")
     for n in range(30):
         at[0] = n
@@ -92,7 +92,7 @@ def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
 
 def test_one_start_read_two_ways_is_not_a_restart():
     view = KubeletView()
-    for start in (1000.0, 1000.01, 999.995, 1030.0):  # psutil, the metric, psutil, a restart
+    for start in (1000.0, 1000.01, 999.995, 1030.0):  # /proc, the metric, /proc, a restart
         view.handle(KubeletProcess(2000.0, start, None))
     assert view.restarts == 1
 
@@ -151,8 +151,7 @@ def test_kubelet_metrics_source_reports_a_restart_without_hostpid():
 
 
 def test_the_process_table_is_read_from_path_procfs(tmp_path):
-    """--path.procfs (a host /proc mounted elsewhere): psutil reads that one, not /proc."""
-    import psutil
+    """--path.procfs (a host /proc mounted elsewhere): the process table is read there."""
     import pytest
 
     elsewhere, empty = tmp_path / "host-proc", tmp_path / "empty"
@@ -165,7 +164,6 @@ def test_the_process_table_is_read_from_path_procfs(tmp_path):
         found: list = []
         KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
                              procfs_root=str(elsewhere)).poll(found.append)
-        assert psutil.PROCFS_PATH == str(elsewhere)
         assert [e.pid for e in _of(KubeletProcess, found)] == [proc.pid]
         nothing: list = []
         KubeletProcessSource(MonotonicWallClock(), process_name=NAME,
@@ -173,6 +171,31 @@ def test_the_process_table_is_read_from_path_procfs(tmp_path):
         # no process table there: not found
         assert [e.pid for e in _of(KubeletProcess, nothing)] == [None]
     finally:
-        psutil.PROCFS_PATH = "/proc"
         terminate(proc)
         subprocess.run(["umount", str(elsewhere)])
+
+
+def test_name_and_start_time_are_what_psutil_reads(tmp_path):
+    """The source reads /proc/<pid>/stat itself (psutil cost every pod 1.4 MB of imports): the
+    start time it computes is psutil's create_time() to the tick, for a process whose name
+    holds what could fool a parser of that line (spaces and parentheses)."""
+    import psutil
+
+    from exporter.sources.kubelet.kubelet_process import CLOCK_TICKS, find_process, start_time_of
+    tricky = "a) 1 2 (b"
+    exe = tmp_path / tricky
+    exe.symlink_to(shutil.which("sleep"))
+    proc = subprocess.Popen([str(exe), "600"])
+    try:
+        assert psutil.Process(proc.pid).name() == tricky  # the kernel's comm, as psutil reads it
+        found = find_process(tricky)
+        assert found is not None and found[0] == proc.pid
+        want = psutil.Process(proc.pid).create_time()
+        assert abs(found[1] - want) < 1.0 / CLOCK_TICKS, (found, want)
+        assert start_time_of(proc.pid) == found[1]
+        mine = start_time_of(os.getpid())
+        assert mine is not None and abs(mine - psutil.Process().create_time()) < 1.0 / CLOCK_TICKS
+    finally:
+        terminate(proc)
+    assert start_time_of(proc.pid) is None  # gone (reaped by terminate)
+    assert find_process(tricky) is None

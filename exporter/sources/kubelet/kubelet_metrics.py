@@ -146,7 +146,7 @@ class KubeletMetricsSource(Source):
             emit(MalformedInput(self.name, f"{self.url} is not Prometheus text: {e}", now))
             return
         self._set_up(emit, True, f"scraping {self.url}")
-        # The kubelet's start time, for restarts where psutil cannot see it (no hostPID)
+        # The kubelet's start time, for restarts where /proc does not show it (no hostPID)
         start = start_time_from_metrics(body)
         if start is not None and start != self._last_start:
             self._last_start = start

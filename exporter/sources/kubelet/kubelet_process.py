@@ -2,9 +2,14 @@
 
 Restarting the kubelet is today's only way to make it resync capacity after a hotplug (no
 released kubelet resyncs live), and a restart can fail (see kubelet_checkpoint.py). The kubelet
-is found by its process name through psutil where the exporter shares the host's PID namespace
-(hostPID: true, the kubelet-state component of deploy/); a new start time is a restart. A check
-is one stat of /proc/<pid>; the whole process table is scanned only while no kubelet is known.
+is found by its process name where the exporter shares the host's PID namespace (hostPID: true,
+the kubelet-state component of deploy/); a new start time is a restart. A check is one read of
+/proc/<pid>/stat; the whole process table is scanned only while no kubelet is known.
+
+The process table is read here, not through psutil: two fields of /proc/<pid>/stat (the name
+and the start time, as psutil computes it: boot time + start ticks / CLK_TCK) cost psutil's
+1.4 MB of imports in every pod (bench/README.md, "The pod's bill"), and the --path.procfs root
+is then this source's own instead of psutil's one module-wide PROCFS_PATH.
 
 The source is up only while it sees a kubelet process: without hostPID none is visible, and it
 reports down saying so (the episodes' `resynced_by` is then "unknown", unless the kubelet's
@@ -13,9 +18,8 @@ metrics give its start time).
 from __future__ import annotations
 
 import math
+import os
 import re
-
-import psutil  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
 from exporter.config.options import PROCFS_ROOT
@@ -47,27 +51,67 @@ def start_time_from_metrics(body: bytes) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def find_process(name: str) -> tuple[int, float] | None:
-    """(pid, start time in wall seconds) of the oldest process called `name`, or None."""
-    found: list[tuple[float, int]] = []
+STAT_BYTES = 4096  # /proc/<pid>/stat is one line of ~300 bytes
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of its start time (USER_HZ, 100)
+
+
+def _name_and_ticks(procfs: str, pid: int) -> tuple[bytes, int] | None:
+    """The name (comm) and start time (clock ticks after boot) in /proc/<pid>/stat, or None
+    when the process is gone or the line is not one. comm is whatever the process named itself
+    (spaces and parentheses included): it ends at the line's last ')'."""
     try:
-        for proc in psutil.process_iter(["name", "create_time"]):
-            info = proc.info
-            if info.get("name") == name and info.get("create_time") is not None:
-                found.append((float(info["create_time"]), proc.pid))
-    except (OSError, IndexError):  # --path.procfs is no process table (psutil: IndexError)
+        with open(f"{procfs}/{pid}/stat", "rb") as f:
+            line = f.read(STAT_BYTES)
+    except OSError:
         return None
+    head, sep, rest = line.rpartition(b")")
+    fields = rest.split()
+    if not sep or b"(" not in head or len(fields) < 20:
+        return None
+    try:
+        return head.partition(b"(")[2], int(fields[19])  # field 22 of proc(5), after comm
+    except ValueError:
+        return None
+
+
+def boot_time(procfs: str) -> float | None:
+    """The boot time in wall seconds (`btime` of /proc/stat), or None."""
+    try:
+        with open(f"{procfs}/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def find_process(name: str, procfs: str = "/proc") -> tuple[int, float] | None:
+    """(pid, start time in wall seconds) of the oldest process called `name`, or None (also
+    when `procfs` is no process table)."""
+    booted = boot_time(procfs)
+    try:
+        pids = [int(entry) for entry in os.listdir(procfs) if entry.isdigit()]
+    except OSError:
+        return None
+    if booted is None:
+        return None
+    wanted = name.encode()
+    found: list[tuple[int, int]] = []
+    for pid in pids:
+        got = _name_and_ticks(procfs, pid)
+        if got is not None and got[0] == wanted:
+            found.append((got[1], pid))
     if not found:
         return None
-    start, pid = min(found)
-    return pid, start
+    ticks, pid = min(found)
+    return pid, booted + ticks / CLOCK_TICKS
 
 
-def start_time_of(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
+def start_time_of(pid: int, procfs: str = "/proc") -> float | None:
+    booted = boot_time(procfs)
+    got = _name_and_ticks(procfs, pid)
+    return None if booted is None or got is None else booted + got[1] / CLOCK_TICKS
 
 
 class KubeletProcessSource(Source):
@@ -76,9 +120,7 @@ class KubeletProcessSource(Source):
     def __init__(self, clock: Clock, *, process_name: str = KUBELET,
                  interval: float = INTERVAL, procfs_root: str = "/proc") -> None:
         super().__init__(clock)
-        # --path.procfs: psutil reads the process table from one module-wide path (its
-        # documented knob for a host /proc mounted elsewhere); this source is its only user.
-        psutil.PROCFS_PATH = procfs_root
+        self.procfs_root = procfs_root  # --path.procfs: a host /proc mounted elsewhere
         self.process_name = process_name
         self.interval = interval
         self._pid: int | None = None
@@ -96,14 +138,14 @@ class KubeletProcessSource(Source):
             self.stopping.wait(self.interval)
 
     def poll(self, emit: Emit) -> None:
-        start = start_time_of(self._pid) if self._pid is not None else None
+        start = start_time_of(self._pid, self.procfs_root) if self._pid is not None else None
         if start is None or start != self._start:  # gone, or the pid was reused
             if self._pid is not None:
                 self._scan_gap = self._until_scan = 0  # just vanished: a restart, look now
             if self._until_scan > 0:
                 self._until_scan -= 1
                 return
-            found = find_process(self.process_name)
+            found = find_process(self.process_name, self.procfs_root)
             self._pid, start = found if found else (None, None)
             self._scan_gap = 0 if found else min(MAX_SCAN_GAP, max(1, self._scan_gap * 2))
             self._until_scan = 0 if found else self._scan_gap - 1
@@ -121,12 +163,12 @@ class KubeletProcessSource(Source):
         if seen:
             reason = f"watching the {self.process_name!r} process (pid {self._pid})"
         else:
-            reason = (f"no {self.process_name!r} process visible in {psutil.PROCFS_PATH}: "
+            reason = (f"no {self.process_name!r} process visible in {self.procfs_root}: "
                       "without hostPID the kubelet is in another PID namespace (deploy the "
                       "kubelet-state component, or give --kubelet-metrics-url)")
         emit(SourceStatus(self.name, seen, self.clock.now(), reason))
 
 
 register(SourceSpec(
-    "kubelet_process", KUBERNETES, "the kubelet process's start time (psutil, hostPID)",
+    "kubelet_process", KUBERNETES, "the kubelet process's start time (/proc, hostPID)",
     lambda ctx: KubeletProcessSource(ctx.clock, procfs_root=PROCFS_ROOT.of(ctx.options)), order=62))
