@@ -381,8 +381,7 @@ def serve(options: Options) -> int:
     # forecast and the running-pods view rather than keeping copies of every pod: the running
     # sink is attached here, before the plan sink, and registered with the others in collect().
     running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
-                                              agent.state_version),
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
                            KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet")
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from exporter.agent import Agent
 from exporter.clock import FakeClock
 from exporter.correlate.correlator import Correlator
-from exporter.events import Event
+from exporter.events import Event, SourceStatus
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from testkit.correlator import config
@@ -54,9 +54,14 @@ def plan_agent(sysfs: str, procfs: str) -> tuple[Agent, PlanSink]:
     clock = FakeClock(T)
     agent = Agent(Correlator(config(kubernetes=True), clock), [], [], clock)
     running = RunningPodsSink.attach(agent)
-    sink = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
-                                              agent.state_version), sysfs, procfs)
+    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs)
     return agent, sink
+
+
+def pods_listed(agent: Agent) -> None:
+    """The pod source's first list done (it reports up), as kube_pods says after listing: from
+    here on the forecast counts as having seen the pods."""
+    handle(agent, SourceStatus("kube_pods", True, T))
 
 
 def handle(agent: Agent, *events: Event) -> None:

@@ -7,7 +7,9 @@ agent already keeps: on a node listing 20,000 pods a second forecast and a secon
 view would hold every pod twice and handle every pod event twice. It plans on
 - the Correlator's readmission forecast, under the agent's lock (the lock the Correlator
   writes it under), asked about hypothetical kernels and left as it was
-  (ReadmissionForecast.result_on);
+  (ReadmissionForecast.result_on), and whether it saw the pods (the Correlator's
+  ForecastValidity): while it did not, a plan says the pods are unjudged (not safe) and
+  `node_resize_unpluggable` is absent, as the forecast's own series are;
 - the running-pods sink's view (exporter/sinks/running_pods_collector.py), under that sink's
   lock: the running containers, their pods, and the kernel snapshot every plan starts from.
 The agent still hands it every event, for what nobody else keeps (under its own lock): whether
@@ -21,13 +23,13 @@ computed at scrape time and kept until an input changes, like the forecast's.
 The composition root wires it (exporter/app.py):
 
     running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews(agent.lock, agent.correlator.forecast, running,
-                                              agent.state_version), sysfs, procfs)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -38,6 +40,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter.correlate.forecast_validity import ForecastValidity, Validity
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.events import (
     CpuManagerCheckpoint,
@@ -76,11 +79,18 @@ class SharedViews:
 
     lock: threading.Lock  # the agent's: the Correlator writes `forecast` under it
     forecast: ReadmissionForecast  # the Correlator's
+    validity: ForecastValidity  # the Correlator's: did the forecast see this node's pods
     running: RunningPodsSink  # its view, under its own lock
     # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
     # This sink counts events too, but it may count one before the forecast and the view have
     # it: a scrape in between would keep gauges computed without it under the new count.
     version: Callable[[], int]
+
+    @classmethod
+    def of(cls, agent: Any, running: RunningPodsSink) -> "SharedViews":
+        """The running agent's (exporter/agent.py), and the running-pods sink attached to it."""
+        return cls(agent.lock, agent.correlator.forecast, agent.correlator.forecast_validity,
+                   running, agent.state_version)
 
 
 class PlanSink(ViewSink):
@@ -160,10 +170,11 @@ class PlanSink(ViewSink):
         with self.shared.running.lock:
             return self.shared.running.view.snapshot is not None
 
-    def _inputs(self, hw: HotplugHardware) -> tuple[Inputs, int] | None:
-        """The planner's inputs and this sink's event count, None before the kernel was read.
-        Under the agent's lock and the running-pods sink's, held while the planner runs: it
-        asks the forecast about other kernels and the view for its (cached) findings."""
+    def _inputs(self, hw: HotplugHardware) -> tuple[Inputs, int, Validity | None] | None:
+        """The planner's inputs, this sink's event count and, with Kubernetes on, whether the
+        forecast saw the pods; None before the kernel was read. Under the agent's lock and the
+        running-pods sink's, held while the planner runs: it asks the forecast about other
+        kernels and the view for its (cached) findings."""
         running = self.shared.running.view
         if running.snapshot is None:
             return None
@@ -171,9 +182,10 @@ class PlanSink(ViewSink):
             kubernetes, version = self.kubernetes, self._version
             cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
                 self.kubelet_resizes
-        return Inputs(running.snapshot, hw, self.shared.forecast if kubernetes else None,
-                      running if running.scan is not None else None, cpu, memory,
-                      self.kubelet_root, resizes), version
+        return (Inputs(running.snapshot, hw, self.shared.forecast if kubernetes else None,
+                       running if running.scan is not None else None, cpu, memory,
+                       self.kubelet_root, resizes), version,
+                self.shared.validity.current if kubernetes else None)
 
     # ------------------------------------------------------------ GET /plan
 
@@ -200,6 +212,12 @@ class PlanSink(ViewSink):
                 result = plan(change, got[0], verdicts=verdicts)
             except TooLarge as e:
                 return 400, _error(str(e), FIX)
+            validity = got[2]
+        if validity is not None and not validity.valid:
+            # A forecast of pods it never saw says "nothing rejected": `plan` says the same
+            # of a list it could not make (exporter/cli/plan.py gather).
+            result = dataclasses.replace(result, unjudged=(
+                *result.unjudged, f"pods: {validity.describe()} ({validity.fix})"))
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
@@ -232,8 +250,10 @@ class PlanSink(ViewSink):
         if hw is not None:
             with self.shared.lock, self.shared.running.lock:  # the lock order: PlanSink's doc
                 got = self._inputs(hw)
-                if got is not None:
-                    inputs, version = got
+                # While the forecast has not seen the pods, "what can leave with no pod
+                # rejected" cannot be said: absent, as the forecast's series are.
+                if got is not None and (got[2] is None or got[2].valid):
+                    inputs, version, _ = got
                     # Kept until an input changes; a pod's change alone (a busy node: every
                     # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a
                     # kernel change at once.

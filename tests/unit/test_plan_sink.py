@@ -14,7 +14,7 @@ from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit.forecast import T, node, pod
-from testkit.plan import fake_host, handle, plan_agent
+from testkit.plan import fake_host, handle, plan_agent, pods_listed
 
 
 @pytest.fixture
@@ -28,6 +28,7 @@ def wired(tmp_path):
     handle(agent, converted)
     for name in ("a", "b"):
         handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None).event)
+    pods_listed(agent)
     return agent, s
 
 
@@ -148,3 +149,32 @@ def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
     t.join(10)
     assert got == [None]
     reader.close()
+
+
+@pytest.mark.parametrize("status, says", [
+    (None, "have not been listed yet"),
+    (("list of pods: more than 10000 objects",), "cut at its bound"),
+    (("pods is forbidden: User cannot list resource",), "forbidden"),
+])
+def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_path, status,
+                                                                         says):
+    """The Node is known but the pods are not (not listed yet, past the list bound, forbidden):
+    the forecast would say "nothing rejected" about pods it never saw. The plan says they are
+    unjudged (not safe, as `plan` does) and node_resize_unpluggable is absent, as the
+    forecast's own series are (node_resize_readmission_forecast_valid says why)."""
+    from exporter.events import SourceStatus
+    sysfs, procfs = fake_host(tmp_path, blocks={8: ("online", "Movable")})
+    agent, s = plan_agent(sysfs, procfs)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
+    if status is not None:
+        handle(agent, SourceStatus("kube_pods", False, T, status[0]))
+    answer = json.loads(s.http("memory=-128Mi")[1])
+    assert not answer["safe"] and any(says in u for u in answer["unjudged"]), answer
+    got = values(s)
+    assert not any(name == "node_resize_unpluggable" for name, _ in got)
+    assert got[("node_resize_memory_blocks_by_zone", ("Movable",))] == 1  # the kernel's, still
+    pods_listed(agent)
+    answer = json.loads(s.http("memory=-128Mi")[1])
+    assert answer["safe"] and answer["unjudged"] == [], answer
+    assert values(s)[("node_resize_unpluggable", ("memory", "byte"))] == 128 * 2**20
