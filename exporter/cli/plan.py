@@ -15,14 +15,11 @@ from typing import Any
 import click
 
 from exporter.config import options
-from exporter.config.options import KUBECONFIG, PROCFS_ROOT, SYSFS_ROOT, Options
-from exporter.kube.client import NODE_PODS_MAX
+from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.plan.model import BadChange, Plan, parse_change
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS
-
-PODS_MAX = NODE_PODS_MAX  # pods listed at most (the watch sources' own bound)
 
 EPILOG = """\b
 Examples:
@@ -43,6 +40,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     from exporter.correlate.readmission_forecast import ReadmissionForecast
     from exporter.correlate.running_pods_view import RunningPodsView
     from exporter.plan.planner import Inputs
+    from exporter.sinks.forecast_collector import Unlisted, list_forecast
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
     snap = SysfsReader(SYSFS_ROOT.of(opts), PROCFS_ROOT.of(opts)).read(0.0)
@@ -63,13 +61,15 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     forecast = None
     pods: list[Any] = []
     if kubernetes_enabled(opts):
-        forecast = ReadmissionForecast()
-        forecast.on_snapshot(snap)
-        if cpu_cp is not None:
-            forecast.on_cpu_manager(cpu_cp)
-        problem = _read_kubernetes(opts, resolve_node_name(opts), forecast, pods)
-        if problem:
-            unjudged.append(problem)
+        listed = list_forecast(opts, resolve_node_name(opts), snap, cpu_cp)
+        if isinstance(listed, Unlisted):
+            # Judged as if Kubernetes were on but nothing read: the plan says why, not safe.
+            forecast = ReadmissionForecast()
+            forecast.on_snapshot(snap)
+            unjudged.append(f"pods: {listed.message}"
+                            + (f" ({listed.fix})" if listed.fix else ""))
+        else:
+            forecast, pods = listed.forecast, listed.pods
     running = None
     if CGROUP_ROOT.of(opts) and RUNNING_PODS_MAX_CONTAINERS.of(opts) > 0:
         from exporter.sources.kubelet.running_pods import scan
@@ -85,35 +85,6 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     inputs = Inputs(snap, hardware, forecast, running, cpu_cp, mem_cp,
                     kubelet_root=root or "/var/lib/kubelet")
     return inputs, reader, unjudged
-
-
-def _read_kubernetes(opts: Options, node: str, forecast: Any, pods: list[Any]) -> str:
-    """This node's Node and pods into the forecast (and `pods`); "" or why not."""
-    from exporter.kube.client import KubeUnavailable, load_config, node_and_pods
-    from exporter.kube.convert import node_status, pod_status
-    try:
-        config = load_config(KUBECONFIG.of(opts))
-    except KubeUnavailable as e:
-        return f"pods: {e.reason} ({e.fix})"
-    try:
-        found, raw, truncated = node_and_pods(config, node, PODS_MAX)
-    except Exception as e:  # noqa: BLE001 - unreachable, 403: said in the plan, never a traceback
-        return f"pods: listing node {node} and its pods failed: " \
-            f"{str(e)[:200] or type(e).__name__}"
-    if truncated:  # a verdict on some of the pods would not be one on all of them
-        return f"pods: more than {PODS_MAX} pods are bound to node {node} (the list bound)"
-    if found is None:
-        return f"pods: the API server has no Node {node} (pass --node-name)"
-    converted = node_status(found, 0.0).event
-    if converted is None or not hasattr(converted, "allocatable"):
-        return f"pods: the Node {node} is not readable"
-    forecast.on_node(converted)
-    for obj in raw:
-        event = pod_status(obj, 0.0, None).event
-        if event is not None:
-            forecast.on_pod(event)
-            pods.append(event)
-    return ""
 
 
 def text(p: Plan) -> str:

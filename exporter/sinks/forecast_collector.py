@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -33,6 +34,7 @@ from exporter.correlate.readmission_forecast import (
     Forecast,
     ReadmissionForecast,
 )
+from exporter.events import CpuManagerCheckpoint, KernelSnapshot, NodeStatus, PodStatus
 from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, node_and_pods
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks import kernel_now
@@ -103,50 +105,83 @@ FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTE
 FORECAST_PODS_MAX = NODE_PODS_MAX  # pods listed at most (the watch sources' own bound)
 
 
+@dataclass(frozen=True)
+class Unlisted:
+    """Why no forecast was made from a list of the Node and its pods. `cannot`: the pods are
+    there but were not all seen (a forecast of some would not be one of all); otherwise there
+    was nothing to judge (no API configured, no such Node)."""
+
+    cannot: bool
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Listed:
+    forecast: ReadmissionForecast  # fed the kernel, the Node, the pods and the CPU manager
+    pods: list[PodStatus]
+
+
+def list_forecast(options: Options, node: str, snap: KernelSnapshot,
+                  cpu_manager: CpuManagerCheckpoint | None) -> Listed | Unlisted:
+    """The forecast of one bounded list of this node's Node and pods, as `check` and `plan`
+    make it (the running exporter's is fed by the watches instead). Never a forecast of pods
+    it did not see: an API error, 403 or a list past its bound is Unlisted."""
+    try:
+        config = load_config(KUBECONFIG.of(options))
+    except KubeUnavailable as e:
+        return Unlisted(False, e.reason, e.fix)
+    try:
+        found, raw, truncated = node_and_pods(config, node, FORECAST_PODS_MAX)
+    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
+        return Unlisted(True, f"listing node {node} and its pods failed: "
+                        f"{quoted(e) or type(e).__name__}",
+                        "check the API server address, the credentials and list on nodes and "
+                        "pods")
+    if truncated:
+        return Unlisted(True, f"more than {FORECAST_PODS_MAX} pods are bound to node {node} "
+                        "(the list bound); a forecast of some would not be one of all",
+                        "check --node-name and the pods the API server binds to it")
+    if found is None:
+        return Unlisted(False, f"no Node named {node}",
+                        "pass --node-name (or $NODE_NAME) as the kubelet registered it")
+    converted = node_status(found, 0.0).event
+    if not isinstance(converted, NodeStatus):
+        return Unlisted(False, f"the Node {node} is not readable", "")
+    forecast = ReadmissionForecast()
+    forecast.on_snapshot(snap)
+    forecast.on_node(converted)
+    if cpu_manager is not None:
+        forecast.on_cpu_manager(cpu_manager)
+    pods = []
+    for obj in raw:
+        event = pod_status(obj, 0.0, None).event
+        if isinstance(event, PodStatus):
+            forecast.on_pod(event)
+            pods.append(event)
+    return Listed(forecast, pods)
+
+
 def check_readmission_forecast(options: Options) -> Check:
     """Which pods a kubelet restart now would reject: the exporter's own forecast
     (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
     pods, the kernel now, and the CPU manager's policy from its checkpoint."""
 
     name = "readmission forecast"
-    node = decide(options).node
     snap = kernel_now(options, name)
     if isinstance(snap, Check):
         return snap
-    try:
-        config = load_config(KUBECONFIG.of(options))
-    except KubeUnavailable as e:
-        return Check(name, "warn", f"not checked: {e.reason}", e.fix)
-    try:
-        found, pods, truncated = node_and_pods(config, node, FORECAST_PODS_MAX)
-    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
-        # Never a forecast of the pods it did not see.
-        return Check(name, "warn", f"cannot forecast: listing node {node} and its pods failed: "
-                     f"{quoted(e) or type(e).__name__}",
-                     "check the API server address, the credentials and list on nodes and pods")
-    if truncated:
-        return Check(name, "warn", f"cannot forecast: more than {FORECAST_PODS_MAX} pods are "
-                     f"bound to node {node} (the list bound); a forecast of some would not be "
-                     "one of all", "check --node-name and the pods the API server binds to it")
-    if found is None:
-        return Check(name, "warn", f"not checked: no Node named {node}",
-                     "pass --node-name (or $NODE_NAME) as the kubelet registered it")
-    forecast = ReadmissionForecast()
-    forecast.on_snapshot(snap)
-    converted = node_status(found, 0.0).event
-    if converted is None or not hasattr(converted, "allocatable"):
-        return Check(name, "warn", f"not checked: the Node {node} is not readable", "")
-    forecast.on_node(converted)  # type: ignore[arg-type]
+    cpu_manager = None
     if KUBELET_ROOT_DIR.of(options):
         try:
-            forecast.on_cpu_manager(read_cpu_manager_state(KUBELET_ROOT_DIR.of(options), 0.0))
+            cpu_manager = read_cpu_manager_state(KUBELET_ROOT_DIR.of(options), 0.0)
         except OSError:
             pass  # the kubelet restart line says why; judged without the CPU manager here
-    for obj in pods:
-        event = pod_status(obj, 0.0, None).event
-        if event is not None:
-            forecast.on_pod(event)  # type: ignore[arg-type]
-    return forecast_check(forecast, snap.cpus_offline & snap.cpus_present)
+    listed = list_forecast(options, decide(options).node, snap, cpu_manager)
+    if isinstance(listed, Unlisted):
+        return Check(name, "warn", f"{'cannot forecast' if listed.cannot else 'not checked'}: "
+                     f"{listed.message}", listed.fix)
+    return forecast_check(listed.forecast, snap.cpus_offline & snap.cpus_present)
 
 
 def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Check:
