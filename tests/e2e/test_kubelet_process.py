@@ -82,7 +82,8 @@ def test_scans_back_off_while_no_kubelet_runs(monkeypatch):
     import exporter.sources.kubelet.kubelet_process as module
     scans: list[int] = []
     at = [0]  # the check number the fake scan records
-    monkeypatch.setattr(module, "find_process", lambda name, procfs: scans.append(at[0]))
+    monkeypatch.setattr(module, "find_process",
+                        lambda name, procfs, booted: scans.append(at[0]))
     source = KubeletProcessSource(MonotonicWallClock(), process_name="none")
     for n in range(30):
         at[0] = n

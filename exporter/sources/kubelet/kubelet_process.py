@@ -86,10 +86,11 @@ def boot_time(procfs: str) -> float | None:
     return None
 
 
-def find_process(name: str, procfs: str = "/proc") -> tuple[int, float] | None:
+def find_process(name: str, procfs: str = "/proc",
+                 booted: float | None = None) -> tuple[int, float] | None:
     """(pid, start time in wall seconds) of the oldest process called `name`, or None (also
-    when `procfs` is no process table)."""
-    booted = boot_time(procfs)
+    when `procfs` is no process table). `booted`: boot_time(procfs), if already read."""
+    booted = booted if booted is not None else boot_time(procfs)
     try:
         pids = [int(entry) for entry in os.listdir(procfs) if entry.isdigit()]
     except OSError:
@@ -108,8 +109,8 @@ def find_process(name: str, procfs: str = "/proc") -> tuple[int, float] | None:
     return pid, booted + ticks / CLOCK_TICKS
 
 
-def start_time_of(pid: int, procfs: str = "/proc") -> float | None:
-    booted = boot_time(procfs)
+def start_time_of(pid: int, procfs: str = "/proc", booted: float | None = None) -> float | None:
+    booted = booted if booted is not None else boot_time(procfs)
     got = _name_and_ticks(procfs, pid)
     return None if booted is None or got is None else booted + got[1] / CLOCK_TICKS
 
@@ -121,6 +122,9 @@ class KubeletProcessSource(Source):
                  interval: float = INTERVAL, procfs_root: str = "/proc") -> None:
         super().__init__(clock)
         self.procfs_root = procfs_root  # --path.procfs: a host /proc mounted elsewhere
+        # Read once: /proc/stat is a line per CPU and its interrupt counts, computed per read
+        # (tens of KB on a large node), and btime does not change while the node is up.
+        self._booted: float | None = None
         self.process_name = process_name
         self.interval = interval
         self._pid: int | None = None
@@ -138,14 +142,17 @@ class KubeletProcessSource(Source):
             self.stopping.wait(self.interval)
 
     def poll(self, emit: Emit) -> None:
-        start = start_time_of(self._pid, self.procfs_root) if self._pid is not None else None
+        if self._booted is None:
+            self._booted = boot_time(self.procfs_root)
+        start = start_time_of(self._pid, self.procfs_root, self._booted) \
+            if self._pid is not None else None
         if start is None or start != self._start:  # gone, or the pid was reused
             if self._pid is not None:
                 self._scan_gap = self._until_scan = 0  # just vanished: a restart, look now
             if self._until_scan > 0:
                 self._until_scan -= 1
                 return
-            found = find_process(self.process_name, self.procfs_root)
+            found = find_process(self.process_name, self.procfs_root, self._booted)
             self._pid, start = found if found else (None, None)
             self._scan_gap = 0 if found else min(MAX_SCAN_GAP, max(1, self._scan_gap * 2))
             self._until_scan = 0 if found else self._scan_gap - 1
