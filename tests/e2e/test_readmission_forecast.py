@@ -19,7 +19,7 @@ import pytest
 from exporter.config.options import Options
 from exporter.events import Direction
 from exporter.sinks.forecast_collector import ForecastCollector
-from testkit.exporter_proc import RunningExporter
+from testkit.exporter_proc import RunningExporter, poll_until
 from testkit.fakes.apiserver import FakeApiServer
 from testkit.kube_replay import Replay, at, recording
 
@@ -164,11 +164,17 @@ def test_a_forecast_that_cannot_see_the_pods_says_so_and_shows_no_zero(api, tmp_
         s = exp.wait_for(lambda s: _valid(s) == {"pods_forbidden": 0}, timeout=60)
         assert s.value("node_resize_exporter_source_up", source="kube_pods") == 0
         assert _forecast_series(s) == {}
+        # The plan on the same forecast: the pods unjudged (never "safe"), the gauge absent.
+        plan = _plan(exp, "memory=-128Mi")
+        assert plan["safe"] is False and any("forbidden" in u for u in plan["unjudged"]), plan
+        assert not s.series("node_resize_unpluggable")
         api.set_forbidden(False, "pods")
         s = exp.wait_for(lambda s: _valid(s) == {"ok": 1}, timeout=90)
         s = exp.wait_for(lambda s: s.value("node_resize_readmission_forecast_pods") == 2,
                          timeout=30)
         assert _forecast(s) == {("b-younger", "OutOfcpu"): 1}
+        assert _plan(exp, "memory=-128Mi")["unjudged"] == []
+        assert s.series("node_resize_unpluggable")
 
 
 def test_a_forecast_past_the_pod_list_bound_says_so(api, tmp_path):
@@ -203,3 +209,21 @@ def test_check_says_it_cannot_forecast_when_pods_are_forbidden(api, tmp_path):
     check = check_readmission_forecast(options)
     assert check.status == "warn" and check.detail.startswith("cannot forecast: "), check
     assert "forbidden" in check.detail and "list" in check.fix
+
+
+def _plan(exp, query: str) -> dict:
+    """GET /plan?<query> on the running exporter (2 a second at most: a 429 is asked again)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def ask():
+        try:
+            with urllib.request.urlopen(f"{exp.url}/plan?{query}", timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 429:
+                raise
+            return None
+    return poll_until(ask, lambda got: got is not None, 30, 0.5,
+                      lambda got: AssertionError("GET /plan: 429 for 30 s"))
