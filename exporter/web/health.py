@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Callable
 
 from exporter.ratelog import RateLimitedLog
-from exporter.web.stream import listen
+from exporter.web.stream import LoopServer, listen
 
 log = logging.getLogger(__name__)
 
@@ -34,48 +33,31 @@ def _answer(code: int, reason: str, body: bytes, head_only: bool) -> bytes:
         + (b"" if head_only else body)
 
 
-class HealthServer:
+class HealthServer(LoopServer):
     """HealthServer(host, port, healthy): binds now (OSError such as EADDRINUSE), serves from
     its own thread after start(), stop() ends it."""
 
     def __init__(self, host: str, port: int, healthy: Callable[[], bool]):
+        super().__init__(listen(host, port, BACKLOG), "http-health")
         self.healthy = healthy
-        self.sock = listen(host, port, BACKLOG)
-        self.server_address = self.sock.getsockname()[:2]
         self.failures = RateLimitedLog(log)
         self._open = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()),
-                                        name="http-health", daemon=True)
-
-    @property
-    def port(self) -> int:
-        port: int = self.server_address[1]
-        return port
 
     def start(self) -> None:
-        self._thread.start()
-        self._started.wait(10)
+        self._start_loop()
         log.info("serving /healthz on http://%s:%d/healthz", *self.server_address[:2])
 
     def stop(self) -> None:
-        if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-            self._thread.join(10)
-        else:
-            self.sock.close()
+        self._stop_loop()
 
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        _, stopping = self._enter_loop()
         try:
             server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
         finally:
             self._started.set()
         async with server:
-            await self._stopping.wait()
+            await stopping.wait()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._open >= MAX_CONNECTIONS:

@@ -26,7 +26,6 @@ import logging
 import resource
 import socket
 import ssl
-import threading
 import time
 from collections import OrderedDict
 from http import HTTPStatus
@@ -50,7 +49,7 @@ from exporter.web.kubeauth import (
 )
 from exporter.web.memory import Trimmer
 from exporter.web.routes import PLAN_PATH, Routes
-from exporter.web.stream import Plain, Tls, listen
+from exporter.web.stream import LoopServer, Plain, Tls, listen
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ class _Conn:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
 
 
-class MetricsServer:
+class MetricsServer(LoopServer):
     """The endpoint. Constructing it binds the socket (OSError such as EADDRINUSE) and reads
     the web config (ValueError naming the key); start() serves from a thread, stop() ends it.
 
@@ -171,26 +170,16 @@ class MetricsServer:
                 raise ValueError(f"--web.health-listen-address {health_address[0]}:"
                                  f"{health_address[1]}: cannot listen: {e.strerror or e}. "
                                  "Fix: choose another port") from None
-        self.server_address = self.sock.getsockname()[:2]
+        super().__init__(self.sock, "http")
         self._conns: OrderedDict[_Conn, None] = OrderedDict()  # open ones, oldest first
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._last_turn = time.monotonic()
 
     @property
     def scheme(self) -> str:
         return self.web.scheme
 
-    @property
-    def port(self) -> int:
-        port: int = self.server_address[1]
-        return port
-
     def start(self) -> None:
-        self._thread.start()
-        self._started.wait(10)
+        self._start_loop()
         if self.health is not None:
             self.health.start()
         host, port = self.server_address[:2]
@@ -211,11 +200,7 @@ class MetricsServer:
     def stop(self) -> None:
         if self.health is not None:
             self.health.stop()
-        if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-            self._thread.join(10)
-        else:
-            self.sock.close()
+        self._stop_loop()
         self.routes.close()
 
     def serving(self) -> bool:
@@ -226,13 +211,9 @@ class MetricsServer:
 
     # ------------------------------------------------------------------ the loop
 
-    def _run(self) -> None:
-        asyncio.run(self._main())
-
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._loop.set_exception_handler(self._loop_error)
-        self._stopping = asyncio.Event()
+        loop, stopping = self._enter_loop()
+        loop.set_exception_handler(self._loop_error)
         try:
             server = await asyncio.start_server(self._client, sock=self.sock,
                                                 limit=MAX_HEADER_BYTES, backlog=LISTEN_BACKLOG)
@@ -241,7 +222,7 @@ class MetricsServer:
             self._started.set()
         ticking = asyncio.ensure_future(self._tick())
         async with server:
-            await self._stopping.wait()
+            await stopping.wait()
             ticking.cancel()
             server.close()
             for conn in list(self._conns):

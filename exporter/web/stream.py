@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import threading
 from typing import Any
 
 READ_SIZE = 16 * 1024
@@ -22,6 +23,46 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
     (and `check`'s port line says what `run` would meet)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" and IPv6 literals
     return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+class LoopServer:
+    """A bound socket served by an asyncio loop on a thread of its own: the main endpoint's and
+    the health listener's plumbing. A subclass writes `_main` (which calls `_enter_loop`
+    first, and sets `_started` once its server listens, whether it could or not)."""
+
+    def __init__(self, sock: socket.socket, thread_name: str) -> None:
+        self.sock = sock
+        self.server_address = sock.getsockname()[:2]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()),
+                                        name=thread_name, daemon=True)
+
+    @property
+    def port(self) -> int:
+        port: int = self.server_address[1]
+        return port
+
+    def _start_loop(self) -> None:
+        self._thread.start()
+        self._started.wait(10)
+
+    def _stop_loop(self) -> None:
+        """End the loop (its `_main` returns once `_stopping` is set); never started: close."""
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(10)
+        else:
+            self.sock.close()
+
+    def _enter_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Event]:
+        """In `_main`, first: the running loop and the event that stops it."""
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        return self._loop, self._stopping
+
+    async def _main(self) -> None:
+        raise NotImplementedError
 
 
 class Plain:
