@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from testkit.kubepods import rmdir_tree
+
 CGROUP = Path("/sys/fs/cgroup")
 UID = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
 CID = "a" * 64  # a containerd id: 64 hex digits
@@ -78,15 +80,6 @@ def cgroup_v1() -> bool:
     return not (CGROUP / "cgroup.controllers").exists() and (CGROUP / "memory").is_dir()
 
 
-def _rmdir_tree(path: Path) -> None:
-    if not path.exists():
-        return
-    for child in path.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            _rmdir_tree(child)
-    path.rmdir()
-
-
 @dataclass
 class RealContainer:
     root: str  # for --cgroup-root
@@ -138,7 +131,7 @@ def real_v1_container(*, cpus: str, oom_score_adj: int, cpu_quota_us: int,
     finally:
         tmp.cleanup()
         for parent in parents.values():
-            _rmdir_tree(parent)
+            rmdir_tree(parent)
 
 
 def cgroup2_mount() -> Path | None:
@@ -162,5 +155,5 @@ def real_v2_container(mount: Path, *, oom_score_adj: int) -> Iterator[RealContai
             Path(f"/proc/{proc.pid}/oom_score_adj").write_text(str(oom_score_adj))
             yield RealContainer(str(parent), proc.pid, {"unified": parent / rel})
     finally:
-        _rmdir_tree(parent)
+        rmdir_tree(parent)
 

@@ -21,13 +21,13 @@ def cgroup_version() -> int:
     return 2 if (CGROUP / "cgroup.controllers").exists() else 1
 
 
-def _rmdir_tree(path: Path) -> None:
+def rmdir_tree(path: Path) -> None:
     """Children first; cgroup directories are removed with rmdir only."""
     if not path.exists():
         return
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
-            _rmdir_tree(child)
+            rmdir_tree(child)
     path.rmdir()
 
 
@@ -48,7 +48,7 @@ def kubepods_cgroup(cpus: str = "0-1") -> Iterator[tuple[str, Path]]:
             yield tmp.name, parent / "kubepods"
         finally:
             tmp.cleanup()
-            _rmdir_tree(parent)
+            rmdir_tree(parent)
     else:
         parent = CGROUP / name
         parent.mkdir()
@@ -58,4 +58,4 @@ def kubepods_cgroup(cpus: str = "0-1") -> Iterator[tuple[str, Path]]:
             (parent / "kubepods" / "cpuset.cpus").write_text(cpus)
             yield str(parent), parent / "kubepods"
         finally:
-            _rmdir_tree(parent)
+            rmdir_tree(parent)

@@ -106,6 +106,18 @@ def _made_up(i: int) -> str:
     return f"made-up-{i}-{secrets.token_hex(8)}"
 
 
+def _newcomers_during_a_flood(api: FakeApiServer, port: int, name: str) -> tuple[list, list,
+                                                                                int | str]:
+    """While a flood runs: a rotated token from the known scraper's address (the kubelet
+    rotated its projected token) and a new Prometheus replica's from another, each scraped to
+    its first 200; then a made-up token from the known address (the address is no credential:
+    the API server decides every new token). Their statuses."""
+    rotated = _scrapes_to_first_200(port, _token(api, f"{name}-rotated"), "127.0.0.2")
+    new = _scrapes_to_first_200(port, _token(api, f"{name}-new"), "127.0.0.3")
+    made_up = _status(bearer_get(port, token=_made_up(-1), source="127.0.0.2"))
+    return rotated, new, made_up
+
+
 def _flood_at_its_budget(flood: BearerFlood) -> None:
     """The flood has spent its address's budget (its tokens are being refused 429) and run
     for at least 300 requests (3 s at 100 a second): the scrapers meet it in its steady state."""
@@ -134,12 +146,7 @@ def test_a_rotated_and_a_new_scraper_token_get_in_during_a_flood(api, flood_kind
         with BearerFlood(exp.port, _made_up, connections=connections, rate=rate,
                          sources=(FLOODER,)) as flood:
             _flood_at_its_budget(flood)
-            rotated = _token(api, "prom-a-rotated")  # the kubelet rotated the projected token
-            got_rotated = _scrapes_to_first_200(exp.port, rotated, "127.0.0.2")
-            newcomer = _token(api, "prom-b")  # a new Prometheus replica
-            got_new = _scrapes_to_first_200(exp.port, newcomer, "127.0.0.3")
-            # The address is no credential: the API server decides every new token.
-            got_made_up = _status(bearer_get(exp.port, token=_made_up(-1), source="127.0.0.2"))
+            got_rotated, got_new, got_made_up = _newcomers_during_a_flood(api, exp.port, "prom-a")
         elapsed, statuses, sent = flood.elapsed, dict(flood.statuses), flood.sent
     print(f"{flood_kind}: {sent} made-up tokens in {elapsed:.1f} s ({sent / elapsed:.0f}/s), "
           f"{statuses}; reviews {api.token_reviews - reviews}; rotated {got_rotated}, "
@@ -226,11 +233,7 @@ def test_3000_made_up_tokens_a_second_lock_no_rotated_or_new_scraper_out(api):
         started = time.monotonic()
         with WrkFlood(exp.port, connections=WRK_CONNECTIONS) as flood:
             _wrk_at_its_budget(flood)
-            rotated = _token(api, "prom-w-rotated")
-            got_rotated = _scrapes_to_first_200(exp.port, rotated, "127.0.0.2")
-            newcomer = _token(api, "prom-x")
-            got_new = _scrapes_to_first_200(exp.port, newcomer, "127.0.0.3")
-            got_made_up = _status(bearer_get(exp.port, token=_made_up(-1), source="127.0.0.2"))
+            got_rotated, got_new, got_made_up = _newcomers_during_a_flood(api, exp.port, "prom-w")
         elapsed = time.monotonic() - started
     rate = _wrk_rate(flood)
     print(f"wrk: {flood.report}\n{rate:.0f} made-up tokens/s, {flood.statuses}; reviews "
