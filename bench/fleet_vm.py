@@ -268,6 +268,15 @@ class Store(Proc):
         result = self.vector(expr)
         return float(result[0]["value"][1]) if result else None
 
+    def measure(self, out: dict, key: str, expr: str) -> None:
+        """out[key] = the scalar, or None and the error in out["query_errors"] (a store too
+        busy to answer in time on a loaded machine: said, and the run goes on)."""
+        try:
+            out[key] = self.scalar(expr)
+        except RuntimeError as e:
+            out[key] = None
+            out.setdefault("query_errors", {})[key] = str(e)[:300]
+
     def series(self) -> int:
         """Series the store holds (the TSDB status's total, as /api/v1/status/tsdb says)."""
         answer, _ = self.api("status/tsdb", topN=1)
@@ -331,7 +340,7 @@ def ruler_alerts(ruler: Proc) -> list[dict]:
     """vmalert's active alerts (pending and firing): name, labels, state."""
     answer, _ = _get_json(ruler.url + "/api/v1/alerts")
     return [{"name": a["name"], "labels": a["labels"], "state": a["state"]}
-            for a in answer["data"]["alerts"]]
+            for a in (answer.get("data") or {}).get("alerts") or []]
 
 
 def group_timings(ruler: Proc) -> dict[str, dict]:
@@ -415,7 +424,10 @@ def debian_version(package: str) -> str:
 
 
 def fleet_vm(nodes: int, shards: int, interval: float, window: float,
-             repeats: int = 1) -> dict:
+             repeats: int = 1, out: dict | None = None) -> dict:
+    """The benchmark; `out` (if given) is filled as it goes, so a failed run keeps its
+    measurements."""
+    out = {} if out is None else out
     for binary in (VICTORIA_METRICS, VMAGENT, VMALERT, ALERTMANAGER, fleet.PROMETHEUS):
         if not os.access(binary, os.X_OK):
             raise FileNotFoundError(f"{binary} is not installed: run scripts/setup.sh test")
@@ -423,13 +435,13 @@ def fleet_vm(nodes: int, shards: int, interval: float, window: float,
     rec = fleet.record_exporter(kubernetes=True, accept=VMAGENT_ACCEPT)
     bad = dict(rec, body=inject_faults(rec["body"]))
     scope = rule_scope()
-    out: dict = {
+    out.update({
         "sizes": {"nodes": nodes, "shards": shards, "scrape_interval_s": interval,
                   "evaluation_interval_s": interval, "window_s": window,
                   "query_repeats": repeats, "faulty_nodes": sum(map(faulty, range(nodes)))},
         "victoria_metrics": debian_version("victoria-metrics"),
         "exposition": {k: v for k, v in rec.items() if k != "body"},
-        "rule_scope": scope}
+        "rule_scope": scope})
     server = fleet.FleetServer({fleet.NRE: rec, FIRING: bad})
     work = Path(tempfile.mkdtemp(prefix="nre-fleet-vm-", dir="/var/tmp"))
     procs: list[Proc] = []
@@ -484,22 +496,36 @@ def fleet_vm(nodes: int, shards: int, interval: float, window: float,
             for p in procs}
         w = f"{elapsed:.0f}s"
         job = f'job="{fleet.NRE}"'
-        out["up"] = store.scalar(f"count(up{{{job}}} == 1)")
-        out["up_ever"] = store.scalar(f"count(max_over_time(up{{{job}}}[{w}]) == 1)")
-        out["targets_per_shard"] = {r["metric"][SHARD_LABEL]: int(r["value"][1]) for r in
-                                    store.vector(f"count by ({SHARD_LABEL}) (up{{{job}}})")}
-        out["scrapes"] = store.scalar(f"sum(count_over_time(up{{{job}}}[{w}]))")
-        out["scrapes_failed"] = store.scalar(
-            f"sum(count_over_time(up{{{job}}}[{w}])) - sum(sum_over_time(up{{{job}}}[{w}]))")
-        out["samples_scraped"] = store.scalar(f"sum(last_over_time(scrape_samples_scraped"
-                                              f"{{{job}}}[{w}]))")
-        out["scrape_duration_p50_s"] = store.scalar(
-            f"quantile(0.5, scrape_duration_seconds{{{job}}})")
-        out["scrape_duration_max_s"] = store.scalar(
-            f"max(max_over_time(scrape_duration_seconds{{{job}}}[{w}]))")
-        out["store_series"] = store.series()
+        store.measure(out, "up", f"count(up{{{job}}} == 1)")
+        store.measure(out, "up_ever", f"count(max_over_time(up{{{job}}}[{w}]) == 1)")
+        try:
+            out["targets_per_shard"] = {
+                r["metric"][SHARD_LABEL]: int(r["value"][1]) for r in
+                store.vector(f"count by ({SHARD_LABEL}) (max_over_time(up{{{job}}}[{w}]))")}
+        except RuntimeError as e:
+            out["targets_per_shard"] = {}
+            out.setdefault("query_errors", {})["targets_per_shard"] = str(e)[:300]
+        store.measure(out, "scrapes", f"sum(count_over_time(up{{{job}}}[{w}]))")
+        store.measure(out, "scrapes_failed", f"sum(count_over_time(up{{{job}}}[{w}])) - "
+                      f"sum(sum_over_time(up{{{job}}}[{w}]))")
+        store.measure(out, "samples_scraped",
+                      f"sum(last_over_time(scrape_samples_scraped{{{job}}}[{w}]))")
+        store.measure(out, "scrape_duration_p50_s",
+                      f"quantile(0.5, last_over_time(scrape_duration_seconds{{{job}}}[{w}]))")
+        store.measure(out, "scrape_duration_max_s",
+                      f"max(max_over_time(scrape_duration_seconds{{{job}}}[{w}]))")
+        try:
+            out["store_series"] = store.series()
+        except (KeyError, ValueError, TypeError) as e:  # an error answer has no data
+            out["store_series"] = None
+            out.setdefault("query_errors", {})["store_series"] = repr(e)[:300]
         out["rule_groups"] = group_timings(ruler)
-        global_alerts = ruler_alerts(ruler)
+        # The faulty nodes' alerts, once the ruler's groups have run on their data (a loaded
+        # machine delays the first evaluations): bounded, and what it had is what is reported.
+        want = out["sizes"]["faulty_nodes"] * len(FAULTS)
+        deadline = time.monotonic() + 10 * interval + 60
+        while len(global_alerts := ruler_alerts(ruler)) < want and time.monotonic() < deadline:
+            time.sleep(min(interval, 5))
         out["alerts_by_name"] = _count_by_name(global_alerts)
         say("dashboard queries ...")
         out["queries"] = fleet.run_queries(store, start, end, interval, repeats)
@@ -596,7 +622,14 @@ def main(argv: list[str] | None = None) -> int:
     size = {k: getattr(args, k, None) or SIZES[k][i] for k in ("nodes", "shards", "interval",
                                                                "window")}
     started = time.time()
-    result = fleet_vm(**size, repeats=SIZES["repeats"][i])
+    result: dict = {}
+    try:
+        fleet_vm(**size, repeats=SIZES["repeats"][i], out=result)
+    except Exception as e:
+        result["failed"] = repr(e)[:1000]
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        raise
     result["command"] = "bench/fleet_vm.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["started_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
     result["seconds"] = round(time.time() - started)
