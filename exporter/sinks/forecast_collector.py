@@ -27,12 +27,13 @@ from prometheus_client.registry import Collector
 from exporter.checks import Check, quoted
 from exporter.config.decide import decide
 from exporter.config.options import KUBECONFIG, Options
-from exporter.correlate.forecast_validity import ForecastValidity
+from exporter.correlate.forecast_validity import ForecastValidity, Validity
 from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
     REASON_RESOURCE,
     Forecast,
+    ForecastView,
     ReadmissionForecast,
 )
 from exporter.events import CpuManagerCheckpoint, KernelSnapshot, NodeStatus, PodStatus
@@ -40,6 +41,21 @@ from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, no
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks import kernel_now
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
+
+
+def take_forecast(lock: threading.Lock | threading.RLock, forecast: ReadmissionForecast,
+                  validity: ForecastValidity | None) -> tuple[ForecastView, Validity | None]:
+    """The forecast's view and whether it saw the pods, consistent: the validity read first,
+    then the view the forecast still holds as current (no lock: every pod noted before the
+    pod source said it listed them is in it), else both under `lock` (the agent's, which the
+    Correlator writes them under)."""
+    said = validity.current if validity is not None else None
+    view = forecast.current()
+    if view is None:
+        with lock:
+            view = forecast.view()
+            said = validity.current if validity is not None else None
+    return view, said
 
 
 class ForecastCollector(Collector):
@@ -55,15 +71,10 @@ class ForecastCollector(Collector):
         self._validity = validity
 
     def collect(self) -> Iterable[Metric]:
-        # Under the agent's lock only the view is taken (O(1)); judged outside it, and the
-        # result kept in the forecast while its inputs are the same (the next scrape reads it).
-        with self._lock:
-            view = self._forecast.view()
-            validity = self._validity.current if self._validity is not None else None
+        # The forecast's view (taken under the agent's lock only when an input changed, O(1)),
+        # judged outside it, once per change whoever asks first.
+        view, validity = take_forecast(self._lock, self._forecast, self._validity)
         forecast: Forecast | None = view.result()
-        if view.cached is None:
-            with self._lock:
-                self._forecast.keep(view, forecast)
         valid = GaugeMetricFamily(
             "node_resize_readmission_forecast_valid",
             "1 when the readmission forecast saw the pods it judges; 0 when it cannot forecast, "

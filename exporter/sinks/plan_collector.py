@@ -65,6 +65,7 @@ from exporter.events import (
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
 from exporter.sinks import ViewSink
+from exporter.sinks.forecast_collector import take_forecast
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
 
@@ -131,7 +132,10 @@ class PlanSink(ViewSink):
         self.kubelet_resizes = False
         self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
-        self._hardware: tuple[float, HotplugHardware] | None = None
+        # (blocks changed count, read at, the blocks' zones): kept HARDWARE_TTL seconds, and
+        # only while no memory event came since
+        self._hardware: tuple[int, float, HotplugHardware] | None = None
+        self._blocks_changed = 0
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
         self._gauges: tuple[int, int] | None = None  # the last value worked out
         self._gauges_key: tuple[int, int, int, int] | None = None  # of the inputs it is of
@@ -143,6 +147,11 @@ class PlanSink(ViewSink):
         self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
 
     # ------------------------------------------------------------ inputs (agent thread)
+
+    def on_event(self, event: Event) -> None:
+        # Without the lock: feed() only replaces references and bumps counts (each one store,
+        # atomic), so the agent never waits for a plan or a scrape here.
+        self.feed(event)
 
     def feed(self, event: Event) -> None:
         # Pods, relists, kernel snapshots and running containers: the forecast and the
@@ -160,7 +169,7 @@ class PlanSink(ViewSink):
             self.kubelet_resizes = bool(event.gates.get("NodeResourceHotPlug"))
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
-            self._hardware = None  # the blocks changed: read again when asked
+            self._blocks_changed += 1  # the blocks changed: read again when asked
             if isinstance(event, DeviceChange):
                 (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
                     event.unit)
@@ -168,15 +177,13 @@ class PlanSink(ViewSink):
     # ------------------------------------------------------------ reading the kernel
 
     def hardware(self) -> HotplugHardware:
-        with self.lock:
-            cached = self._hardware
+        cached, blocks = self._hardware, self._blocks_changed
         now = time.monotonic()
-        if cached is not None and now - cached[0] < HARDWARE_TTL:
-            return cached[1]
+        if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL:
+            return cached[2]
         with self._io:
             hw = read_hardware(self.sysfs)
-        with self.lock:
-            self._hardware = (now, hw)
+        self._hardware = (blocks, now, hw)  # one reference: no lock needed
         return hw
 
     def _page_flags(self, reader: PageFlagsReader) -> Any:
@@ -192,39 +199,30 @@ class PlanSink(ViewSink):
         return read
 
     def _kernel_read(self) -> bool:
-        with self.shared.running.lock:
-            return self.shared.running.view.snapshot is not None
+        return self.shared.running.copy().snapshot is not None
 
     def take(self, hw: HotplugHardware) -> Taken | None:
         """The planner's inputs: an immutable view of the forecast and whether it saw the pods
-        (under the agent's lock), a copy of the running-pods view (under its sink's), this
-        sink's own (under its lock), each lock alone and briefly. None before the kernel was
-        read."""
-        forecast = None
-        with self.shared.lock:
-            if self.kubernetes:
-                forecast = self.shared.forecast.view()
-            validity = self.shared.validity.current
-        with self.shared.running.lock:
-            if self.shared.running.view.snapshot is None:
-                return None
-            running = self.shared.running.view.copy()
+        (under the agent's lock when it changed), a copy of the running-pods view (under its
+        sink's lock when it changed), this sink's own (under its lock), each lock alone and
+        briefly. None before the kernel was read."""
+        shared = self.shared
+        forecast, validity = None, None
+        if self.kubernetes:
+            forecast, validity = take_forecast(shared.lock, shared.forecast, shared.validity)
+        running = shared.running.copy()
+        if running.snapshot is None:
+            return None
         with self.lock:
             cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
                 self.kubelet_resizes
-        assert running.snapshot is not None
-        unjudged = "" if forecast is None or validity.valid else \
+        unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
         inputs = Inputs(running.snapshot, hw, forecast,
                         running if running.scan is not None else None, cpu, memory,
                         self.kubelet_root, resizes, pods_unjudged=unjudged)
-        return Taken(inputs, running,
-                     forecast is None or (forecast.node_seen and validity.valid))
-
-    def _keep(self, running: RunningPodsView) -> None:
-        """The findings the copy worked out, back to the view while it is the same."""
-        with self.shared.running.lock:
-            self.shared.running.view.keep(running)
+        return Taken(inputs, running, forecast is None or (
+            forecast.node_seen and validity is not None and validity.valid))
 
     # ------------------------------------------------------------ GET /plan
 
@@ -249,7 +247,6 @@ class PlanSink(ViewSink):
             result = plan(change, taken.inputs, verdicts=verdicts)
         except TooLarge as e:
             return 400, _error(str(e), FIX)
-        self._keep(taken.running)
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
@@ -309,9 +306,7 @@ class PlanSink(ViewSink):
         if not self._kernel_read():
             return False
         hw = self.hardware()
-        with self.shared.running.lock:
-            running_version = self.shared.running.view.version
-        key = (self._version, self.shared.version(), running_version, id(hw))
+        key = (self._version, self.shared.version(), self.shared.running.view.version, id(hw))
         if key == self._gauges_key:
             return False
         taken = self.take(hw)
@@ -320,7 +315,6 @@ class PlanSink(ViewSink):
         # While the pods were not judged (no Node, not listed, down, forbidden, cut), "what
         # can leave with no pod rejected" cannot be said: absent, as the forecast's series.
         value = unpluggable(taken.inputs, judge_blocks(hw, None, 0)) if taken.gauges else None
-        self._keep(taken.running)
         with self.lock:
             self._gauges, self._gauges_key = value, key
             self.gauge_runs += 1

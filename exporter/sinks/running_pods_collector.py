@@ -42,6 +42,19 @@ class RunningPodsSink(ViewSink):
     def __init__(self) -> None:
         super().__init__()
         self.view = RunningPodsView()
+        self._copy: RunningPodsView | None = None  # the last copy handed out
+
+    def copy(self) -> RunningPodsView:
+        """The view as it stands, a copy its later events do not change: the same copy while
+        the view is unchanged (checked without the lock: a reader that finds it current reads
+        the view as it was just before the event being fed now), else a new one taken under
+        the lock. Its findings are judged once, by whoever asks first, with no lock held."""
+        copy = self._copy
+        if copy is not None and copy.version == self.view.version:
+            return copy
+        with self.lock:
+            copy = self._copy = self.view.copy()
+        return copy
 
     def feed(self, event: Event) -> None:
         self.view.handle(event)
@@ -49,14 +62,11 @@ class RunningPodsSink(ViewSink):
     # ------------------------------------------------------------ Collector
 
     def collect(self) -> Iterable[Metric]:
-        # A copy taken under the lock the agent feeds the view under, judged outside it (4,096
-        # containers take ~0.1 s); the findings go back to the view while it is the same.
-        with self.lock:
-            view = self.view.copy()
+        # A copy (taken under the lock the agent feeds the view under only when the view
+        # changed), judged outside it (4,096 containers take ~0.1 s), once per change.
+        view = self.copy()
         counts = view.counts()
         scanned = view.containers()
-        with self.lock:
-            self.view.keep(view)
         stale = GaugeMetricFamily(
             "node_resize_running_containers_stale",
             "Running containers a resize left in a state the kubelet would not create today, "
