@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.events import SourceStatus
+from exporter.events import DownCause, SourceStatus
 
 POD_SOURCE = "kube_pods"
 
@@ -59,14 +59,14 @@ class Validity:
         return f"{what} ({self.detail})" if self.detail else what
 
 
-def classify(reason: str) -> str:
-    """The Validity reason for a pod source that went down with `reason`."""
-    text = reason.lower()
-    if "more than" in text and "objects" in text:
-        return TRUNCATED
-    if "forbidden" in text or "403" in text:
-        return FORBIDDEN
-    return DOWN
+# The pod source's typed cause (events.DownCause) -> the Validity reason; any other: DOWN.
+_BY_CAUSE: dict[str, str] = {DownCause.FORBIDDEN: FORBIDDEN, DownCause.TRUNCATED: TRUNCATED}
+
+
+def classify(status: SourceStatus) -> str:
+    """The Validity reason for a pod source that went down: from the cause it gave, a typed
+    value, never from the words of its reason (an API server's message is in them)."""
+    return _BY_CAUSE.get(status.cause, DOWN)
 
 
 class ForecastValidity:
@@ -82,4 +82,4 @@ class ForecastValidity:
         if status.up:
             self.current = Validity(True, VALID)
         else:
-            self.current = Validity(False, classify(status.reason), status.reason[:200])
+            self.current = Validity(False, classify(status), status.reason[:200])

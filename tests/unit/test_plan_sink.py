@@ -208,8 +208,8 @@ def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
 
 @pytest.mark.parametrize("status, says", [
     (None, "have not been listed yet"),
-    (("list of pods: more than 10000 objects",), "cut at its bound"),
-    (("pods is forbidden: User cannot list resource",), "forbidden"),
+    (("list of pods: more than 10000 objects", "truncated"), "cut at its bound"),
+    (("pods is forbidden: User cannot list resource", "forbidden"), "forbidden"),
 ])
 def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_path, status,
                                                                          says):
@@ -223,7 +223,7 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
     handle(agent, SysfsReader(sysfs, procfs).read(T))
     handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
     if status is not None:
-        handle(agent, SourceStatus("kube_pods", False, T, status[0]))
+        handle(agent, SourceStatus("kube_pods", False, T, *status))
     answer = json.loads(s.http("memory=-128Mi")[1])
     assert not answer["safe"] and any(says in u for u in answer["unjudged"]), answer
     got = values(s)
