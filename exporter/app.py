@@ -54,13 +54,12 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.node_view import NodeView
 from exporter.events import Resource, SourceStatus
 from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
-from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks import collectors
 from exporter.sinks.journal.path import DEFAULT_UNWRITABLE, WRITABLE_FIX
 from exporter.sinks.journal.schema import JournalRefused
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
-from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
@@ -379,7 +378,8 @@ def serve(options: Options) -> int:
     agent = built.agent
     # Before you unplug: GET /plan and the unpluggable gauges. The plan reads the Correlator's
     # forecast and the running-pods view rather than keeping copies of every pod: the running
-    # sink is attached here, before the plan sink, and registered with the others in collect().
+    # sink is attached here, before the plan sink; both are registered with the others from the
+    # collectors' table (exporter/sinks/collectors.py).
     running = RunningPodsSink.attach(agent)
     plan = PlanSink.attach(agent, SharedViews.of(agent, running),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
@@ -392,9 +392,8 @@ def serve(options: Options) -> int:
         agent.close_sources()
         return _fail(str(e))
     _drop_privileges(built.keep)
-    events = collect(options, decisions, agent, metrics, built.metrics, journal, traces,
-                     running)
-    metrics.register(plan)
+    events = collect(options, decisions, agent, journal, traces)
+    collectors.register(metrics, collectors.Wiring(agent, built.metrics, running, plan))
     plan.start()  # the gauges' thread: after the privilege drop, as every thread
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -409,13 +408,11 @@ def serve(options: Options) -> int:
     return 0
 
 
-def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
-            exposition: MetricsSink, journal: JournalSink | None,
-            traces: TraceConfig | None, running: RunningPodsSink) -> str:
+def collect(options: Options, decisions: Decisions, agent: Agent, journal: JournalSink | None,
+            traces: TraceConfig | None) -> str:
     """After the privilege drop, every thread that start-up leaves (the journal's writer, the
-    span processor's, the Events poster's) and the Collectors /metrics renders (`running`:
-    already one of the agent's sinks, the plan reads it). Returns whether Events are posted,
-    for the start-up line."""
+    span processor's, the Events poster's). Returns whether Events are posted, for the
+    start-up line. (The Collectors /metrics renders: exporter/sinks/collectors.py.)"""
     if journal is not None:
         journal.start()
     if traces is not None:
@@ -430,14 +427,6 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
             log.warning("--kube-events: cannot post Events (%s); continuing without them",
                         quoted(e))
             events = "off (cannot post)"
-    metrics.register(exposition)
-    # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
-    # running containers: sinks of the agent that see every event, each its own Collector.
-    metrics.register(KubeletSink.attach(agent))
-    metrics.register(running)
-    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
-    metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast,
-                                       agent.correlator.forecast_validity))
     return events
 
 

@@ -364,12 +364,6 @@ class PlanSink(ViewSink):
         yield blocks
         yield added
 
-    def describe(self) -> Iterable[Metric]:
-        # The families, without reading the kernel (register() calls this at start-up).
-        yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
-        yield GaugeMetricFamily("node_resize_memory_blocks_by_zone", "", labels=["zone"])
-        yield GaugeMetricFamily("node_resize_memory_hot_added_blocks", "", labels=["zone"])
-
 
 def _error(message: str, fix: str) -> bytes:
     return json.dumps({"error": message, "fix": fix}).encode()
