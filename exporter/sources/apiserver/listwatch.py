@@ -46,6 +46,7 @@ from lightkube.core.exceptions import ApiError
 
 from exporter.clock import Clock
 from exporter.events import DownCause, MalformedInput, SourceStatus
+from exporter.kube.bounds import LIST_MAX_OBJECTS
 from exporter.kube.client import (
     LIST_CHUNK,
     AnswerTooLarge,
@@ -59,8 +60,7 @@ from exporter.ratelog import RateLimitedLog
 from exporter.sources.base import Emit, Source, SourceUnavailable
 
 # Pods on one node are at most a few hundred (kubelet --max-pods, 110 by default); more is a
-# hostile or broken answer, not this node.
-LIST_MAX_OBJECTS = 10_000
+# hostile or broken answer, not this node: LIST_MAX_OBJECTS (exporter/kube/bounds.py).
 # What a quiet watch may go without a byte past its own timeoutSeconds before it is dead.
 WATCH_GRACE = 15.0
 # A Retry-After (429, 503) is honoured up to this: a server cannot park the source for longer.
