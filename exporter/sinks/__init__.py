@@ -18,11 +18,8 @@ from typing import Any, Protocol, Self
 
 from prometheus_client.registry import Collector
 
-from exporter.checks import Check
-from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.correlate.model import EpisodeUpdate
-from exporter.events import Event, KernelSnapshot
-from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.events import Event
 
 
 class Sink(Protocol):
@@ -62,12 +59,3 @@ class ViewSink(Collector):
 
     def close(self) -> None:
         pass
-
-
-def kernel_now(options: Options, name: str) -> KernelSnapshot | Check:
-    """The kernel as it is now, for a sink's `check` line `name`; a WARN saying why not."""
-    try:
-        return SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")

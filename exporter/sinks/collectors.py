@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter.checks import Check, guarded
-from exporter.config.options import Options
+from exporter.readnow import Reads
 from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
@@ -40,7 +40,7 @@ class CollectorSpec:
     build: Callable[[Wiring], Collector]  # registered once, in the table's order
     # `check`'s lines for what it shows (None: none), under `label`; `kubernetes`: asked with
     # the Kubernetes side's lines (only when it is on).
-    check: Callable[[Options], list[Check]] | None = None
+    check: Callable[[Reads], list[Check]] | None = None
     label: str = ""
     kubernetes: bool = False
 
@@ -77,11 +77,12 @@ def register(registry: CollectorRegistry, wiring: Wiring) -> list[Collector]:
     return built
 
 
-def checks(options: Options, *, kubernetes: bool) -> list[Check]:
+def checks(reads: Reads, *, kubernetes: bool) -> list[Check]:
     """The `check` lines of the collectors on the kernel's side (kubernetes=False) or on the
-    Kubernetes side (True), each guarded: one that raises is a FAIL line, not a traceback."""
+    Kubernetes side (True), each guarded: one that raises is a FAIL line, not a traceback.
+    `reads`: the run's one-shot reads (exporter/readnow), shared by every line."""
     out: list[Check] = []
     for spec in COLLECTORS:
         if spec.check is not None and spec.kubernetes == kubernetes:
-            out += guarded(spec.label, spec.check, options)
+            out += guarded(spec.label, spec.check, reads)
     return out

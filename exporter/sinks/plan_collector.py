@@ -64,10 +64,10 @@ from exporter.events import (
 )
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.readnow import HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
 from exporter.sinks.running_pods_collector import RunningPodsSink
-from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
