@@ -67,7 +67,7 @@ from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
 from exporter.sources.registry import SOURCES
-from exporter.web.server import MetricsServer
+from exporter.web.server import MetricsServer, WebSettings
 
 if TYPE_CHECKING:
     from exporter.sinks.traces.env import TraceConfig
@@ -281,6 +281,17 @@ def open_journal(decisions: Decisions, clock: MonotonicWallClock) -> JournalSink
         return None
 
 
+def web_settings(options: Options, decisions: Decisions) -> WebSettings:
+    """Where and how the endpoint serves, as the options say."""
+    return WebSettings(options.listen_host, options.listen_port,
+                       web_config=WEB_CONFIG_FILE.of(options),
+                       telemetry_path=WEB_TELEMETRY_PATH.of(options), auth=WEB_AUTH.of(options),
+                       node_name=decisions.node, kubeconfig=KUBECONFIG.of(options),
+                       token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
+                       extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
+                       health_address=WEB_HEALTH_LISTEN_ADDRESS.of(options))
+
+
 def open_server(options: Options, decisions: Decisions, metrics: CollectorRegistry,
                 healthy: Callable[[], bool] = lambda: True,
                 version: Callable[[], object] = lambda: None,
@@ -288,15 +299,8 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
     """The endpoint, its web config read and checked and its port bound (not serving yet);
     `plan` answers GET /plan."""
     try:
-        return MetricsServer(options.listen_host, options.listen_port, metrics,
-                             healthy=healthy, web_config=WEB_CONFIG_FILE.of(options),
-                             version=version, telemetry_path=WEB_TELEMETRY_PATH.of(options),
-                             auth=WEB_AUTH.of(options), node_name=decisions.node,
-                             kubeconfig=KUBECONFIG.of(options),
-                             token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
-                             extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
-                             plan=plan,
-                             health_address=WEB_HEALTH_LISTEN_ADDRESS.of(options))
+        return MetricsServer(web_settings(options, decisions), metrics, healthy=healthy,
+                             version=version, plan=plan)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
     except OSError as e:
