@@ -212,7 +212,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
     do not; a named one that cannot start is a StartupError with the fix), the reconciler
     always, and the Kubernetes sources the options ask for."""
     spec = registry.reconciler()
-    reconciler = spec.factory(ctx)
+    reconciler = spec.build(ctx)
     try:
         reconciler.open()  # always: the gauges' truth, even when its transitions are not wanted
     except SourceUnavailable as e:
@@ -230,7 +230,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
     share_cpu_transitions(opened)
     # Not opened here: they connect in their own threads and report up/down themselves, so an
     # API server that is slow at start-up does not delay the kernel side.
-    opened.running += [(spec, spec.factory(ctx))
+    opened.running += [(spec, spec.build(ctx))
                        for spec in kubernetes_sources_asked(ctx.options, decisions)]
     if decisions.kubernetes:
         log.info("kubernetes: watching node %s", decisions.node)
@@ -238,7 +238,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
 
 
 def open_kernel_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Source:
-    source = spec.factory(ctx)
+    source = spec.build(ctx)
     try:
         source.open()
     except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
