@@ -311,6 +311,11 @@ class CpuManagerCheckpoint:
     assigned_cpus: frozenset[int] = frozenset()  # union of every container's exclusive cpuset
     error: str = ""
 
+    @property
+    def static(self) -> bool:
+        """The static CPU manager's checkpoint, read whole: whole CPUs are pinned."""
+        return self.present and not self.error and self.policy == "static"
+
 
 @dataclass(frozen=True)
 class MemoryManagerCheckpoint:

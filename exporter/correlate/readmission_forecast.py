@@ -346,7 +346,7 @@ class ReadmissionForecast:
             self._apply_pods()  # so pods deleted meanwhile are not held
 
     def on_cpu_manager(self, checkpoint: CpuManagerCheckpoint) -> None:
-        static = checkpoint.present and not checkpoint.error and checkpoint.policy == "static"
+        static = checkpoint.static
         if static != self._static:
             self._static = static
             self._changed(checkpoint.time)

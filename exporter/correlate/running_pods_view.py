@@ -197,8 +197,7 @@ class RunningPodsView:
         elif isinstance(event, PodsRelisted):
             self.pods = {uid: p for uid, p in self.pods.items() if uid in event.uids}
         elif isinstance(event, CpuManagerCheckpoint):
-            ok = event.present and not event.error and event.policy == "static"
-            self.assigned_cpus = event.assigned_cpus if ok else frozenset()
+            self.assigned_cpus = event.assigned_cpus if event.static else frozenset()
             self.checkpoint = event.present and not event.error
 
     def _remember_scores(self, scan: RunningContainers) -> None:

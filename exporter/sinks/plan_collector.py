@@ -64,7 +64,7 @@ from exporter.events import (
 )
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
-from exporter.readnow import HotplugHardware, PageFlagsReader, read_hardware
+from exporter.readnow import KUBELET_ROOT_DIR, HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
 from exporter.sinks.running_pods_collector import RunningPodsSink
@@ -121,7 +121,7 @@ class PlanSink(ViewSink):
     are worked out with none held, so the agent never waits for one."""
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
-                 kubelet_root: str = "/var/lib/kubelet", *, kubernetes: bool) -> None:
+                 kubelet_root: str = KUBELET_ROOT_DIR.default, *, kubernetes: bool) -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
