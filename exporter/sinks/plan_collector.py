@@ -64,6 +64,7 @@ from exporter.events import (
 )
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.ratelog import RateLimitedLog
 from exporter.readnow import KUBELET_ROOT_DIR, HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
@@ -143,6 +144,7 @@ class PlanSink(ViewSink):
         self._stale = threading.Event()  # an input changed: the gauges' thread looks
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = RateLimitedLog(log)
         self.plans = 0
         self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
 
@@ -297,7 +299,10 @@ class PlanSink(ViewSink):
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - a bad tree must not end the thread
-                log.exception("working out node_resize_unpluggable failed")
+                # Once a minute at most, with the count: a tree that stays bad must not
+                # flood the log once a second.
+                self._failures.note("gauges", "working out node_resize_unpluggable failed",
+                                    level=logging.ERROR, exc_info=True)
             self._stop.wait(max(0.0, GAUGE_MIN_INTERVAL - (time.monotonic() - began)))
 
     def refresh(self) -> bool:
