@@ -33,7 +33,6 @@ class KubeletSink(ViewSink):
     def __init__(self) -> None:
         super().__init__()
         self.view = KubeletView()
-        self.errors = 0  # shown as node_resize_exporter_sink_errors_total{sink="kubelet"}
 
     def feed(self, event: Event) -> None:
         self.view.handle(event)
