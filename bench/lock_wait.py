@@ -48,6 +48,7 @@ from exporter.events import (
     SourceStatus,
 )
 from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.web.exposition import Exposition
@@ -119,8 +120,8 @@ def build(root: Path, n_pods: int, n_containers: int) -> World:
     agent.lock = locks[0]  # type: ignore[assignment]
     running = RunningPodsSink.attach(agent)
     running.lock = locks[1]  # type: ignore[assignment]
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs,
-                           kubernetes=True)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, KubeletSink.attach(agent)),
+                           sysfs, procfs, kubernetes=True)
     plan.lock = locks[2]  # type: ignore[assignment]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(running)

@@ -60,6 +60,7 @@ from exporter.sinks.journal.schema import JournalRefused
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
@@ -381,11 +382,11 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     agent = built.agent
     # Before you unplug: GET /plan and the unpluggable gauges. The plan reads the Correlator's
-    # forecast and the running-pods view rather than keeping copies of every pod: the running
-    # sink is attached here, before the plan sink; both are registered with the others from the
-    # collectors' table (exporter/sinks/collectors.py).
-    running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running),
+    # forecast, the running-pods view and the kubelet's view rather than keeping copies: those
+    # sinks are attached here, before the plan sink; all are registered with the others from
+    # the collectors' table (exporter/sinks/collectors.py).
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
                            KUBELET_ROOT_DIR.of(options) or KUBELET_ROOT_DIR.default,
                            kubernetes=decisions.kubernetes)
@@ -397,7 +398,7 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     _drop_privileges(built.keep)
     events = collect(options, decisions, agent, journal, traces)
-    collectors.register(metrics, collectors.Wiring(agent, built.metrics, running, plan))
+    collectors.register(metrics, collectors.Wiring(agent, built.metrics, running, kubelet, plan))
     plan.start()  # the gauges' thread: after the privilege drop, as every thread
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

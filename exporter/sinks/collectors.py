@@ -3,8 +3,8 @@
 `check` asks of them and what the tests build are read from COLLECTORS alone.
 
 Each is built from the running agent's wiring (`Wiring`: the agent, the metrics sink
-build_agent made, the running-pods and plan sinks serve attached first, because the plan reads
-the running-pods view). The web endpoint's own Collector (authentication counts,
+build_agent made, the running-pods, kubelet and plan sinks serve attached first, because the
+plan reads the other two's views). The web endpoint's own Collector (authentication counts,
 exporter/web/authmetrics.py) is registered by the endpoint itself, which owns what it counts.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Wiring:
     agent: Any  # exporter/agent.py Agent
     metrics: MetricsSink
     running: RunningPodsSink
+    kubelet: KubeletSink
     plan: PlanSink
 
 
@@ -53,9 +54,8 @@ def _forecast(w: Wiring) -> Collector:
 COLLECTORS: tuple[CollectorSpec, ...] = (
     # The exporter's own: episodes, both sides' capacity, sources, sinks, the process.
     CollectorSpec("metrics", lambda w: w.metrics),
-    # The kubelet's local state (checkpoints, kubepods cpuset): attached to the agent here.
-    CollectorSpec("kubelet", lambda w: KubeletSink.attach(w.agent), KubeletSink.check,
-                  "kubelet restart"),
+    # The kubelet's local state (checkpoints, kubepods cpuset).
+    CollectorSpec("kubelet", lambda w: w.kubelet, KubeletSink.check, "kubelet restart"),
     # What a resize left in the running containers.
     CollectorSpec("running_pods", lambda w: w.running, RunningPodsSink.check,
                   "running containers"),

@@ -15,11 +15,11 @@ then plans on them with no lock held. With the Kubernetes side on, the plan alwa
 pods: no Node seen yet, or pods not listed, down, forbidden or cut at their bound, and the
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
-The agent still hands it every event, for what nobody else keeps (under its own lock): whether
-a Node was seen, the kubelet's checkpoints and feature gates, the memory blocks hot-added while
-it ran. The kernel's memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL
-seconds or until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks
-a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
+The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
+agent still hands it every event, for what nobody else keeps: whether a Node was seen, the
+memory blocks hot-added while it ran. The kernel's memory blocks are read when asked (a plan,
+a scrape), kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a
+plan, at most PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
 
 The unpluggable gauges are worked out when an input changes, off the scrape path (as
 kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
@@ -29,9 +29,9 @@ checkpoint change within about GAUGE_MIN_INTERVAL plus the time to compute it.
 
 The composition root wires it (exporter/app.py):
 
-    running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs, root,
-                           kubernetes=decisions.kubernetes)
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet), sysfs, procfs,
+                           root, kubernetes=decisions.kubernetes)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
     plan.start()                                            # after the privilege drop
@@ -53,11 +53,8 @@ from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
-    CpuManagerCheckpoint,
     DeviceChange,
     Event,
-    KubeletFeatures,
-    MemoryManagerCheckpoint,
     NodeStatus,
     Resource,
     Transition,
@@ -68,6 +65,7 @@ from exporter.ratelog import RateLimitedLog
 from exporter.readnow import KUBELET_ROOT_DIR, HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
@@ -96,15 +94,17 @@ class SharedViews:
     lock: threading.Lock  # the agent's: the Correlator writes `forecast` under it
     forecast: ReadmissionForecast  # the Correlator's
     validity: ForecastValidity  # the Correlator's: did the forecast see this node's pods
-    running: RunningPodsSink  # its view, under its own lock
+    running: RunningPodsSink  # its view, copied under a sequence lock
+    kubelet: KubeletSink  # its view: the kubelet's checkpoints and feature gates
     # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
-    version: Callable[[], int]
+    version: Callable[[], int] = lambda: 0
 
     @classmethod
-    def of(cls, agent: Any, running: RunningPodsSink) -> "SharedViews":
-        """The running agent's (exporter/agent.py), and the running-pods sink attached to it."""
+    def of(cls, agent: Any, running: RunningPodsSink, kubelet: KubeletSink) -> "SharedViews":
+        """The running agent's (exporter/agent.py), and the running-pods and kubelet sinks
+        attached to it."""
         return cls(agent.lock, agent.correlator.forecast, agent.correlator.forecast_validity,
-                   running, agent.state_version)
+                   running, kubelet, agent.state_version)
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,6 @@ class PlanSink(ViewSink):
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
         self.node_seen = False  # a Node status was seen
-        self.cpu_checkpoint: CpuManagerCheckpoint | None = None
-        self.memory_checkpoint: MemoryManagerCheckpoint | None = None
-        self.kubelet_resizes = False
         self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
         # (blocks changed count, read at, the blocks' zones): kept HARDWARE_TTL seconds, and
@@ -163,12 +160,6 @@ class PlanSink(ViewSink):
             self._stale.set()
         if isinstance(event, NodeStatus):
             self.node_seen = True
-        elif isinstance(event, CpuManagerCheckpoint):
-            self.cpu_checkpoint = event
-        elif isinstance(event, MemoryManagerCheckpoint):
-            self.memory_checkpoint = event
-        elif isinstance(event, KubeletFeatures):
-            self.kubelet_resizes = bool(event.gates.get("NodeResourceHotPlug"))
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
             self._blocks_changed += 1  # the blocks changed: read again when asked
@@ -215,9 +206,11 @@ class PlanSink(ViewSink):
         running = shared.running.copy()
         if running.snapshot is None:
             return None
-        with self.lock:
-            cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
-                self.kubelet_resizes
+        # The kubelet's checkpoints and gates, as the kubelet sink's view keeps them (each a
+        # reference, read once: no lock).
+        kubelet = shared.kubelet.view
+        cpu, memory = kubelet.cpu_checkpoint, kubelet.memory_checkpoint
+        resizes = bool(kubelet.gates.get("NodeResourceHotPlug"))
         unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
         inputs = Inputs(running.snapshot, hw, forecast,

@@ -30,7 +30,8 @@ def _wiring(root: Path) -> Wiring:
     """An agent without sources, wired as exporter/app.py serve wires it."""
     root.mkdir()
     agent, plan = plan_agent(*fake_host(root))
-    return Wiring(agent, MetricsSink(agent.lock, KernelLedger()), plan.shared.running, plan)
+    return Wiring(agent, MetricsSink(agent.lock, KernelLedger()), plan.shared.running,
+                  plan.shared.kubelet, plan)
 
 
 # What the composition root registers: the collectors' table (exporter/sinks/collectors.py),

@@ -144,6 +144,8 @@ def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent
     # hold each pod a second time and handle each pod event a second time.
     assert not [name for name, v in vars(sink).items()
                 if isinstance(v, (ReadmissionForecast, RunningPodsView))]
+    # Nor the kubelet's checkpoints and gates: the kubelet sink's view keeps them (issue 34).
+    assert not {"cpu_checkpoint", "memory_checkpoint", "kubelet_resizes"} & set(vars(sink))
     assert sink.shared.forecast is agent.correlator.forecast
     fed: list[str] = []
     for cls, method in ((ReadmissionForecast, "on_pod"), (RunningPodsView, "handle")):
