@@ -271,3 +271,13 @@ def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_pa
     assert answer["safe"] and answer["unjudged"] == [] and \
         not answer["considered"]["kubernetes"], answer
     assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
+
+
+def test_the_plan_reads_the_kubelets_checkpoint_from_the_kubelet_sinks_view(agent, sink):
+    """The CPU manager's checkpoint the agent hands on reaches the plan through the kubelet
+    sink's view (kept once): a static policy makes stopping the kubelet a step."""
+    from testkit.forecast import static_policy
+    handle(agent, static_policy())
+    assert sink.shared.kubelet.view.cpu_checkpoint is not None
+    steps = json.loads(sink.http("cpu=-1")[1])["steps"]
+    assert any("stop the kubelet before the CPUs go" in step for step in steps), steps
