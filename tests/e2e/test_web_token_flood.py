@@ -474,3 +474,30 @@ def test_connections_waiting_on_a_review_do_not_keep_a_scraper_out(api):
         logs = exp.logs()
     assert got == [200] * 3, (got, flood.statuses)
     assert "all busy: closing new ones" not in logs
+
+
+PLANNER = "system:serviceaccount:kubevirt:planner"
+
+
+def test_a_flood_of_made_up_tokens_on_plan_locks_no_orchestrator_out(api):
+    """H2 (issue 36): /plan's token reviews are budgeted per client address like /metrics'.
+    Made-up tokens from 127.0.0.2 on 4 TLS connections, as fast as the exporter answers; an
+    orchestrator's allowed token from 127.0.0.3 gets 200 at once, and so does its rotated
+    token. Before, /plan reviewed every token without the client's address, so the flood
+    spent the one budget every /plan client shared: 429 on 40 of 40 tries."""
+    api.allow_path(f"user:{PLANNER}", "/plan")
+    plan = "/plan?memory=-128Mi"  # valid whatever other tests do to cpu1 meanwhile
+    with KubeAuthExporter(api.kubeconfig) as exp:
+        with BearerFlood(exp.port, _made_up, connections=4, sources=("127.0.0.2",),
+                         path=plan) as flood:
+            _flood_at_its_budget(flood)
+            got = []
+            for name in ("planner", "planner-rotated"):
+                token = f"{name}-{secrets.token_urlsafe(16)}"
+                api.add_token(token, PLANNER)
+                got.append(_status(bearer_get(exp.port, plan, token=token,
+                                              source="127.0.0.3")))
+        statuses = dict(flood.statuses)
+    print(f"/plan flood: {flood.sent} made-up tokens, {statuses}; orchestrator {got}")
+    assert got == [200, 200], got
+    assert set(statuses) <= {401, 429, 503}, statuses
