@@ -501,3 +501,63 @@ def test_a_flood_of_made_up_tokens_on_plan_locks_no_orchestrator_out(api):
     print(f"/plan flood: {flood.sent} made-up tokens, {statuses}; orchestrator {got}")
     assert got == [200, 200], got
     assert set(statuses) <= {401, 429, 503}, statuses
+
+
+def _holders(port: int, stop, slow: bool, opened: list[int]) -> None:
+    """One connection to the health listener that sends nothing (or, `slow`, a byte of a
+    request every 0.5 s), opened again as soon as it is cut: what any local process can do.
+    `opened[0]` counts the connections made."""
+    import socket
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                opened[0] += 1
+                while not stop.wait(0.5):
+                    if slow:
+                        s.sendall(b"G")
+                    elif s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                        break  # cut
+        except BlockingIOError:
+            continue
+        except OSError:
+            stop.wait(0.01)
+
+
+def test_idle_and_slow_connections_do_not_hold_the_liveness_listener():
+    """M4 (issue 36): 16 connections that send nothing and 16 that send a byte every 0.5 s,
+    each reopened as soon as it is cut, from the probe's own address: probed once a second,
+    every probe is answered 200 within the probe's timeout. Before, they held its 16
+    connections and new ones were closed at once: 0-3 of 30 probes answered."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from exporter.web.server import MetricsServer
+    server = MetricsServer("127.0.0.1", 0, CollectorRegistry(), auth="none",
+                           health_address=("127.0.0.1", 0))
+    assert server.health is not None
+    server.start()
+    stop, opened = threading.Event(), [0]
+    holders = [threading.Thread(target=_holders, args=(server.health.port, stop, i % 2 == 1,
+                                                       opened), daemon=True)
+               for i in range(32)]
+    try:
+        for t in holders:
+            t.start()
+        poll_until(lambda: opened[0], lambda n: n >= 64, 30, 0.05,
+                   lambda n: AssertionError(f"the holders never got going: {n}"))
+        probes = []
+        for _ in range(10):
+            time.sleep(1.0)  # the probe's period, not a wait for a condition
+            probes.append(_plain_healthz(server.health.port, PROBE_TIMEOUT))
+        evicted = getattr(server.health, "evicted", 0)
+    finally:
+        stop.set()
+        for t in holders:
+            t.join(10)
+        server.stop()
+    print(f"32 idle/slow connections, {opened[0]} opened: probes {probes}; {evicted} closed "
+          "for room")
+    assert [status for status, _ in probes] == [200] * 10, probes
+    assert max(seconds for _, seconds in probes) < PROBE_TIMEOUT, probes
+    assert evicted > 0
