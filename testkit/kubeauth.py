@@ -88,6 +88,7 @@ class BearerFlood(ClientThreads):
         self.port, self.tokens, self.connections, self.path = port, tokens, connections, path
         self.rate, self.sources = rate, sources
         self.statuses: dict[int | str, int] = {}
+        self.by_source: dict[str, set[int | str]] = {}  # the statuses each source address got
         self.sent = 0
         super().__init__(connections, self._run)
 
@@ -123,6 +124,7 @@ class BearerFlood(ClientThreads):
                 conn = None
             with self._lock:
                 self.statuses[got] = self.statuses.get(got, 0) + 1
+                self.by_source.setdefault(source, set()).add(got)
         if conn is not None:
             conn.close()
 

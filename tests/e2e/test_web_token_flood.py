@@ -127,10 +127,11 @@ def _flood_at_its_budget(flood: BearerFlood) -> None:
 
 
 def _review_bound(elapsed: float, addresses: int) -> float:
-    """Reviews a flood from `addresses` addresses can cause in `elapsed` seconds, at most."""
+    """Reviews a flood from `addresses` addresses can cause in `elapsed` seconds, at most: the
+    shared budget, and each address's first review besides."""
     per_address = PER_ADDRESS_BURST + PER_ADDRESS_RATE * elapsed
     shared = REVIEW_BURST + REVIEW_RATE * elapsed
-    return min(per_address * addresses, shared) + MAX_REVIEWS
+    return min(per_address * addresses, shared + addresses) + MAX_REVIEWS
 
 
 @pytest.mark.parametrize("flood_kind", FLOODS)
@@ -561,3 +562,67 @@ def test_idle_and_slow_connections_do_not_hold_the_liveness_listener():
     assert [status for status, _ in probes] == [200] * 10, probes
     assert max(seconds for _, seconds in probes) < PROBE_TIMEOUT, probes
     assert evicted > 0
+
+
+def test_a_flood_from_60_addresses_leaves_a_new_scrapers_first_review_its_own_budget():
+    """M5 (issue 36), KubeAuth alone with a clock it is told: made-up tokens from 60 addresses,
+    2 a second each on average (at random moments, a fixed seed), for a minute; then a scraper
+    from an address never seen before, at a 30 s scrape interval, is allowed at its first
+    scrape, and twice more. Before, the 60 addresses spent the budget every address with no
+    allowed token shares (5 a second), and the new scraper got its first 200 at scrape 12, 6
+    minutes in."""
+    import asyncio
+    import random
+
+    from exporter.web.kubeauth import KubeAuth, Verdict
+    from testkit.kubeauth import ScriptedReviews
+
+    now, rng = [1000.0], random.Random(36)
+    flooders = [f"127.0.1.{n}" for n in range(60)]
+
+    async def flood(seconds: float) -> None:
+        for i in range(int(seconds * 2 * len(flooders))):
+            now[0] += rng.expovariate(2 * len(flooders))
+            await auth.authorize(f"Bearer made-up-{i}-{now[0]}", rng.choice(flooders))
+
+    async def run() -> list[Verdict]:
+        got = []
+        await flood(60)
+        for n in range(3):  # a new scraper (its own token each time: nothing cached)
+            got.append(await auth.authorize(f"Bearer good-{n}", "127.0.2.1"))
+            await flood(30)
+        return got
+
+    reviews = ScriptedReviews({f"good-{n}": "prom" for n in range(3)}, {"prom"})
+    auth = KubeAuth(lambda: reviews, "/metrics", clock=lambda: now[0])
+    got = asyncio.run(run())
+    token_reviews = reviews.posts["/apis/authentication.k8s.io/v1/tokenreviews"]
+    print(f"60 flooding addresses for 2.5 min: the new scraper {got}; {token_reviews} reviews")
+    assert got == [Verdict.ALLOWED] * 3, got
+    # The flood's reviews: the shared budget, and one first review per address at most more.
+    assert token_reviews <= REVIEW_BURST + REVIEW_RATE * 150 + len(flooders) + 3
+
+
+def test_a_flood_from_60_loopback_addresses_lets_a_new_scraper_in_within_2_scrapes(api):
+    """M5 (issue 36), a real `run`: made-up tokens from 60 loopback addresses (127.0.1.x), as
+    fast as the exporter answers, past the moment each address had its first review (5-6
+    a second: the shared budget and the newcomers'); a
+    Prometheus from an address never seen before gets its first 200 within 2 scrapes. Before,
+    the shared budget went to the 60 addresses and its first 200 came at scrape 12."""
+    flooders = tuple(f"127.0.1.{n}" for n in range(1, 61))
+    with KubeAuthExporter(api.kubeconfig) as exp:
+        with BearerFlood(exp.port, _made_up, connections=len(flooders),
+                         sources=flooders) as flood:
+            # Each address has had its first review (401, or 503 where the API server failed)
+            started = time.monotonic()
+            poll_until(lambda: {a for a, got in dict(flood.by_source).items()
+                                if got & {401, 503}},
+                       lambda reviewed: len(reviewed) == len(flooders), 120, 0.1,
+                       lambda r: AssertionError(f"{len(r)} flooding addresses reviewed"))
+            warm = time.monotonic() - started
+            _flood_at_its_budget(flood)
+            got = _scrapes_to_first_200(exp.port, _token(api, "prom-m5"), "127.0.2.1")
+        statuses = dict(flood.statuses)
+    print(f"60 addresses: {flood.sent} made-up tokens in {flood.elapsed:.1f} s (each reviewed "
+          f"once after {warm:.1f} s), {statuses}; new scraper {got}")
+    assert got[-1] == 200, got
