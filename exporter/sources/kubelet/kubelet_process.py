@@ -12,10 +12,10 @@ and the start time, as psutil computes it: boot time + start ticks / CLK_TCK) co
 is then this source's own instead of psutil's one module-wide PROCFS_PATH.
 
 Not any process named kubelet: a pod can run one (a kind or k3s node in a pod, a decoy), and
-the oldest of that name would hide the real kubelet's restarts. A process in another PID
-namespace than the table's PID 1 (or than the exporter's, sharing the host's, where PID 1's
-cannot be read) (a pod without hostPID), or in a kubepods cgroup (any pod's
-container), is not the node's kubelet (not_the_node_kubelet); the oldest of the others is.
+the oldest of that name would hide the real kubelet's restarts. A process in a kubepods
+cgroup (any pod's container), or in another PID namespace than the table's PID 1 (a pod
+without hostPID; where PID 1's cannot be read, the exporter's own, the host's with hostPID),
+is not the node's kubelet (not_the_node_kubelet); the oldest of the others is.
 
 The source is up only while it sees a kubelet process: without hostPID none is visible, and it
 reports down saying so (the episodes' `resynced_by` is then "unknown", unless the kubelet's
