@@ -44,7 +44,9 @@ def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
         (d / "valid_zones").write_text(zones + "\n")
         (d / "removable").write_text("1\n")
     proc_root.mkdir()
-    (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nSwapTotal: 0 kB\n")
+    (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nMemAvailable: "
+                                       f"{mem_total_kb * 3 // 4} kB\nSwapTotal: 0 kB\n")
+    (proc_root / "iomem").write_text("00100000-bfffffff : System RAM\n")
     return str(sys_root), str(proc_root)
 
 

@@ -381,7 +381,7 @@ def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
 def missing(inputs: Inputs) -> dict[str, str]:
     """Every input not read, with why: what the caller said, and what it handed in as None
     beside a kubelet (never taken as "nothing there")."""
-    out = dict(inputs.not_read)
+    out = {**inputs.hardware.not_read, **inputs.not_read}
     if not inputs.no_kubelet:
         for name, value in (("pods", inputs.forecast), ("running_containers", inputs.running),
                             ("cpu_manager_checkpoint", inputs.cpu_checkpoint),
@@ -628,8 +628,9 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
     out = _MemoryMoved(take, [], needed, short * size_, size_, 0, list(takes.values()))
     if short:
         refusals += why
-        notes.append(f"only {size(len(take) * size_)} of removable memory can be expected to "
-                     f"go; {size(short * size_)} cannot")
+        notes.append((f"only {size(len(take) * size_)} of removable memory" if take else
+                      "no removable memory") + f" can be expected to go; {size(short * size_)}"
+                     " cannot")
     return _room(out, inputs, by_block, unjudged)
 
 
@@ -819,9 +820,10 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
         out.append(Action("hypervisor_remove", detail={"resource": "cpu", "cpu": {
             "cpu": c, **{k: place.get(k) for k in ("socket", "die", "core", "thread",
                                                   "apic_id")}}},
-            says=f"remove cpu{c} from the hypervisor (QEMU: device_del of the CPU device "
-                 f"with socket-id {place.get('socket')}, core-id {place.get('core')}, "
-                 f"thread-id {place.get('thread')})"))
+            says=f"remove cpu{c} from the hypervisor" + (
+                f" (QEMU: device_del of the CPU device with socket-id {place['socket']}, "
+                f"core-id {place['core']}, thread-id {place['thread']})"
+                if place.get("socket") is not None else " (its topology was not read)")))
     if p.change.memory > 0:
         if p.memory_blocks_needed > len(p.memory_add):
             out.append(Action("hypervisor_add", detail={
