@@ -39,7 +39,6 @@ from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS
 PLAN_OPTIONS = (SYSFS_ROOT, PROCFS_ROOT, KUBERNETES, KUBECONFIG, NODE_NAME, KUBELET_ROOT_DIR,
                 CGROUP_ROOT, RUNNING_PODS_MAX_CONTAINERS)
 EXIT = {"safe": 0, "harmful": 1, "unknown": 3}  # 2: bad input or configuration (click's)
-PAGE_BUDGET = 4096  # blocks whose page flags one plan reads at most (one definition: GET /plan)
 
 EPILOG = """\b
 Examples:
@@ -237,6 +236,7 @@ def register(main: click.Group) -> None:
         Changes nothing. Exit 0 when the change is safe, 1 when it would hurt, 2 on bad
         input or configuration, 3 when it cannot tell (what was not read is named)."""
         from exporter.plan.answer import answer
+        from exporter.plan.planner import PAGE_BUDGET
         try:
             change = parse_change(cpu_change, memory_change)
         except BadChange as e:
