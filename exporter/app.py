@@ -383,7 +383,7 @@ def serve(options: Options) -> int:
     running = RunningPodsSink.attach(agent)
     plan = PlanSink.attach(agent, SharedViews.of(agent, running),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
-                           KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet",
+                           KUBELET_ROOT_DIR.of(options),
                            kubernetes=decisions.kubernetes, node=decisions.node)
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,

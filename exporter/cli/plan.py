@@ -71,6 +71,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
     from exporter.sources.kubelet.kubelet_checkpoint import (
+        ROOT_EMPTY,
         not_mounted,
         read_cpu_manager_state,
         read_memory_manager_state,
@@ -85,7 +86,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     root = KUBELET_ROOT_DIR.of(opts)
     kubelet_here = False
     if not root:
-        why = "--kubelet-root-dir is empty: not read"
+        why = ROOT_EMPTY
     else:
         why = not_mounted(root)
         kubelet_here = not why

@@ -70,7 +70,11 @@ from exporter.plan.planner import PAGE_BUDGET, Inputs, judge_blocks, unpluggable
 from exporter.sinks import ViewSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
-from exporter.sources.kubelet.kubelet_checkpoint import not_mounted, read_reserved_cpus
+from exporter.sources.kubelet.kubelet_checkpoint import (
+    ROOT_EMPTY,
+    not_mounted,
+    read_reserved_cpus,
+)
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
@@ -242,7 +246,8 @@ class PlanSink(ViewSink):
         not_read, reserved, no_kubelet = self._not_read(running, down, cpu)
         inputs = Inputs(running.snapshot, hw, forecast,
                         running if running.scan is not None and running.scan.cgroup_version
-                        else None, cpu, memory, self.kubelet_root, resizes,
+                        else None, cpu, memory, self.kubelet_root or "/var/lib/kubelet",
+                        resizes,
                         pods_unjudged=unjudged, not_read=not_read,
                         kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet)
         return Taken(inputs, running,
@@ -254,12 +259,12 @@ class PlanSink(ViewSink):
         """What was not read, by the plan's input names, as the CLI names it (exporter/cli/
         plan.py gather): a source down says why; the kubelet's configuration is read here."""
         out: dict[str, str] = {}
-        mounted = not not_mounted(self.kubelet_root)
-        why = down.get("kubelet_checkpoint")
+        mounted = bool(self.kubelet_root) and not not_mounted(self.kubelet_root)
+        why = down.get("kubelet_checkpoint") or ("" if self.kubelet_root else ROOT_EMPTY)
         if why:
             out["cpu_manager_checkpoint"] = out["memory_manager_checkpoint"] = why
         reserved = None
-        if cpu is not None and cpu.present and cpu.policy == "static":
+        if cpu is not None and cpu.present and cpu.policy == "static" and self.kubelet_root:
             reserved, config_why = read_reserved_cpus(self.kubelet_root)
             if reserved is None:
                 out["kubelet_config"] = config_why
