@@ -30,7 +30,7 @@ from exporter.kube.client import RawPod, load_config, make_client
 from exporter.kube.convert import pod_status
 from exporter.sinks import ViewSink, kernel_now
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
-from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS, scan
+from exporter.sources.kubelet.running_pods import NO_KUBEPODS, RUNNING_PODS_MAX_CONTAINERS, scan
 
 
 class RunningPodsSink(ViewSink):
@@ -105,8 +105,9 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
     problems: list[str] = []
     found = scan(root, PROCFS_ROOT.of(options), 0.0,
                  max_containers=RUNNING_PODS_MAX_CONTAINERS.of(options), problems=problems)
-    if not found.cgroup_version:
-        return Check(name, "ok", f"no kubepods cgroup under {root}")
+    if not found.cgroup_version:  # not "none stale": nothing was seen
+        head, _, fix = NO_KUBEPODS.format(root=root).partition(" (fix: ")
+        return Check(name, "warn", f"not checked: {head}", fix.rstrip(")"))
     note = ""
     if pods is None:
         pods, note = _node_pods(options)
