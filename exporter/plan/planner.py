@@ -104,7 +104,7 @@ INPUTS = ("kernel", "memory_devices", "cpu_topology", "mem_available", "page_fla
 # Memory that must stay available after an offline, beyond what the pages moved take: the
 # larger of this and MARGIN_FRACTION of what stays (migration needs free pages, the kernel's
 # watermarks and the pods' working sets more).
-MARGIN_BYTES = 256 << 20
+MARGIN_BYTES = 64 << 20
 MARGIN_FRACTION = 0.05
 
 
