@@ -712,7 +712,7 @@ NO_NODE = ("pods: no Node status read for this node (check --node-name and that 
 
 
 def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnapshot,
-                 owners: Mapping[str, str]
+                 owner: Callable[[str], str]
                  ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, int]] | None:
     """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
     kubelet would offer); None without a Node. Nothing of it stays in the forecast."""
@@ -720,7 +720,7 @@ def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnaps
     if result is None or offered is None:
         return None
     (milli, memory, _, _), _, _ = offered
-    return ([RejectedPod(r.namespace, r.name, r.reason, r.uid, owners.get(r.uid, ""))
+    return ([RejectedPod(r.namespace, r.name, r.reason, r.uid, owner(r.uid))
              for r in result.rejected],
             result.rejected_total, dict(result.by_reason),
             {"cpu": int(milli), "memory": int(memory)})
@@ -731,8 +731,19 @@ def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _Pods
     forecast, snap = inputs.forecast, inputs.snapshot
     if forecast is None:
         return _PodsAfter([], 0, {}, {}, 0, False)
-    now = _forecast_at(forecast, snap, inputs.pod_owners)
-    later = _forecast_at(forecast, hypo, inputs.pod_owners)
+    running = inputs.running
+
+    def owner(uid: str) -> str:
+        """The pod's controller kind: as the caller listed it, else as the running-pods view
+        (fed by the pod watch) has the pod."""
+        kind = inputs.pod_owners.get(uid, "")
+        if not kind and running is not None:
+            pod = running.pods.get(uid)
+            kind = pod.owner_kind if pod is not None else ""
+        return kind
+
+    now = _forecast_at(forecast, snap, owner)
+    later = _forecast_at(forecast, hypo, owner)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
     kubernetes = later is not None

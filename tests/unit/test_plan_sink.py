@@ -31,7 +31,12 @@ def wired(tmp_path):
     assert isinstance(converted, NodeStatus)
     handle(agent, converted)
     for name in ("a", "b"):
-        handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None).event)
+        obj = pod(name, {"cpu": "500m"})
+        if name == "a":  # a ReplicaSet's pod; b is a bare pod
+            obj["metadata"]["ownerReferences"] = [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f",
+                 "uid": "rs-uid", "controller": True}]
+        handle(agent, pod_status(obj, T, None).event)
     pods_listed(agent)
     return agent, s
 
@@ -62,6 +67,8 @@ def test_a_plan_query_is_answered_with_the_pods_it_would_cost(sink):
     answer = json.loads(body)
     assert status == 200 and answer["cpu"]["take"] == [1] and not answer["safe"]
     assert [p["reason"] for p in answer["pods"]["rejected"]] == ["OutOfcpu", "OutOfcpu"]
+    assert [p["owner_kind"] for p in answer["pods"]["rejected"]] == ["ReplicaSet", None]
+    assert all(p["uid"] for p in answer["pods"]["rejected"])
     status, body = sink.http("memory=-256Mi")
     answer = json.loads(body)
     assert sorted(answer["memory"]["take"]) == [40, 41] and answer["safe"], answer
