@@ -363,7 +363,7 @@ def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_bud
                  memory_devices=tuple(memory.devices),
                  cpu_places={c: places[c].json() for c in (*cpus.take, *cpus.add)
                              if c in places},
-                 inputs=_inputs_read(change, inputs),
+                 inputs=_inputs_read(change, inputs, unjudged),
                  gates=dict(inputs.gates), memory_move_bytes=memory.move_bytes,
                  memory_available_after=memory.available_after,
                  other_harm=tuple(memory.harm))
@@ -424,8 +424,16 @@ def _unjudged(change: Change, inputs: Inputs) -> list[str]:
     return out
 
 
-def _inputs_read(change: Change, inputs: Inputs) -> dict[str, str]:
+def _inputs_read(change: Change, inputs: Inputs,
+                 unjudged: Iterable[str] = ()) -> dict[str, str]:
+    """Each input: "read", "not needed", or why not (what the planner found unread itself,
+    such as page flags past the budget, included)."""
     needs, gone = _depends_on(change, inputs), missing(inputs)
+    for line in unjudged:
+        name, _, why = line.partition(": ")
+        key = name.replace(" ", "_")
+        if key in INPUTS and key not in gone:
+            gone[key] = why
     return {name: gone.get(name, "read") if needs.get(name) else
             "not needed" for name in INPUTS}
 

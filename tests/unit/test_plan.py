@@ -192,6 +192,7 @@ def test_page_flags_are_read_only_until_enough_blocks_can_go_and_within_the_budg
     p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=2)
     assert read == [119, 118] and p.memory_take == (119,) and p.memory_short_bytes == 0
     assert p.verdict == "unknown" and any("page flags" in u for u in p.unjudged)
+    assert p.inputs["page_flags"].startswith("8 blocks of removable devices not read")
 
 
 def test_a_size_that_is_not_whole_blocks_takes_whole_blocks_and_says_so():
