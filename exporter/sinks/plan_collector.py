@@ -75,6 +75,7 @@ from exporter.sources.kubelet.kubelet_checkpoint import (
     not_mounted,
     read_reserved_cpus,
 )
+from exporter.sources.kubelet.running_pods import find_layout
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
@@ -129,12 +130,13 @@ class PlanSink(ViewSink):
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
                  kubelet_root: str = "/var/lib/kubelet", *, kubernetes: bool,
-                 node: str = "") -> None:
+                 node: str = "", cgroup_root: str = "") -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
         self.node = node
+        self.cgroup_root = cgroup_root  # where a kubelet's kubepods cgroup would show
         self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
         self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
         self.node_seen = False  # a Node status was seen
@@ -275,8 +277,11 @@ class PlanSink(ViewSink):
             out["running_containers"] = "no kubepods cgroup found"
         if not self.kubernetes:
             out["pods"] = "the Kubernetes side is off: the node's pods were not read"
+        # Nothing of a kubelet on this host: no root with its files, no kubepods cgroup (looked
+        # for here too: with the Kubernetes side off the running-pods source does not run).
         no_kubelet = not self.kubernetes and not mounted and (
-            scan is None or not scan.cgroup_version)
+            scan is None or not scan.cgroup_version) and not (
+            self.cgroup_root and find_layout(self.cgroup_root) is not None)
         return out, reserved, no_kubelet
 
     def _keep(self, running: RunningPodsView) -> None:

@@ -290,6 +290,13 @@ def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_pa
         not answer["considered"]["kubernetes"], answer
     assert answer["inputs"]["pods"] == "not needed"
     assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
+    # A kubepods cgroup on the host (a kubelet runs, its root elsewhere): the pods unread.
+    from testkit.container_cgroups import construct
+    s.cgroup_root = str(construct(tmp_path / "cg", 2, "cgroupfs", [
+        ("burstable", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "a" * 64, {})]))
+    answer = json.loads(s.http("cpu=-2")[1])
+    assert answer["verdict"] == "unknown" and answer["inputs"]["pods"].startswith(
+        "the Kubernetes side is off"), answer
 
 
 def test_page_flags_cached_are_not_charged_and_repeated_asks_read_further(tmp_path,
