@@ -336,4 +336,4 @@ def test_the_plan_reads_the_kubelets_checkpoint_from_the_kubelet_sinks_view(agen
     handle(agent, static_policy())
     assert sink.shared.kubelet.view.cpu_checkpoint is not None
     answer = json.loads(sink.http("cpu=-1")[1])
-    assert "stop_kubelet" in [a["action"] for a in answer["actions"]], answer["actions"]
+    assert "stop_kubelet" in [a["do"] for a in answer["actions"]], answer["actions"]
