@@ -29,6 +29,7 @@ from exporter.correlate.readmission_forecast import (
 )
 from exporter.events import (
     Direction,
+    DownCause,
     PodsRelisted,
     PodStatus,
     Resource,
@@ -108,8 +109,8 @@ def test_the_episode_carries_the_forecast_the_restart_then_proved_right(pod_sour
     for e in before:
         feed(pod_status(e["object"], clock.t, None).event, clock.t)
     if pod_source == "forbidden":  # RBAC changed: the pods can no longer be seen
-        feed(SourceStatus("kube_pods", False, clock.t, 'API server answered 403 for pods: '
-                          'pods is forbidden'), clock.t)
+        feed(SourceStatus("kube_pods", False, clock.t, "RBAC: forbidden to list/watch pods: "
+                          "pods is forbidden", DownCause.FORBIDDEN), clock.t)
     off = at("08:31:00")
     feed(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS, off,
                     off - 0.0078125), off)
@@ -511,28 +512,55 @@ def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
     assert v.current.reason == "pods_not_listed"
     v.on_source_status(SourceStatus("kube_pods", True, T, "listed pods (3)"))
     assert (v.current.valid, v.current.reason, v.current.describe()) == (True, "ok", "")
-    for reason, why in (
-            ("list of pods has more than 10000 objects", "pods_truncated"),
-            ("RBAC: forbidden (403): pods is forbidden", "pods_forbidden"),
-            ("API server unreachable: connection refused", "pods_source_down")):
-        v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+    for reason, cause, why in (
+            ("list of pods has more than 10000 objects", DownCause.TRUNCATED, "pods_truncated"),
+            ("RBAC: forbidden (403): pods is forbidden", DownCause.FORBIDDEN, "pods_forbidden"),
+            ("API server unreachable: connection refused", "", "pods_source_down")):
+        v.on_source_status(SourceStatus("kube_pods", False, T, reason, cause))
         assert (v.current.valid, v.current.reason) == (False, why)
         assert reason in v.current.describe() and v.current.fix
 
 
+@pytest.mark.parametrize("reason", [
+    "API server did not answer the pods list after 4030ms", "more than 600 requests queued "
+    "(objects pending)", "pods is forbidden: the proxy said 403", "RBAC: forbidden (403)"])
+def test_the_invalid_reason_is_the_sources_typed_cause_never_its_words(reason):
+    """Issue 36 L5: "after 4030ms" read as forbidden, "more than 600 requests" as truncated.
+    Without a typed cause the source is down, whatever its (and the server's) words say."""
+    from exporter.correlate.forecast_validity import ForecastValidity
+    v = ForecastValidity()
+    v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+    assert v.current.reason == "pods_source_down"
+
+
 def test_a_hypothetical_kernel_leaves_the_forecast_as_it_was():
     # The planner asks the Correlator's own forecast: nothing of a plan may stay in it, neither
-    # the snapshot result_before goes back to, nor the time, nor the cached result.
+    # the kernel nor the time nor the kept result; nothing is saved and restored to get there.
     f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
                    [pod("a", {"cpu": "500m"}), pod("b", {"cpu": "500m"})])
     newer = snapshot(2, when=T + 5)
     f.on_snapshot(newer)
     before = f.result()
     done = f.recomputed
-    hypo, offered = f.result_on(snapshot(1, when=T + 9))
+    hypo, offered = f.what_if(snapshot(1, when=T + 9))
     assert hypo is not None and hypo.rejected_total == 2 and offered is not None
     assert offered[0][0] == 0  # 1 CPU less the 1 reserved
-    assert f.result() is before and f.recomputed == done + 1  # only the hypothetical one
-    same, _ = f.result_on(newer)
-    assert same is before and f.recomputed == done + 1  # the same kernel: the cached result
-    assert f.result_before(newer) == before  # the one before `newer` is still snapshot(2)
+    assert f.result() is before and f.recomputed == done  # nothing judged again, nothing kept
+    same, _ = f.what_if(newer)
+    assert same is before  # the same kernel: the kept result
+
+
+def test_the_judge_is_pure_and_a_view_stays_as_it_was_taken():
+    """judge(pods, kernel, node, policy) is a function of its arguments; a view taken under
+    the lock is not changed by the pods the store takes afterwards (judged with no lock)."""
+    from exporter.correlate.readmission_forecast import Kernel, judge
+    f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
+                   [pod("a", {"cpu": "500m"}), pod("b", {"cpu": "500m"})])
+    view = f.view()
+    assert judge(view.pods, Kernel.of(snapshot(1)), view.node, view.static) == \
+        judge(view.pods, Kernel.of(snapshot(1)), view.node, view.static)
+    f.on_pod(pod_status(pod("c", {"cpu": "500m"}, created="10:00:00"), T, None).event)
+    f.on_pod(pod_status(pod("a", {"cpu": "500m"}), T, None, deleted=True).event)
+    assert [p[2] for p in view.pods.order] == ["a", "b"]  # as taken
+    assert [p[2] for p in f.view().pods.order] == ["b", "c"]
+    assert view.result() is not None and view.result().pods == 2
