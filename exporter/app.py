@@ -62,6 +62,7 @@ from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.metrics import MetricsSink
+from exporter.sinks.paravirt_collector import ParavirtSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
@@ -432,6 +433,8 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
     # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
     # running containers: sinks of the agent that see every event, each its own Collector.
     metrics.register(KubeletSink.attach(agent))
+    # virtio-mem devices and the balloon: what the hypervisor gave the VM and holds back.
+    metrics.register(ParavirtSink.attach(agent))
     metrics.register(running)
     # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
     metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast,

@@ -1,0 +1,180 @@
+"""The paravirtual memory devices of a guest: virtio-mem devices and the balloon.
+
+What the hypervisor gave the VM and holds back is shown by no memory block: a virtio-mem
+device's region is reserved in /proc/iomem under the virtio device's name ("virtio4"), the
+memory added from it sits below as "System RAM (virtio_mem)", and in sub-block mode parts of
+that are unplugged again and marked PageOffline (/proc/kpageflags bit KPF_OFFLINE); a balloon's
+pages are counted in /proc/vmstat (balloon_inflate - balloon_deflate, every balloon driver).
+The virtio-balloon's DEFLATE_ON_OOM feature (bit 2 of its features string) says whether the
+guest gives the pages back under memory pressure. Read at start, after every memory event (the
+agent pokes this source: a managed-page change or a block is exactly when these move) and on
+a slow timer; one ParavirtMemory event when anything changed.
+
+/proc/iomem shows real addresses only to a reader whose file was opened with CAP_SYS_ADMIN,
+and the exporter drops that after start: both files are opened once in open() and read again
+from offset 0 (seq_file and kpageflags regenerate their content per read).
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.clock import Clock
+from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT
+from exporter.events import MalformedInput, ParavirtMemory, Resource, VirtioMemDevice
+from exporter.sources.base import Emit
+from exporter.sources.kernel.managed_pages import PAGE_SIZE, balloon_pages
+from exporter.sources.registry import KERNEL, SourceSpec, register
+from exporter.sources.wake import STATE_INTERVAL, PokedSource
+from exporter.untrusted import read_text
+
+KPF_OFFLINE = 23  # include/uapi/linux/kernel-page-flags.h
+VIRTIO_BALLOON_F_DEFLATE_ON_OOM = 2  # include/uapi/linux/virtio_balloon.h
+VIRTIO_MEM_RAM = "System RAM (virtio_mem)"
+MAX_IOMEM = 1 << 20
+MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
+_LINE = re.compile(r"^( *)([0-9a-f]+)-([0-9a-f]+) : (.+)$")
+
+
+@dataclass
+class _Range:
+    name: str
+    start: int
+    end: int  # inclusive, as /proc/iomem writes it
+    children: list["_Range"]
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1
+
+
+Region = tuple[str, int, int, list[tuple[int, int]]]
+
+
+def parse_iomem(text: str, devices: frozenset[str]) -> list[Region]:
+    """The regions named after a virtio-mem device (`devices`: virtio4, ...): (name, start,
+    size, [(start, size) of its "System RAM (virtio_mem)" children]). Top level only: a
+    virtio-mem region is a root resource. ValueError on a line that is not /proc/iomem's."""
+    out: list[_Range] = []
+    current: _Range | None = None
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m is None:
+            raise ValueError(f"not an /proc/iomem line: {line[:60]!r}")
+        indent, start, end, name = len(m.group(1)), int(m.group(2), 16), int(m.group(3), 16), \
+            m.group(4)
+        if indent == 0:
+            current = _Range(name, start, end, []) if name in devices else None
+            if current is not None:
+                if len(out) >= MAX_DEVICES:
+                    raise ValueError(f"more than {MAX_DEVICES} virtio-mem regions")
+                out.append(current)
+        elif current is not None and indent == 2 and name == VIRTIO_MEM_RAM:
+            current.children.append(_Range(name, start, end, []))
+    return [(r.name, r.start, r.size, [(c.start, c.size) for c in r.children]) for r in out]
+
+
+def offline_pages(flags: bytes) -> int:
+    """How many of these /proc/kpageflags entries (8 bytes each) have KPF_OFFLINE set."""
+    n = len(flags) // 8
+    return sum(1 for (f,) in struct.iter_unpack("<Q", flags[:n * 8]) if f >> KPF_OFFLINE & 1)
+
+
+def deflate_on_oom(features: str) -> bool | None:
+    """The virtio features string (one character per bit, bit 0 first)."""
+    bits = features.strip()
+    if len(bits) <= VIRTIO_BALLOON_F_DEFLATE_ON_OOM or set(bits) - {"0", "1"}:
+        return None
+    return bits[VIRTIO_BALLOON_F_DEFLATE_ON_OOM] == "1"
+
+
+class ParavirtMemorySource(PokedSource):
+    name = "paravirt_memory"
+    interval = STATE_INTERVAL
+
+    def __init__(self, clock: Clock, sysfs: str = "/sys", procfs: str = "/proc"):
+        super().__init__(clock)
+        self.sysfs, self.procfs = Path(sysfs), Path(procfs)
+        self.drivers = self.sysfs / "bus/virtio/drivers"
+        self._iomem = -1
+        self._kpageflags = -1
+        self._last: ParavirtMemory | None = None
+
+    def open(self) -> None:
+        for attr, name in (("_iomem", "iomem"), ("_kpageflags", "kpageflags")):
+            try:
+                setattr(self, attr, os.open(self.procfs / name, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                pass  # not root, or no such file: the devices' plugged size is not shown
+
+    def up_reason(self) -> str:
+        return "virtio-mem regions (/proc/iomem) and balloon pages (/proc/vmstat)"
+
+    def _bound(self, driver: str) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.drivers / driver)
+                          if e.name.startswith("virtio"))[:MAX_DEVICES]
+        except OSError:
+            return []
+
+    def _pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def devices(self) -> tuple[VirtioMemDevice, ...]:
+        names = frozenset(self._bound("virtio_mem"))
+        if not names or self._iomem < 0:
+            return ()
+        text = self._pread(self._iomem, MAX_IOMEM, 0).decode(errors="replace")
+        found = []
+        for name, start, size, children in parse_iomem(text, names):
+            plugged = 0
+            for child_start, child_size in children:
+                plugged += child_size
+                if self._kpageflags >= 0:  # sub-blocks unplugged again are PageOffline
+                    flags = self._pread(self._kpageflags, child_size // PAGE_SIZE * 8,
+                                        child_start // PAGE_SIZE * 8)
+                    plugged -= offline_pages(flags) * PAGE_SIZE
+            found.append(VirtioMemDevice(name, start, size, plugged))
+        return tuple(found)
+
+    def balloon(self) -> tuple[int | None, bool | None]:
+        bound = self._bound("virtio_balloon")
+        if not bound:
+            return None, None
+        try:
+            oom = deflate_on_oom(read_text(self.sysfs / "bus/virtio/devices" / bound[0] /
+                                           "features", 4096))
+        except (OSError, ValueError):
+            oom = None
+        return balloon_pages(read_text(self.procfs / "vmstat")) * PAGE_SIZE, oom
+
+    def read(self, emit: Emit) -> None:
+        now = self.clock.now()
+        try:
+            held, oom = self.balloon()
+            event = ParavirtMemory(now, self.devices(), held, oom)
+        except (OSError, ValueError) as e:
+            emit(MalformedInput(self.name, f"paravirtual memory: {e}"[:300], now))
+            return
+        last = self._last
+        if last is None or (event.virtio_mem, event.balloon_bytes, event.balloon_deflate_on_oom) \
+                != (last.virtio_mem, last.balloon_bytes, last.balloon_deflate_on_oom):
+            self._last = event
+            emit(event)
+
+    def close(self) -> None:
+        for fd in (self._iomem, self._kpageflags):
+            if fd >= 0:
+                os.close(fd)
+        self._iomem = self._kpageflags = -1
+        super().close()
+
+
+register(SourceSpec(
+    "paravirt_memory", KERNEL, "virtio-mem devices and balloons (/proc/iomem, /proc/vmstat)",
+    lambda ctx: ParavirtMemorySource(ctx.clock, SYSFS_ROOT.of(ctx.options),
+                                     PROCFS_ROOT.of(ctx.options)),
+    order=75, selectable=False, poked_by=frozenset({Resource.MEMORY})))
