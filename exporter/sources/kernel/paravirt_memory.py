@@ -8,7 +8,9 @@ pages are counted in /proc/vmstat (balloon_inflate - balloon_deflate, every ball
 The virtio-balloon's DEFLATE_ON_OOM feature (bit 2 of its features string) says whether the
 guest gives the pages back under memory pressure. Read at start, after every memory event (the
 agent pokes this source: a managed-page change or a block is exactly when these move) and on
-a slow timer; one ParavirtMemory event when anything changed.
+a slow timer; one ParavirtMemory event when anything changed. A balloon with deflate-on-oom
+moves no page count at all (its pages stay in MemTotal), so while a balloon driver is bound
+/proc/vmstat alone is read every BALLOON_INTERVAL (bench/README.md: its cost).
 
 /proc/iomem shows real addresses only to a reader whose file was opened with CAP_SYS_ADMIN,
 and the exporter drops that after start: both files are opened once in open() and read again
@@ -19,12 +21,19 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.clock import Clock
 from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT
-from exporter.events import MalformedInput, ParavirtMemory, Resource, VirtioMemDevice
+from exporter.events import (
+    MalformedInput,
+    ParavirtMemory,
+    Resource,
+    SourceStatus,
+    VirtioMemDevice,
+)
 from exporter.sources.base import Emit
 from exporter.sources.kernel.managed_pages import PAGE_SIZE, balloon_pages
 from exporter.sources.registry import KERNEL, SourceSpec, register
@@ -35,6 +44,7 @@ KPF_OFFLINE = 23  # include/uapi/linux/kernel-page-flags.h
 VIRTIO_BALLOON_F_DEFLATE_ON_OOM = 2  # include/uapi/linux/virtio_balloon.h
 VIRTIO_MEM_RAM = "System RAM (virtio_mem)"
 MAX_IOMEM = 1 << 20
+BALLOON_INTERVAL = 1.0  # s between balloon reads while a balloon is bound
 MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
 _LINE = re.compile(r"^( *)([0-9a-f]+)-([0-9a-f]+) : (.+)$")
 
@@ -151,15 +161,30 @@ class ParavirtMemorySource(PokedSource):
             oom = None
         return balloon_pages(read_text(self.procfs / "vmstat")) * PAGE_SIZE, oom
 
-    def read(self, emit: Emit) -> None:
+    def loop(self, emit: Emit) -> None:
+        emit(SourceStatus(self.name, True, self.clock.now(), self.up_reason()))
+        full_at = 0.0
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            everything = self._last is None or now - full_at >= self.interval
+            self.read(emit, everything)
+            if everything:
+                full_at = now
+            balloon = self._last is not None and self._last.balloon_bytes is not None
+            poked, _ = self.waker.wait(BALLOON_INTERVAL if balloon else self.interval)
+            if poked:
+                full_at = 0.0  # a memory event: everything again
+
+    def read(self, emit: Emit, everything: bool = True) -> None:
         now = self.clock.now()
+        last = self._last
         try:
             held, oom = self.balloon()
-            event = ParavirtMemory(now, self.devices(), held, oom)
+            devices = self.devices() if everything or last is None else last.virtio_mem
+            event = ParavirtMemory(now, devices, held, oom)
         except (OSError, ValueError) as e:
             emit(MalformedInput(self.name, f"paravirtual memory: {e}"[:300], now))
             return
-        last = self._last
         if last is None or (event.virtio_mem, event.balloon_bytes, event.balloon_deflate_on_oom) \
                 != (last.virtio_mem, last.balloon_bytes, last.balloon_deflate_on_oom):
             self._last = event

@@ -1,0 +1,325 @@
+"""The resizes hypervisors do: virtio-mem and virtio-balloon in the lab guest.
+
+The guest has two virtio-mem devices (lab/qemu.py PARAVIRT_MEMORY: vmem0 with 2 MiB device
+blocks, so the guest driver runs it in sub-block mode; vmem1 with 256 MiB blocks, big-block
+mode) and a virtio-balloon without deflate-on-oom. These scenarios run after lab/scenarios.py's
+on the same guest and exporter (one boot for both). Each asks QEMU for a change over QMP, waits
+for the guest to make it (its MemTotal, its memory blocks, QEMU's own account of the device),
+and then checks what the exporter made of it:
+
+- its kernel capacity equals the guest's MemTotal, and how long after the QMP command it did
+  (`latency`: the kprobe on the managed page count pokes the sysfs reconciler; without it a
+  sub-block or balloon change would wait for the 30 s re-read, past every wait here);
+- the gauges: a virtio-mem device's region and plugged bytes as QEMU says them, the balloon's
+  held bytes;
+- the journal's episodes: every change no block made is one transition naming its mechanism,
+  whose pages add up to the MemTotal it moved (nothing counted twice).
+
+The latencies land in LATENCIES (mechanism -> seconds) for bench/paravirt_latency.py and
+bench/README.md.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable
+
+from lab.qemu import BALLOON, MiB, VIRTIO_MEM_BBM, VIRTIO_MEM_REGION_MIB, VIRTIO_MEM_SBM
+from lab.scenarios import (
+    LabRun,
+    Outcome,
+    Scenario,
+    ScenarioFailed,
+    check,
+    online_blocks,
+    scenario,
+)
+from testkit.exporter_proc import Scrape
+
+PAGE = 4096
+AUTO_ONLINE = "/sys/devices/system/memory/auto_online_blocks"
+FOLLOW_SECONDS = 10.0  # the exporter must show a change this soon (the timer re-read is 30 s)
+LATENCIES: dict[str, list[float]] = defaultdict(list)
+DIMM_ID = "dimm-virtio"
+
+
+def _scrape(run: LabRun) -> Scrape:
+    return run.lab.scrape()
+
+
+def capacity(s: Scrape) -> float | None:
+    return s.value("node_resize_kernel_capacity", None, resource="memory", unit="byte")
+
+
+def follow(run: LabRun, t0: float, mem_kb: int, mechanism: str,
+           extra: Callable[[Scrape], bool] = lambda s: True) -> tuple[Scrape, float]:
+    """Scrape every 0.1 s until the exporter's capacity is the guest's MemTotal (and `extra`
+    holds); the seconds since t0 (the QMP command) are the mechanism's latency."""
+    want = mem_kb * 1024
+    deadline = time.monotonic() + run.budget(FOLLOW_SECONDS)
+    while True:
+        s = _scrape(run)
+        if capacity(s) == want and extra(s):
+            took = time.monotonic() - t0
+            LATENCIES[mechanism].append(took)
+            return s, took
+        if time.monotonic() > deadline:
+            raise ScenarioFailed(f"{mechanism}: the exporter's memory capacity {capacity(s)} "
+                                 f"never reached the guest's MemTotal {want} in "
+                                 f"{FOLLOW_SECONDS:.0f} s")
+        time.sleep(0.1)
+
+
+def vmem_settled(run: LabRun, device: str, want: int, timeout: float = 60.0,
+                 exact: bool = True) -> dict:
+    """Wait until QEMU says the device has `want` bytes plugged (or, with exact=False, until
+    its plugged size stopped moving for 3 s: the guest honoured what it could)."""
+    qmp = run.lab.guest.qmp
+    assert qmp is not None
+    deadline = time.monotonic() + run.budget(timeout)
+    last, since = None, time.monotonic()
+    while True:
+        info = qmp.virtio_mem(device)
+        if exact and info["size"] == want:
+            return info
+        if info["size"] != last:
+            last, since = info["size"], time.monotonic()
+        elif not exact and time.monotonic() - since >= 3.0:
+            return info
+        if time.monotonic() > deadline:
+            raise ScenarioFailed(f"{device}: QEMU says {info['size']} bytes plugged, asked "
+                                 f"{want}, after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def mem_settled(run: LabRun, what: str, before_kb: int | None = None) -> dict:
+    """The guest's state once MemTotal stood still for 1 s (and moved from before_kb)."""
+    last: int | None = None
+    deadline = time.monotonic() + run.budget(60)
+    while True:
+        st = run.lab.state()
+        if st["mem_total_kb"] == last and (before_kb is None or last != before_kb):
+            return st
+        last = st["mem_total_kb"]
+        if time.monotonic() > deadline:
+            raise ScenarioFailed(f"the guest's MemTotal did not settle: {what}")
+        time.sleep(1.0)
+
+
+def plugged_gauge(s: Scrape, device: str) -> float | None:
+    """The exporter's plugged bytes of the virtio-mem device QEMU calls `device`: the guest
+    names it virtioN, so it is found by its region size and matched on the plugged value."""
+    return s.value("node_resize_virtio_mem_plugged_bytes", None, device=device)
+
+
+def guest_device(run: LabRun, qemu_id: str) -> str:
+    """The guest's name (virtioN) of a virtio-mem device: its region in /proc/iomem starts at
+    the address QEMU placed it."""
+    qmp = run.lab.guest.qmp
+    assert qmp is not None
+    addr = qmp.virtio_mem(qemu_id)["memaddr"]
+    iomem = run.lab.call("read", path="/proc/iomem")["value"]
+    for line in iomem.splitlines():
+        if not line.startswith(" ") and " : virtio" in line:
+            span, _, name = line.partition(" : ")
+            if int(span.split("-")[0], 16) == addr:
+                return name.strip()
+    raise ScenarioFailed(f"no /proc/iomem region of {qemu_id} at {addr:#x}:\n{iomem[-800:]}")
+
+
+def _vmem_step(run: LabRun, out: Outcome, device: str, request_mib: int, mechanism: str,
+               exact: bool = True) -> tuple[int, int]:
+    """Set the device's requested size, wait for the guest and the exporter; returns
+    (MemTotal kB before, after)."""
+    qmp = run.lab.guest.qmp
+    assert qmp is not None
+    before = run.lab.state()
+    t0 = time.monotonic()
+    qmp.set_virtio_mem_size(device, request_mib * MiB)
+    info = vmem_settled(run, device, request_mib * MiB, exact=exact)
+    st = mem_settled(run, f"{device} to {request_mib} MiB")
+    name = guest_device(run, device)
+    s, took = follow(run, t0, st["mem_total_kb"], mechanism,
+                     lambda s: plugged_gauge(s, name) == info["size"])
+    region = s.value("node_resize_virtio_mem_region_bytes", None, device=name)
+    check(region == VIRTIO_MEM_REGION_MIB * MiB,
+          f"{name} region gauge {region}, want {VIRTIO_MEM_REGION_MIB} MiB")
+    out.kernel += (f"{'; ' if out.kernel else ''}{device} -> {request_mib} MiB: plugged "
+                   f"{info['size'] // MiB} MiB, MemTotal {before['mem_total_kb']} -> "
+                   f"{st['mem_total_kb']} kB, {len(online_blocks(st))} blocks online")
+    out.exporter += (f"{'; ' if out.exporter else ''}capacity = MemTotal and plugged "
+                     f"{info['size'] // MiB} MiB after {took * 1000:.0f} ms")
+    return before["mem_total_kb"], st["mem_total_kb"]
+
+
+# ---------------------------------------------------------------- virtio-mem
+
+
+@scenario("virtio-mem sub-block: plug 192 MiB, unplug in 32 MiB steps, plug 64 MiB back")
+def vmem_sub_block(run: LabRun, out: Outcome) -> None:
+    """1.5 memory blocks plugged (the half block is a block partly plugged), then sub-blocks
+    unplugged from and plugged into online blocks: MemTotal moves, no block does."""
+    _vmem_step(run, out, VIRTIO_MEM_SBM, 192, "virtio-mem sub-block (plug)")
+    for mib in (160, 224):
+        blocks = online_blocks(run.lab.state())
+        before, after = _vmem_step(run, out, VIRTIO_MEM_SBM, mib, "virtio-mem sub-block")
+        check(online_blocks(run.lab.state()) == blocks,
+              f"a memory block changed state on a sub-block change to {mib} MiB")
+        check(abs(after - before) * 1024 in (32 * MiB, 64 * MiB),
+              f"MemTotal moved {after - before} kB for a sub-block change to {mib} MiB")
+
+
+@scenario("virtio-mem big-block: plug 256 MiB (two blocks), unplug it")
+def vmem_big_block(run: LabRun, out: Outcome) -> None:
+    boot_blocks = online_blocks(run.lab.state())
+    _vmem_step(run, out, VIRTIO_MEM_BBM, 256, "virtio-mem big-block")
+    check(len(online_blocks(run.lab.state()) - boot_blocks) == 2,
+          "a 256 MiB big block did not add two memory blocks")
+    _vmem_step(run, out, VIRTIO_MEM_BBM, 0, "virtio-mem big-block")
+    check(online_blocks(run.lab.state()) == boot_blocks, "the big block's memory blocks stayed")
+
+
+@scenario("virtio-mem sub-block and a DIMM in one episode")
+def vmem_and_dimm(run: LabRun, out: Outcome) -> None:
+    """A DIMM hot-added and virtio-mem sub-blocks plugged within the coalescing window: one
+    increase episode holds the DIMM's block transitions and the sub-block change, its detail
+    names virtio-mem, and its pages are the sub-blocks' exactly."""
+    qmp = run.lab.guest.qmp
+    assert qmp is not None
+    before = run.lab.state()
+    t0 = time.monotonic()
+    qmp.add_dimm(DIMM_ID, 512 * MiB)
+    qmp.set_virtio_mem_size(VIRTIO_MEM_SBM, 256 * MiB)  # 224 -> 256: sub-blocks, online
+    vmem_settled(run, VIRTIO_MEM_SBM, 256 * MiB)
+    st = run.wait_guest(lambda st: len(online_blocks(st)) == len(online_blocks(before)) + 4,
+                        "online the DIMM's 4 blocks")
+    st = mem_settled(run, "DIMM and virtio-mem")
+    follow(run, t0, st["mem_total_kb"], "ACPI DIMM + virtio-mem")
+    out.kernel = (f"DIMM 512 MiB + {VIRTIO_MEM_SBM} 224 -> 256 MiB: MemTotal "
+                  f"{before['mem_total_kb']} -> {st['mem_total_kb']} kB")
+    episode = _episode_with(run, lambda e: e.get("phase") == "ended" and e.get("change") ==
+                            "increase" and any(
+        t.get("mechanism") == "virtio-mem sub-block" for t in e.get("transitions", [])) and any(
+        t.get("unit", -1) >= 0 for t in e.get("transitions", [])))
+    managed = [t for t in episode["transitions"] if t.get("mechanism")]
+    blocks = [t for t in episode["transitions"] if t.get("unit", -1) >= 0]
+    pages = sum(t["nr_pages"] for t in managed)
+    out.exporter = (f"one episode: {len(blocks)} block transitions + {len(managed)} virtio-mem "
+                    f"({pages * PAGE // MiB} MiB); detail {episode.get('detail', '')!r}")
+    check(pages * PAGE == 32 * MiB, f"the episode's sub-block pages are {pages * PAGE} bytes, "
+                                     "want 32 MiB (224 -> 256)")
+    check("virtio-mem sub-block" in episode.get("detail", ""),
+          f"the episode's detail does not name virtio-mem: {episode.get('detail')!r}")
+    qmp.remove_dimm(DIMM_ID, timeout=run.budget(120))
+
+
+def _episode_with(run: LabRun, match: Callable[[dict], bool], timeout: float = 40.0) -> dict:
+    deadline = time.monotonic() + run.budget(timeout)
+    while True:
+        found = [e for e in run.episodes() if match(e)]
+        if found:
+            return found[-1]
+        if time.monotonic() > deadline:
+            raise ScenarioFailed("no such episode in the journal")
+        time.sleep(2)
+
+
+@scenario("virtio-mem in a kernel zone: unplug what the guest can")
+def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
+    """Blocks onlined into ZONE_NORMAL (auto_online_blocks=online_kernel) take the kernel's own
+    allocations, which cannot move: an unplug of all of it is honoured in part or not at all.
+    Whatever the guest managed, the exporter's capacity and plugged gauge say it."""
+    lab = run.lab
+    policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
+    check(lab.call("write", path=AUTO_ONLINE, value="online_kernel")["errno"] == 0,
+          "cannot set auto_online_blocks")
+    try:
+        _vmem_step(run, out, VIRTIO_MEM_SBM, 512, "virtio-mem sub-block (plug)")
+        # Kernel allocations into the new Normal memory: page cache of files the guest
+        # reads is movable, inodes and dentries are not.
+        lab.run_program(["/bin/sh", "-c", "mkdir -p /tmp/pin && cd /tmp/pin && "
+                         "for i in $(seq 1 3000); do : > f$i; done"], "pin.log",
+                        timeout=run.budget(120))
+        _vmem_step(run, out, VIRTIO_MEM_SBM, 0, "virtio-mem sub-block (kernel zone)",
+                   exact=False)
+    finally:
+        lab.call("write", path=AUTO_ONLINE, value=policy)
+    qmp = run.lab.guest.qmp
+    assert qmp is not None
+    left = qmp.virtio_mem(VIRTIO_MEM_SBM)["size"]
+    out.kernel += f"; asked 0, the guest kept {left // MiB} MiB plugged " + (
+        "(honoured in part)" if left else "(honoured in full)")
+
+
+# ---------------------------------------------------------------- virtio-balloon
+
+
+def held(s: Scrape, oom: str) -> float | None:
+    return s.value("node_resize_virtio_balloon_held_bytes", None, deflate_on_oom=oom)
+
+
+@scenario("virtio-balloon (no deflate-on-oom): inflate 256 MiB, deflate")
+def balloon_inflate_deflate(run: LabRun, out: Outcome) -> None:
+    lab, qmp = run.lab, run.lab.guest.qmp
+    assert qmp is not None
+    ram = qmp.query_balloon()
+    for target, want_held in ((ram - 256 * MiB, 256 * MiB), (ram, 0)):
+        before = lab.state()
+        t0 = time.monotonic()
+        qmp.balloon(target)
+        poll = time.monotonic() + run.budget(60)
+        while qmp.query_balloon() != target and time.monotonic() < poll:
+            time.sleep(0.2)
+        st = mem_settled(run, f"balloon to {target // MiB} MiB", before["mem_total_kb"])
+        s, took = follow(run, t0, st["mem_total_kb"], "virtio-balloon",
+                         lambda s, w=want_held: held(s, "false") == w)
+        moved = (st["mem_total_kb"] - before["mem_total_kb"]) * 1024
+        out.kernel += (f"{'; ' if out.kernel else ''}balloon target {target // MiB} MiB: "
+                       f"MemTotal {moved // MiB:+d} MiB")
+        out.exporter += (f"{'; ' if out.exporter else ''}capacity = MemTotal, held "
+                         f"{want_held // MiB} MiB after {took * 1000:.0f} ms")
+        check(abs(moved) == 256 * MiB, f"MemTotal moved {moved} bytes, want 256 MiB")
+    episode = _episode_with(run, lambda e: e.get("phase") == "ended" and any(
+        t.get("mechanism") == "virtio-balloon" and t.get("direction") == "online"
+        for t in e.get("transitions", [])))
+    pages = sum(t["nr_pages"] for t in episode["transitions"] if t.get("mechanism"))
+    out.exporter += f"; deflate episode: {episode.get('detail', '')!r}"
+    check("virtio-balloon" in episode.get("detail", ""),
+          f"the balloon's episode detail does not name it: {episode.get('detail')!r}")
+    check(pages * PAGE == 256 * MiB, f"the deflate episode's pages are {pages * PAGE} bytes, "
+                                     "want 256 MiB: counted twice or missed")
+
+
+@scenario("virtio-balloon with deflate-on-oom: inflate holds memory, MemTotal stays")
+def balloon_deflate_on_oom(run: LabRun, out: Outcome) -> None:
+    """One balloon per VM: the first is unplugged and one with deflate-on-oom plugged. Its
+    pages stay in MemTotal (the guest takes them back under pressure): held moves, capacity
+    does not, and no transition is counted."""
+    lab, qmp = run.lab, run.lab.guest.qmp
+    assert qmp is not None
+    qmp.remove_device(BALLOON, timeout=run.budget(60))
+    qmp.execute("device_add", driver="virtio-balloon-pci", id="balloon1",
+                **{"deflate-on-oom": True})
+    run.lab.wait_scrape(lambda s: held(s, "true") is not None, run.budget(30),
+                        "a balloon with deflate_on_oom=true")
+    ram = qmp.query_balloon()
+    before, scrape0 = lab.state(), _scrape(run)
+    tx0 = scrape0.total("node_resize_kernel_transitions_total", resource="memory")
+    t0 = time.monotonic()
+    qmp.balloon(ram - 128 * MiB)
+    s, took = follow(run, t0, before["mem_total_kb"], "virtio-balloon (deflate-on-oom)",
+                     lambda s: held(s, "true") == 128 * MiB)
+    st = lab.state()
+    tx = s.total("node_resize_kernel_transitions_total", resource="memory")
+    out.kernel = (f"balloon1 (deflate-on-oom) inflated 128 MiB: MemTotal "
+                  f"{before['mem_total_kb']} -> {st['mem_total_kb']} kB")
+    out.exporter = f"held 128 MiB after {took * 1000:.0f} ms, memory transitions +{tx - tx0:.0f}"
+    check(st["mem_total_kb"] == before["mem_total_kb"], "MemTotal moved")
+    check(tx == tx0, f"{tx - tx0} memory transitions counted for a deflate-on-oom inflate")
+    qmp.balloon(ram)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    vmem_sub_block, vmem_big_block, vmem_and_dimm, balloon_inflate_deflate,
+    balloon_deflate_on_oom, vmem_kernel_zone,
+)
