@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from typing import Callable
 
-from lab.qemu import BALLOON, MiB, VIRTIO_MEM_BBM, VIRTIO_MEM_REGION_MIB, VIRTIO_MEM_SBM
+from lab.qemu import BALLOON, VIRTIO_MEM_BBM, VIRTIO_MEM_REGION_MIB, VIRTIO_MEM_SBM, MiB
 from lab.scenarios import (
     LabRun,
     Outcome,

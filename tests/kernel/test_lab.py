@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import initramfs
+from lab import initramfs, scenarios_virtio
 from lab.control import LabGuest
 from lab.qemu import QEMU, Guest
-from lab import scenarios_virtio
 from lab.scenarios import (
     LabRun,
     Scenario,
