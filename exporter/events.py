@@ -76,7 +76,7 @@ class Transition:
     error: str | None = None  # errno name or "ret=-16"
     pfn: int | None = None  # memory: first page frame (BPF)
     nr_pages: int | None = None  # memory: pages in the range (BPF); managed: pages moved
-    # What moved the memory when no block did (unit MANAGED_UNIT): "virtio-mem sub-block",
+    # What moved the memory when no block did (unit MANAGED_UNIT): "virtio-mem",
     # "virtio-balloon", ... (exporter/sources/kernel/managed_pages.py); None for a block's own.
     mechanism: str | None = None
 

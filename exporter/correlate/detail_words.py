@@ -30,7 +30,7 @@ def flap_words(ep: Episode) -> str:
 
 
 def mechanism_words(transitions: list[Transition]) -> str:
-    """"virtio-balloon: -256 MiB; virtio-mem sub-block: +64 MiB" for the changes no memory
+    """"virtio-balloon: -256 MiB; virtio-mem: +64 MiB" for the changes no memory
     block made (Transition.mechanism); "" when every transition was a block's or a CPU's."""
     moved: dict[str, int] = {}
     for t in transitions:

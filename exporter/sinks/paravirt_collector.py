@@ -4,7 +4,8 @@ A sink and a Collector in one (ViewSink): the paravirt_memory source
 (exporter/sources/kernel/paravirt_memory.py) emits a ParavirtMemory event when a device's
 region or plugged size, or the balloon, changes; this keeps the latest and renders it at scrape
 time. Series exist only for devices the guest has: no virtio-mem device, no virtio-mem series;
-no balloon driver bound, no balloon series (a bare-metal node shows none of them).
+no balloon driver bound, no balloon series (a bare-metal node shows none of them; the families
+are declared all the same).
 """
 from __future__ import annotations
 
@@ -26,40 +27,35 @@ class ParavirtSink(ViewSink):
             self.latest = event
 
     def collect(self) -> Iterable[Metric]:
+        """Every family always (declared, as the catalogue lists them); samples only for the
+        devices the guest has."""
         with self.lock:
             latest = self.latest
-        if latest is None:
-            return
-        devices = sorted(latest.virtio_mem, key=lambda d: d.name)
-        if devices:
-            region = GaugeMetricFamily(
-                "node_resize_virtio_mem_region_bytes",
-                "The memory region of a virtio-mem device: the most the hypervisor can plug.",
-                labels=["device"])
-            plugged = GaugeMetricFamily(
-                "node_resize_virtio_mem_plugged_bytes",
-                "Memory of a virtio-mem device the guest has plugged (given to the VM; the rest "
-                "of the region is held back by the hypervisor).", labels=["device"])
-            requested = GaugeMetricFamily(
-                "node_resize_virtio_mem_requested_bytes",
-                "What the hypervisor asked the guest to plug, where the kernel shows it.",
-                labels=["device"])
-            for d in devices:
+        region = GaugeMetricFamily(
+            "node_resize_virtio_mem_region_bytes",
+            "The memory region of a virtio-mem device: the most the hypervisor can plug.",
+            labels=["device"])
+        plugged = GaugeMetricFamily(
+            "node_resize_virtio_mem_plugged_bytes",
+            "Memory of a virtio-mem device the guest has plugged (given to the VM; the rest "
+            "of the region is held back by the hypervisor).", labels=["device"])
+        requested = GaugeMetricFamily(
+            "node_resize_virtio_mem_requested_bytes",
+            "What the hypervisor asked the guest to plug, where the kernel shows it.",
+            labels=["device"])
+        held = GaugeMetricFamily(
+            "node_resize_virtio_balloon_held_bytes",
+            "Memory the balloon holds for the host (taken back from the VM by the "
+            "hypervisor); deflate_on_oom: the guest takes it back under memory pressure.",
+            labels=["deflate_on_oom"])
+        if latest is not None:
+            for d in sorted(latest.virtio_mem, key=lambda d: d.name):
                 region.add_metric([d.name], d.region_bytes)
                 plugged.add_metric([d.name], d.plugged_bytes)
                 if d.requested_bytes is not None:
                     requested.add_metric([d.name], d.requested_bytes)
-            yield region
-            yield plugged
-            if requested.samples:
-                yield requested
-        if latest.balloon_bytes is not None:
-            held = GaugeMetricFamily(
-                "node_resize_virtio_balloon_held_bytes",
-                "Memory the balloon holds for the host (taken back from the VM by the "
-                "hypervisor); deflate_on_oom: the guest takes it back under memory pressure.",
-                labels=["deflate_on_oom"])
-            oom = latest.balloon_deflate_on_oom
-            held.add_metric(["unknown" if oom is None else str(oom).lower()],
-                            latest.balloon_bytes)
-            yield held
+            if latest.balloon_bytes is not None:
+                oom = latest.balloon_deflate_on_oom
+                held.add_metric(["unknown" if oom is None else str(oom).lower()],
+                                latest.balloon_bytes)
+        yield from (region, plugged, requested, held)

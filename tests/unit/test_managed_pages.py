@@ -15,7 +15,7 @@ from exporter.sources.kernel.managed_pages import (
     SETTLE_SECONDS,
     UNKNOWN,
     VIRTIO_BALLOON,
-    VIRTIO_MEM_SUB_BLOCK,
+    VIRTIO_MEM,
     Drivers,
     ManagedPagesPoll,
     Settler,
@@ -43,7 +43,7 @@ def test_a_change_settles_once_the_sum_stood_still():
     s.wake(20.0)
     assert s.read(-8192 + PAGES_32M, 20.0) is False
     assert s.read(-8192 + PAGES_32M, 21.0)
-    t = s.finish(-8192 + PAGES_32M, VIRTIO_MEM_SUB_BLOCK)
+    t = s.finish(-8192 + PAGES_32M, VIRTIO_MEM)
     assert t is not None and t.direction is Direction.ONLINE and t.nr_pages == PAGES_32M
 
 
@@ -67,7 +67,7 @@ def test_the_mechanism_is_the_balloon_when_its_counters_moved():
     both = Drivers(virtio_mem=1, virtio_balloon=1)
     assert mechanism(True, both) == VIRTIO_BALLOON
     assert mechanism(True, Drivers()) == BALLOON  # Hyper-V's, VMware's
-    assert mechanism(False, both) == VIRTIO_MEM_SUB_BLOCK
+    assert mechanism(False, both) == VIRTIO_MEM
     assert mechanism(False, Drivers()) == UNKNOWN
 
 
@@ -165,10 +165,10 @@ def test_a_balloon_inflate_is_an_episode_naming_it_and_drift_against_the_kubelet
 def test_one_change_seen_by_the_kprobe_and_the_poll_is_counted_once():
     s = Stream()
     s.snapshot(0, mem=4 * GiB)
-    _managed(s, 1.0, PAGES_32M, what=VIRTIO_MEM_SUB_BLOCK)
-    _managed(s, 1.5, PAGES_32M, source="managed_pages", what=VIRTIO_MEM_SUB_BLOCK)
+    _managed(s, 1.0, PAGES_32M, what=VIRTIO_MEM)
+    _managed(s, 1.5, PAGES_32M, source="managed_pages", what=VIRTIO_MEM)
     assert s.correlator._ledger.transitions[(MEM, Direction.ONLINE, Result.SUCCESS)] == 1
     s.tick(10.0)
     [ep] = s.ended()
     assert ep.outcome is Outcome.KERNEL_ONLY
-    assert ep.detail.endswith("(virtio-mem sub-block: +32 MiB)")
+    assert ep.detail.endswith("(virtio-mem: +32 MiB)")

@@ -36,7 +36,7 @@ SETTLE_SECONDS = 0.2  # a change is over when the page count stood still this lo
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 # What moved the managed page count, in an episode's detail and a Transition's `mechanism`.
-VIRTIO_MEM_SUB_BLOCK = "virtio-mem sub-block"
+VIRTIO_MEM = "virtio-mem"
 VIRTIO_BALLOON = "virtio-balloon"
 BALLOON = "balloon"  # a balloon driver other than virtio's (Hyper-V, VMware)
 UNKNOWN = "managed pages"
@@ -85,11 +85,15 @@ def read_balloon_pages(procfs: str | Path = "/proc") -> int:
 
 def mechanism(balloon_moved: bool, drivers: Drivers) -> str:
     """Who moved the managed page count: a balloon when the balloon counters moved with it,
-    else virtio-mem (a change without a block is its sub-block mode) where such a device is."""
+    else virtio-mem where such a device is. virtio-mem moves it in both of its modes: sub-block
+    mode plugs and unplugs parts of online blocks; big-block mode (and sub-block mode for a
+    whole block) takes a block's pages out ("fake offline") before offlining and removing the
+    block, whose own offline then moves MemTotal by nothing: the pages are counted here, once,
+    and the block's transition says it went."""
     if balloon_moved:
         return VIRTIO_BALLOON if drivers.virtio_balloon else BALLOON
     if drivers.virtio_mem:
-        return VIRTIO_MEM_SUB_BLOCK
+        return VIRTIO_MEM
     return UNKNOWN
 
 
