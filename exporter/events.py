@@ -426,6 +426,11 @@ class VirtioMemDevice:
     # What the hypervisor asked for: the kernel shows it nowhere (6.1: no sysfs, only the
     # device's config space), so None.
     requested_bytes: int | None = None
+    # (memory block, plugged bytes in it) for every block added from the region.
+    blocks: tuple[tuple[int, int], ...] = ()
+    # How far the requested size can be lowered with the guest honouring it: plugged memory
+    # in offline and ZONE_MOVABLE blocks (paravirt_memory.lowerable_bytes).
+    lowerable_bytes: int = 0
 
 
 @dataclass(frozen=True)

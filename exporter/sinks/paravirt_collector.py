@@ -43,6 +43,11 @@ class ParavirtSink(ViewSink):
             "node_resize_virtio_mem_requested_bytes",
             "What the hypervisor asked the guest to plug, where the kernel shows it.",
             labels=["device"])
+        lowerable = GaugeMetricFamily(
+            "node_resize_virtio_mem_lowerable_bytes",
+            "How far the device's requested size can be lowered with the guest honouring it: "
+            "its plugged memory in offline and ZONE_MOVABLE blocks (a kernel zone's is counted "
+            "as staying).", labels=["device"])
         held = GaugeMetricFamily(
             "node_resize_virtio_balloon_held_bytes",
             "Memory the balloon holds for the host (taken back from the VM by the "
@@ -52,10 +57,11 @@ class ParavirtSink(ViewSink):
             for d in sorted(latest.virtio_mem, key=lambda d: d.name):
                 region.add_metric([d.name], d.region_bytes)
                 plugged.add_metric([d.name], d.plugged_bytes)
+                lowerable.add_metric([d.name], d.lowerable_bytes)
                 if d.requested_bytes is not None:
                     requested.add_metric([d.name], d.requested_bytes)
             if latest.balloon_bytes is not None:
                 oom = latest.balloon_deflate_on_oom
                 held.add_metric(["unknown" if oom is None else str(oom).lower()],
                                 latest.balloon_bytes)
-        yield from (region, plugged, requested, held)
+        yield from (region, plugged, requested, lowerable, held)

@@ -69,6 +69,14 @@ def _guest(root: Path, balloon: bool = True, oom: bool = False, inflated: int = 
         f.write(struct.pack("<Q", 1 << KPF_OFFLINE) * (96 * MiB // 4096))
         f.truncate((0x160000000 // 4096) * 8)
     (proc / "vmstat").write_text(f"balloon_inflate {inflated}\nballoon_deflate 0\n")
+    memory = root / "sys/devices/system/memory"
+    memory.mkdir(parents=True, exist_ok=True)
+    (memory / "block_size_bytes").write_text("8000000\n")
+    # vmem0's blocks: 40 whole (Movable), 41 with 32 MiB plugged (onlined into Normal)
+    for n, zone in ((40, "Movable"), (41, "Normal")):
+        (memory / f"memory{n}").mkdir(exist_ok=True)
+        (memory / f"memory{n}" / "state").write_text("online\n")
+        (memory / f"memory{n}" / "valid_zones").write_text(zone + "\n")
     drivers = root / "sys/bus/virtio/drivers"
     for dev in ("virtio4", "virtio5"):
         (drivers / "virtio_mem" / dev).mkdir(parents=True, exist_ok=True)
@@ -95,7 +103,9 @@ def test_the_source_reads_regions_plugged_memory_and_the_balloon(tmp_path):
     _guest(tmp_path, inflated=65536)
     [event] = _read(tmp_path)
     assert event == ParavirtMemory(
-        5.0, (VirtioMemDevice("virtio4", 0x140000000, 512 * MiB, 160 * MiB),
+        5.0, (VirtioMemDevice("virtio4", 0x140000000, 512 * MiB, 160 * MiB,
+                              blocks=((40, 128 * MiB), (41, 32 * MiB)),
+                              lowerable_bytes=128 * MiB),
               VirtioMemDevice("virtio5", 0x160000000, 512 * MiB, 0)),
         balloon_bytes=256 * MiB, balloon_deflate_on_oom=False)
 
@@ -114,6 +124,7 @@ def test_no_devices_no_event_fields_and_no_series(tmp_path):
     assert set(families) == {"node_resize_virtio_mem_region_bytes",
                              "node_resize_virtio_mem_plugged_bytes",
                              "node_resize_virtio_mem_requested_bytes",
+                             "node_resize_virtio_mem_lowerable_bytes",
                              "node_resize_virtio_balloon_held_bytes"}
     assert not any(families.values())  # declared, no series
 
@@ -129,7 +140,21 @@ def test_the_gauges_show_what_the_source_read(tmp_path):
     assert value("node_resize_virtio_mem_region_bytes", {"device": "virtio4"}) == 512 * MiB
     assert value("node_resize_virtio_mem_plugged_bytes", {"device": "virtio4"}) == 160 * MiB
     assert value("node_resize_virtio_mem_plugged_bytes", {"device": "virtio5"}) == 0
+    # block 41 is in a kernel zone: its 32 MiB count as staying, never as lowerable
+    assert value("node_resize_virtio_mem_lowerable_bytes", {"device": "virtio4"}) == 128 * MiB
     # the kernel does not show what the hypervisor asked for: no series rather than a guess
     assert value("node_resize_virtio_mem_requested_bytes", {"device": "virtio4"}) is None
     assert value("node_resize_virtio_balloon_held_bytes",
                  {"deflate_on_oom": "true"}) == 128 * MiB
+
+
+def test_lowerable_is_offline_and_movable_plugged_memory_only():
+    from exporter.sources.kernel.memory_blocks import MemoryBlock
+    from exporter.sources.kernel.paravirt_memory import lowerable_bytes
+    device = VirtioMemDevice("virtio4", 0, 512 * MiB, 200 * MiB,
+                             blocks=((40, 128 * MiB), (41, 32 * MiB), (42, 40 * MiB), (43, 0)))
+    blocks = {40: MemoryBlock(40, True, ("Movable",)), 41: MemoryBlock(41, True, ("Normal",)),
+              42: MemoryBlock(42, False, ("Normal", "Movable")),
+              43: MemoryBlock(43, True, ("none",))}
+    assert lowerable_bytes(device, blocks) == 168 * MiB
+    assert lowerable_bytes(device, {}) == 0  # blocks unknown: nothing is promised

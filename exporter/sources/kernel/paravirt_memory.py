@@ -18,10 +18,12 @@ from offset 0 (seq_file and kpageflags regenerate their content per read).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit
 from exporter.sources.kernel.managed_pages import PAGE_SIZE, balloon_pages
+from exporter.sources.kernel.memory_blocks import MemoryBlock, read_hardware
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 from exporter.untrusted import read_text
@@ -133,22 +136,39 @@ class ParavirtMemorySource(PokedSource):
     def _pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
 
+    def _block_size(self) -> int:
+        try:
+            return int(read_text(self.sysfs / "devices/system/memory/block_size_bytes", 64), 16)
+        except (OSError, ValueError):
+            return 0
+
     def devices(self) -> tuple[VirtioMemDevice, ...]:
         names = frozenset(self._bound("virtio_mem"))
         if not names or self._iomem < 0:
             return ()
         text = self._pread(self._iomem, MAX_IOMEM, 0).decode(errors="replace")
+        block_size = self._block_size()
         found = []
         for name, start, size, children in parse_iomem(text, names):
-            plugged = 0
+            blocks: list[tuple[int, int]] = []
             for child_start, child_size in children:
-                plugged += child_size
-                if self._kpageflags >= 0:  # sub-blocks unplugged again are PageOffline
-                    flags = self._pread(self._kpageflags, child_size // PAGE_SIZE * 8,
-                                        child_start // PAGE_SIZE * 8)
-                    plugged -= offline_pages(flags) * PAGE_SIZE
-            found.append(VirtioMemDevice(name, start, size, plugged))
-        return tuple(found)
+                # Memory is added from the region in whole memory blocks; sub-blocks unplugged
+                # again are PageOffline.
+                step = block_size if block_size > 0 else child_size
+                for at in range(child_start, child_start + child_size, step):
+                    plugged = min(step, child_start + child_size - at)
+                    if self._kpageflags >= 0:
+                        flags = self._pread(self._kpageflags, plugged // PAGE_SIZE * 8,
+                                            at // PAGE_SIZE * 8)
+                        plugged -= offline_pages(flags) * PAGE_SIZE
+                    blocks.append((at // step if block_size > 0 else -1, plugged))
+            found.append(VirtioMemDevice(name, start, size, sum(p for _, p in blocks),
+                                         blocks=tuple(blocks)))
+        if not found:
+            return ()
+        zones = {b.number: b for b in read_hardware(str(self.sysfs)).blocks}
+        return tuple(dataclasses.replace(d, lowerable_bytes=lowerable_bytes(d, zones))
+                     for d in found)
 
     def balloon(self) -> tuple[int | None, bool | None]:
         bound = self._bound("virtio_balloon")
@@ -203,3 +223,18 @@ register(SourceSpec(
     lambda ctx: ParavirtMemorySource(ctx.clock, SYSFS_ROOT.of(ctx.options),
                                      PROCFS_ROOT.of(ctx.options)),
     order=75, selectable=False, poked_by=frozenset({Resource.MEMORY})))
+
+
+def lowerable_bytes(device: VirtioMemDevice, blocks: Mapping[int, MemoryBlock]) -> int:
+    """How far the device's requested size can be lowered with the guest honouring it: its
+    plugged memory in blocks the kernel can empty, i.e. offline blocks and blocks online in
+    ZONE_MOVABLE (the driver migrates movable pages away; a kernel zone holds unmovable pages
+    the driver cannot move, so memory there is counted as staying, even where part of it
+    would go: never a "safe" the guest would not honour). For the planner (exporter/plan/):
+    `blocks` as exporter/sources/kernel/memory_blocks.read_hardware() reads them."""
+    total = 0
+    for number, plugged in device.blocks:
+        block = blocks.get(number)
+        if block is not None and (not block.online or block.zones == ("Movable",)):
+            total += plugged
+    return total
