@@ -267,15 +267,24 @@ def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
         lab.run_program(["/bin/sh", "-c", "mkdir -p /tmp/pin && cd /tmp/pin && "
                          "for i in $(seq 1 3000); do : > f$i; done"], "pin.log",
                         timeout=run.budget(120))
+        qmp = run.lab.guest.qmp
+        assert qmp is not None
+        name = guest_device(run, VIRTIO_MEM_SBM)
+        plugged = qmp.virtio_mem(VIRTIO_MEM_SBM)["size"]
+        s = run.lab.wait_scrape(lambda s: plugged_gauge(s, name) == plugged, run.budget(30),
+                                f"{name} plugged {plugged}")
+        lowerable = s.value("node_resize_virtio_mem_lowerable_bytes", None, device=name)
         _vmem_step(run, out, VIRTIO_MEM_SBM, 0, "virtio-mem sub-block (kernel zone)",
                    exact=False)
     finally:
         lab.call("write", path=AUTO_ONLINE, value=policy)
-    qmp = run.lab.guest.qmp
-    assert qmp is not None
     left = qmp.virtio_mem(VIRTIO_MEM_SBM)["size"]
     out.kernel += f"; asked 0, the guest kept {left // MiB} MiB plugged " + (
         "(honoured in part)" if left else "(honoured in full)")
+    out.exporter += f"; lowerable before the unplug {(lowerable or 0) // MiB:.0f} MiB"
+    check(lowerable is not None and plugged - left >= lowerable,
+          f"the exporter said {lowerable} bytes could go, the guest gave back "
+          f"{plugged - left}: a false safe")
 
 
 # ---------------------------------------------------------------- virtio-balloon
