@@ -423,8 +423,7 @@ class VirtioMemDevice:
     region_start: int  # bytes: the device's memory region
     region_bytes: int
     plugged_bytes: int  # added to the guest and not fake-offline (sub-blocks unplugged)
-    # What the hypervisor asked for: the kernel shows it nowhere (6.1: no sysfs, only the
-    # device's config space), so None.
+    # What the hypervisor asked for, as the driver logged it (/dev/kmsg); None: not in the log.
     requested_bytes: int | None = None
     # (memory block, plugged bytes in it) for every block added from the region.
     blocks: tuple[tuple[int, int], ...] = ()

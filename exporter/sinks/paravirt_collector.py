@@ -41,7 +41,7 @@ class ParavirtSink(ViewSink):
             "of the region is held back by the hypervisor).", labels=["device"])
         requested = GaugeMetricFamily(
             "node_resize_virtio_mem_requested_bytes",
-            "What the hypervisor asked the guest to plug, where the kernel shows it.",
+            "What the hypervisor asked the guest to plug, as the guest's driver logged it.",
             labels=["device"])
         lowerable = GaugeMetricFamily(
             "node_resize_virtio_mem_lowerable_bytes",

@@ -69,6 +69,11 @@ def _guest(root: Path, balloon: bool = True, oom: bool = False, inflated: int = 
         f.write(struct.pack("<Q", 1 << KPF_OFFLINE) * (96 * MiB // 4096))
         f.truncate((0x160000000 // 4096) * 8)
     (proc / "vmstat").write_text(f"balloon_inflate {inflated}\nballoon_deflate 0\n")
+    # /dev/kmsg records as the guest logged them: the last requested size per device counts
+    (root / "kmsg").write_bytes(
+        b"6,301,144456000,-;virtio_mem virtio4: requested size: 0x20000000\n"
+        b"6,302,144457000,-;virtio_mem virtio4: plugged size: 0x0\n"
+        b"6,310,158447925,-;virtio_mem virtio4: requested size: 0xa000000\n")
     memory = root / "sys/devices/system/memory"
     memory.mkdir(parents=True, exist_ok=True)
     (memory / "block_size_bytes").write_text("8000000\n")
@@ -88,7 +93,8 @@ def _guest(root: Path, balloon: bool = True, oom: bool = False, inflated: int = 
 
 
 def _read(root: Path) -> list:
-    source = ParavirtMemorySource(FakeClock(5.0), str(root / "sys"), str(root / "proc"))
+    source = ParavirtMemorySource(FakeClock(5.0), str(root / "sys"), str(root / "proc"),
+                                  str(root / "kmsg"))
     source.open()
     out: list = []
     try:
@@ -103,7 +109,7 @@ def test_the_source_reads_regions_plugged_memory_and_the_balloon(tmp_path):
     _guest(tmp_path, inflated=65536)
     [event] = _read(tmp_path)
     assert event == ParavirtMemory(
-        5.0, (VirtioMemDevice("virtio4", 0x140000000, 512 * MiB, 160 * MiB,
+        5.0, (VirtioMemDevice("virtio4", 0x140000000, 512 * MiB, 160 * MiB, 160 * MiB,
                               blocks=((40, 128 * MiB), (41, 32 * MiB)),
                               lowerable_bytes=128 * MiB),
               VirtioMemDevice("virtio5", 0x160000000, 512 * MiB, 0)),
@@ -142,8 +148,10 @@ def test_the_gauges_show_what_the_source_read(tmp_path):
     assert value("node_resize_virtio_mem_plugged_bytes", {"device": "virtio5"}) == 0
     # block 41 is in a kernel zone: its 32 MiB count as staying, never as lowerable
     assert value("node_resize_virtio_mem_lowerable_bytes", {"device": "virtio4"}) == 128 * MiB
-    # the kernel does not show what the hypervisor asked for: no series rather than a guess
-    assert value("node_resize_virtio_mem_requested_bytes", {"device": "virtio4"}) is None
+    # what the hypervisor asked for, as the driver logged it; virtio5 never logged one: no
+    # series rather than a guess
+    assert value("node_resize_virtio_mem_requested_bytes", {"device": "virtio4"}) == 160 * MiB
+    assert value("node_resize_virtio_mem_requested_bytes", {"device": "virtio5"}) is None
     assert value("node_resize_virtio_balloon_held_bytes",
                  {"deflate_on_oom": "true"}) == 128 * MiB
 
@@ -158,3 +166,12 @@ def test_lowerable_is_offline_and_movable_plugged_memory_only():
               43: MemoryBlock(43, True, ("none",))}
     assert lowerable_bytes(device, blocks) == 168 * MiB
     assert lowerable_bytes(device, {}) == 0  # blocks unknown: nothing is promised
+
+
+def test_requested_sizes_are_the_last_logged_per_device():
+    from exporter.sources.kernel.paravirt_memory import requested_sizes
+    assert requested_sizes(b"6,1,2,-;virtio_mem virtio4: requested size: 0x10000000\n"
+                           b"6,3,4,-;virtio_mem virtio5: requested size: 0x0\n"
+                           b"6,5,6,-;virtio_mem virtio4: requested size: 0x0\n"
+                           b"6,7,8,-;virtio_mem virtio4: requested size: 0xzz\n") == {
+        "virtio4": 0, "virtio5": 0}

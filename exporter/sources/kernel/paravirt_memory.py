@@ -12,9 +12,15 @@ a slow timer; one ParavirtMemory event when anything changed. A balloon with def
 moves no page count at all (its pages stay in MemTotal), so while a balloon driver is bound
 /proc/vmstat alone is read every BALLOON_INTERVAL (bench/README.md: its cost).
 
+What the hypervisor asked a virtio-mem device for is in no file, but the driver logs it at each
+change ("virtio_mem virtio4: requested size: 0x10000000", drivers/virtio/virtio_mem.c):
+/dev/kmsg is read from where it stands (its whole ring at start), without blocking, at every
+wake-up, bounded per read.
+
 /proc/iomem shows real addresses only to a reader whose file was opened with CAP_SYS_ADMIN,
-and the exporter drops that after start: both files are opened once in open() and read again
-from offset 0 (seq_file and kpageflags regenerate their content per read).
+/dev/kmsg only to one opened with CAP_SYSLOG (dmesg_restrict), and the exporter drops both after
+start: the files are opened once in open() and read again (iomem and kpageflags from offset 0:
+seq_file and kpageflags regenerate their content per read).
 """
 from __future__ import annotations
 
@@ -50,6 +56,9 @@ MAX_IOMEM = 1 << 20
 BALLOON_INTERVAL = 1.0  # s between balloon reads while a balloon is bound
 MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
 _LINE = re.compile(r"^( *)([0-9a-f]+)-([0-9a-f]+) : (.+)$")
+_REQUESTED = re.compile(rb"virtio_mem (virtio\d+): requested size: 0x([0-9a-f]{1,16})\b")
+KMSG_READS = 4096  # records read from /dev/kmsg per wake-up at most (one per read(2))
+KMSG_RECORD = 8192  # the kernel's own bound on a record
 
 
 @dataclass
@@ -90,6 +99,11 @@ def parse_iomem(text: str, devices: frozenset[str]) -> list[Region]:
     return [(r.name, r.start, r.size, [(c.start, c.size) for c in r.children]) for r in out]
 
 
+def requested_sizes(text: bytes) -> dict[str, int]:
+    """The last "requested size" virtio_mem logged per device, from /dev/kmsg records."""
+    return {m.group(1).decode(): int(m.group(2), 16) for m in _REQUESTED.finditer(text)}
+
+
 def offline_pages(flags: bytes) -> int:
     """How many of these /proc/kpageflags entries (8 bytes each) have KPF_OFFLINE set."""
     n = len(flags) // 8
@@ -108,20 +122,47 @@ class ParavirtMemorySource(PokedSource):
     name = "paravirt_memory"
     interval = STATE_INTERVAL
 
-    def __init__(self, clock: Clock, sysfs: str = "/sys", procfs: str = "/proc"):
+    def __init__(self, clock: Clock, sysfs: str = "/sys", procfs: str = "/proc",
+                 kmsg: str = "/dev/kmsg"):
         super().__init__(clock)
-        self.sysfs, self.procfs = Path(sysfs), Path(procfs)
+        self.sysfs, self.procfs, self.kmsg = Path(sysfs), Path(procfs), Path(kmsg)
         self.drivers = self.sysfs / "bus/virtio/drivers"
         self._iomem = -1
         self._kpageflags = -1
+        self._kmsg = -1
+        self._requested: dict[str, int] = {}
         self._last: ParavirtMemory | None = None
 
     def open(self) -> None:
-        for attr, name in (("_iomem", "iomem"), ("_kpageflags", "kpageflags")):
+        for attr, path in (("_iomem", self.procfs / "iomem"),
+                           ("_kpageflags", self.procfs / "kpageflags"), ("_kmsg", self.kmsg)):
             try:
-                setattr(self, attr, os.open(self.procfs / name, os.O_RDONLY | os.O_CLOEXEC))
+                setattr(self, attr, os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
             except OSError:
-                pass  # not root, or no such file: the devices' plugged size is not shown
+                pass  # not root, or no such file: what it tells is not shown
+
+    def read_kmsg(self) -> bool:
+        """New "requested size" lines of virtio_mem; True when one changed a device's."""
+        if self._kmsg < 0:
+            return False
+        got = []
+        for _ in range(KMSG_READS):
+            try:
+                chunk = os.read(self._kmsg, KMSG_RECORD)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten before we read them: go on
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            if b"virtio_mem" in chunk:
+                got.append(chunk)
+        new = requested_sizes(b"\n".join(got))
+        changed = any(self._requested.get(k) != v for k, v in new.items())
+        self._requested.update(new)
+        return changed
 
     def up_reason(self) -> str:
         return "virtio-mem regions (/proc/iomem) and balloon pages (/proc/vmstat)"
@@ -163,7 +204,7 @@ class ParavirtMemorySource(PokedSource):
                         plugged -= offline_pages(flags) * PAGE_SIZE
                     blocks.append((at // step if block_size > 0 else -1, plugged))
             found.append(VirtioMemDevice(name, start, size, sum(p for _, p in blocks),
-                                         blocks=tuple(blocks)))
+                                         self._requested.get(name), tuple(blocks)))
         if not found:
             return ()
         zones = {b.number: b for b in read_hardware(str(self.sysfs)).blocks}
@@ -186,7 +227,8 @@ class ParavirtMemorySource(PokedSource):
         full_at = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
-            everything = self._last is None or now - full_at >= self.interval
+            requested = self.read_kmsg()
+            everything = self._last is None or now - full_at >= self.interval or requested
             self.read(emit, everything)
             if everything:
                 full_at = now
@@ -198,6 +240,8 @@ class ParavirtMemorySource(PokedSource):
     def read(self, emit: Emit, everything: bool = True) -> None:
         now = self.clock.now()
         last = self._last
+        if everything:
+            self.read_kmsg()
         try:
             held, oom = self.balloon()
             devices = self.devices() if everything or last is None else last.virtio_mem
@@ -211,10 +255,10 @@ class ParavirtMemorySource(PokedSource):
             emit(event)
 
     def close(self) -> None:
-        for fd in (self._iomem, self._kpageflags):
+        for fd in (self._iomem, self._kpageflags, self._kmsg):
             if fd >= 0:
                 os.close(fd)
-        self._iomem = self._kpageflags = -1
+        self._iomem = self._kpageflags = self._kmsg = -1
         super().close()
 
 
