@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from typing import Callable
 
+from lab.control import GUEST_PYTHON
 from lab.qemu import BALLOON, VIRTIO_MEM_BBM, VIRTIO_MEM_REGION_MIB, VIRTIO_MEM_SBM, MiB
 from lab.scenarios import (
     LabRun,
@@ -42,6 +43,22 @@ QUIET_SECONDS = 2.5  # past the correlator's 2 s coalescing window: the next cha
 FOLLOW_SECONDS = 10.0  # the exporter must show a change this soon (the timer re-read is 30 s)
 LATENCIES: dict[str, list[float]] = defaultdict(list)
 DIMM_ID = "dimm-virtio"
+PIN_PIPES = """
+import fcntl, os, time
+pipes = []
+for _ in range(192):
+    r, w = os.pipe()
+    fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    pipes.append((r, w))
+print("pinned", len(pipes), flush=True)
+time.sleep(3600)
+"""
 
 
 def _scrape(run: LabRun) -> Scrape:
@@ -147,7 +164,9 @@ def _vmem_step(run: LabRun, out: Outcome, device: str, request_mib: int, mechani
     st = mem_settled(run, f"{device} to {request_mib} MiB")
     name = guest_device(run, device)
     s, took = follow(run, t0, st["mem_total_kb"], mechanism,
-                     lambda s: plugged_gauge(s, name) == info["size"])
+                     lambda s: plugged_gauge(s, name) == info["size"]
+                     and s.value("node_resize_virtio_mem_requested_bytes", None, device=name)
+                     == request_mib * MiB)
     region = s.value("node_resize_virtio_mem_region_bytes", None, device=name)
     check(region == VIRTIO_MEM_REGION_MIB * MiB,
           f"{name} region gauge {region}, want {VIRTIO_MEM_REGION_MIB} MiB")
@@ -266,16 +285,18 @@ def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
     Whatever the guest managed, the exporter's capacity and plugged gauge say it."""
     lab = run.lab
     quiet()
+    pin: int | None = None
     policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
     check(lab.call("write", path=AUTO_ONLINE, value="online_kernel")["errno"] == 0,
           "cannot set auto_online_blocks")
     try:
         _vmem_step(run, out, VIRTIO_MEM_SBM, 512, "virtio-mem sub-block (plug)")
-        # Kernel allocations into the new Normal memory: page cache of files the guest
-        # reads is movable, inodes and dentries are not.
-        lab.run_program(["/bin/sh", "-c", "mkdir -p /tmp/pin && cd /tmp/pin && "
-                         "for i in $(seq 1 3000); do : > f$i; done"], "pin.log",
-                        timeout=run.budget(120))
+        # Unmovable kernel memory, most of it in the freshly onlined Normal blocks (the
+        # allocator hands out the pages freed last first): pipe buffers (GFP_HIGHUSER, no
+        # __GFP_MOVABLE), 1 MiB pipes filled and held open while the unplug runs.
+        pin = lab.spawn([GUEST_PYTHON, "-c", PIN_PIPES], "pin.log")
+        lab.wait_guest(lambda st: "pinned" in lab.artifact("pin.log"), run.budget(60),
+                       "pipes filled")
         qmp = run.lab.guest.qmp
         assert qmp is not None
         name = guest_device(run, VIRTIO_MEM_SBM)
@@ -287,6 +308,8 @@ def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
                    exact=False)
     finally:
         lab.call("write", path=AUTO_ONLINE, value=policy)
+        if pin is not None:
+            lab.stop_program(pin)
     left = qmp.virtio_mem(VIRTIO_MEM_SBM)["size"]
     out.kernel += f"; asked 0, the guest kept {left // MiB} MiB plugged " + (
         "(honoured in part)" if left else "(honoured in full)")
@@ -346,7 +369,9 @@ def balloon_deflate_on_oom(run: LabRun, out: Outcome) -> None:
     qmp.remove_device(BALLOON, timeout=run.budget(60))
     qmp.execute("device_add", driver="virtio-balloon-pci", id="balloon1",
                 **{"deflate-on-oom": True})
-    run.lab.wait_scrape(lambda s: held(s, "true") is not None, run.budget(30),
+    # Nothing pokes the paravirt source when a balloon device arrives: its 30 s re-read
+    # finds it (then it reads the balloon every second).
+    run.lab.wait_scrape(lambda s: held(s, "true") is not None, run.budget(45),
                         "a balloon with deflate_on_oom=true")
     ram = qmp.query_balloon()
     before, scrape0 = lab.state(), _scrape(run)

@@ -173,5 +173,7 @@ def test_requested_sizes_are_the_last_logged_per_device():
     assert requested_sizes(b"6,1,2,-;virtio_mem virtio4: requested size: 0x10000000\n"
                            b"6,3,4,-;virtio_mem virtio5: requested size: 0x0\n"
                            b"6,5,6,-;virtio_mem virtio4: requested size: 0x0\n"
-                           b"6,7,8,-;virtio_mem virtio4: requested size: 0xzz\n") == {
-        "virtio4": 0, "virtio5": 0}
+                           b"6,7,8,-;virtio_mem virtio4: requested size: 0xzz\n"
+                           # written to /dev/kmsg by a process: LOG_USER, not the kernel's
+                           b"12,9,10,-;virtio_mem virtio5: requested size: 0x40000000\n"
+                           ) == {"virtio4": 0, "virtio5": 0}

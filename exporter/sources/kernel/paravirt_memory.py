@@ -56,7 +56,10 @@ MAX_IOMEM = 1 << 20
 BALLOON_INTERVAL = 1.0  # s between balloon reads while a balloon is bound
 MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
 _LINE = re.compile(r"^( *)([0-9a-f]+)-([0-9a-f]+) : (.+)$")
-_REQUESTED = re.compile(rb"virtio_mem (virtio\d+): requested size: 0x([0-9a-f]{1,16})\b")
+# A /dev/kmsg record: "PRIO,SEQ,USEC,FLAGS;MESSAGE". Facility 0 (PRIO < 8) is the kernel's own:
+# a process writing to /dev/kmsg gets LOG_USER at least, so it cannot forge these.
+_REQUESTED = re.compile(rb"(?m)^[0-7],\d+,\d+,[^;]*;virtio_mem (virtio\d+): "
+                        rb"requested size: 0x([0-9a-f]{1,16})$")
 KMSG_READS = 4096  # records read from /dev/kmsg per wake-up at most (one per read(2))
 KMSG_RECORD = 8192  # the kernel's own bound on a record
 
