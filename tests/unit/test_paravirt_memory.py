@@ -12,12 +12,12 @@ from prometheus_client import CollectorRegistry
 from exporter.clock import FakeClock
 from exporter.events import ParavirtMemory, VirtioMemDevice
 from exporter.sinks.paravirt_collector import ParavirtSink
+from exporter.sources.kernel.memory_devices import virtio_mem_ranges
 from exporter.sources.kernel.paravirt_memory import (
     KPF_OFFLINE,
     ParavirtMemorySource,
     deflate_on_oom,
     offline_pages,
-    parse_iomem,
 )
 
 MiB = 1 << 20
@@ -35,14 +35,12 @@ IOMEM = """\
 """
 
 
-def test_parse_iomem_finds_the_regions_and_their_added_memory():
-    assert parse_iomem(IOMEM, frozenset({"virtio4", "virtio5"})) == [
+def test_virtio_mem_ranges_finds_the_regions_and_what_was_added_from_them():
+    assert virtio_mem_ranges(IOMEM) == [
         ("virtio4", 0x140000000, 512 * MiB, [(0x140000000, 256 * MiB)]),
         ("virtio5", 0x160000000, 512 * MiB, []),
     ]
-    assert parse_iomem(IOMEM, frozenset()) == []  # no virtio-mem driver: nothing
-    with pytest.raises(ValueError):
-        parse_iomem("garbage\n", frozenset({"virtio4"}))
+    assert virtio_mem_ranges("garbage\n") == []
 
 
 def test_offline_pages_counts_the_kpf_offline_bit():

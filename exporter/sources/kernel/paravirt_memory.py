@@ -30,7 +30,6 @@ import re
 import struct
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.clock import Clock
@@ -45,61 +44,21 @@ from exporter.events import (
 from exporter.sources.base import Emit
 from exporter.sources.kernel.managed_pages import PAGE_SIZE, balloon_pages
 from exporter.sources.kernel.memory_blocks import MemoryBlock, read_hardware
+from exporter.sources.kernel.memory_devices import IOMEM_MAX, virtio_mem_ranges
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 from exporter.untrusted import read_text
 
 KPF_OFFLINE = 23  # include/uapi/linux/kernel-page-flags.h
 VIRTIO_BALLOON_F_DEFLATE_ON_OOM = 2  # include/uapi/linux/virtio_balloon.h
-VIRTIO_MEM_RAM = "System RAM (virtio_mem)"
-MAX_IOMEM = 1 << 20
 BALLOON_INTERVAL = 1.0  # s between balloon reads while a balloon is bound
 MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
-_LINE = re.compile(r"^( *)([0-9a-f]+)-([0-9a-f]+) : (.+)$")
 # A /dev/kmsg record: "PRIO,SEQ,USEC,FLAGS;MESSAGE". Facility 0 (PRIO < 8) is the kernel's own:
 # a process writing to /dev/kmsg gets LOG_USER at least, so it cannot forge these.
 _REQUESTED = re.compile(rb"(?m)^[0-7],\d+,\d+,[^;]*;virtio_mem (virtio\d+): "
                         rb"requested size: 0x([0-9a-f]{1,16})$")
 KMSG_READS = 4096  # records read from /dev/kmsg per wake-up at most (one per read(2))
 KMSG_RECORD = 8192  # the kernel's own bound on a record
-
-
-@dataclass
-class _Range:
-    name: str
-    start: int
-    end: int  # inclusive, as /proc/iomem writes it
-    children: list["_Range"]
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start + 1
-
-
-Region = tuple[str, int, int, list[tuple[int, int]]]
-
-
-def parse_iomem(text: str, devices: frozenset[str]) -> list[Region]:
-    """The regions named after a virtio-mem device (`devices`: virtio4, ...): (name, start,
-    size, [(start, size) of its "System RAM (virtio_mem)" children]). Top level only: a
-    virtio-mem region is a root resource. ValueError on a line that is not /proc/iomem's."""
-    out: list[_Range] = []
-    current: _Range | None = None
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m is None:
-            raise ValueError(f"not an /proc/iomem line: {line[:60]!r}")
-        indent, start, end, name = len(m.group(1)), int(m.group(2), 16), int(m.group(3), 16), \
-            m.group(4)
-        if indent == 0:
-            current = _Range(name, start, end, []) if name in devices else None
-            if current is not None:
-                if len(out) >= MAX_DEVICES:
-                    raise ValueError(f"more than {MAX_DEVICES} virtio-mem regions")
-                out.append(current)
-        elif current is not None and indent == 2 and name == VIRTIO_MEM_RAM:
-            current.children.append(_Range(name, start, end, []))
-    return [(r.name, r.start, r.size, [(c.start, c.size) for c in r.children]) for r in out]
 
 
 def requested_sizes(text: bytes) -> dict[str, int]:
@@ -190,10 +149,11 @@ class ParavirtMemorySource(PokedSource):
         names = frozenset(self._bound("virtio_mem"))
         if not names or self._iomem < 0:
             return ()
-        text = self._pread(self._iomem, MAX_IOMEM, 0).decode(errors="replace")
+        text = self._pread(self._iomem, IOMEM_MAX, 0).decode(errors="replace")
         block_size = self._block_size()
         found = []
-        for name, start, size, children in parse_iomem(text, names):
+        regions = [r for r in virtio_mem_ranges(text) if r[0] in names][:MAX_DEVICES]
+        for name, start, size, children in regions:
             blocks: list[tuple[int, int]] = []
             for child_start, child_size in children:
                 # Memory is added from the region in whole memory blocks; sub-blocks unplugged
