@@ -172,3 +172,23 @@ def test_one_change_seen_by_the_kprobe_and_the_poll_is_counted_once():
     [ep] = s.ended()
     assert ep.outcome is Outcome.KERNEL_ONLY
     assert ep.detail.endswith("(virtio-mem: +32 MiB)")
+
+
+def test_a_managed_change_is_no_block_to_replay_at_restart_nor_a_hotplug_duration():
+    """Unit -1 is no memory block: replaying the journal at a restart must not put a block -1
+    online (a 'change while down' against sysfs), and a balloon filling for seconds is no
+    sample of the kernel's hotplug duration."""
+    from exporter.correlate.down_changes import changes_while_down, state_at_stop
+    from exporter.correlate.ledger import KernelLedger
+    from exporter.events import KernelSnapshot
+    snap = KernelSnapshot(T0, frozenset({0}), frozenset(), frozenset({0}), frozenset({0}),
+                          128 << 20, frozenset({8}), frozenset(), 1 << 30, 0)
+    grew = Transition("bpf", MEM, MANAGED_UNIT, Direction.ONLINE, Result.SUCCESS, end=T0 + 1,
+                      start=T0 + 0.5, nr_pages=PAGES_32M, mechanism=VIRTIO_MEM)
+    before = state_at_stop([snap, grew])
+    assert before is not None and before.memory_blocks_online == {8}
+    assert changes_while_down(before, snap) == {}
+    ledger = KernelLedger()
+    assert ledger.handle(grew)
+    assert ledger.transitions == {(MEM, Direction.ONLINE, Result.SUCCESS): 1}
+    assert ledger.durations == {}
