@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable
 
 from lab.control import GUEST_PYTHON
@@ -145,6 +146,38 @@ def guest_device(run: LabRun, qemu_id: str) -> str:
     raise ScenarioFailed(f"no /proc/iomem region of {qemu_id} at {addr:#x}:\n{iomem[-800:]}")
 
 
+@dataclass
+class Expectation:
+    """What one scenario's episodes must show, judged once at the end (the journal is read by
+    a program started in the guest: one read, not one per scenario). `window`: the guest's
+    clock from just before the change to just after it; `judge` gets the episodes opened in it
+    and returns what is wrong ("" when nothing is)."""
+
+    scenario: str
+    window: tuple[float, float]
+    judge: Callable[[list[dict]], str]
+
+
+EXPECTATIONS: list[Expectation] = []
+
+
+def guest_time(run: LabRun) -> float:
+    return float(run.lab.state()["time"])
+
+
+def expect(scenario: str, since: float, run: LabRun,
+           judge: Callable[[list[dict]], str]) -> None:
+    quiet()  # the change's episode has closed
+    EXPECTATIONS.append(Expectation(scenario, (since, guest_time(run)), judge))
+
+
+def managed_pages(episodes: list[dict], mechanism: str) -> int:
+    """The signed pages of the changes no block made, by `mechanism`, in these episodes."""
+    return sum(-t["nr_pages"] if t["direction"] == "offline" else t["nr_pages"]
+               for e in episodes for t in e.get("transitions", [])
+               if t.get("mechanism") == mechanism)
+
+
 def quiet() -> None:
     """Let the last scenario's episode close: a change inside its coalescing window would
     join it (README, "Flap storms")."""
@@ -207,26 +240,26 @@ def vmem_big_block(run: LabRun, out: Outcome) -> None:
     bbm_blocks = online_blocks(run.lab.state()) - boot_blocks
     check(len(bbm_blocks) == 2, "a 256 MiB big block did not add two memory blocks")
     quiet()
-    known = {e["id"] for e in run.episodes()}
+    since = guest_time(run)
     before, after = _vmem_step(run, out, VIRTIO_MEM_BBM, 0, "virtio-mem big-block")
     check(online_blocks(run.lab.state()) == boot_blocks, "the big block's memory blocks stayed")
-    # The driver may take the two blocks' pages in two goes (one block's migration failed and
-    # was retried): every episode since the unplug began, together, is the change.
     units = {int(b[6:]) for b in bbm_blocks}
-    quiet()
-    episodes = [e for e in run.episodes() if e["id"] not in known]
-    moved = [t for e in episodes for t in e.get("transitions", [])]
-    pages = sum(-t["nr_pages"] if t["direction"] == "offline" else t["nr_pages"]
-                for t in moved if t.get("mechanism"))
-    offlined = {t["unit"] for t in moved if t.get("mechanism") is None
-                and t["direction"] == "offline" and t["result"] == "success"}
-    out.exporter += "; unplug episodes: " + ", ".join(repr(e.get("detail", ""))
-                                                      for e in episodes)
-    check(units <= offlined, f"block transitions offline {sorted(offlined)}, want "
-                             f"{sorted(units)}")
-    check(pages * PAGE == (after - before) * 1024,
-          f"the unplug's managed pages are {pages * PAGE} bytes, MemTotal moved "
-          f"{(after - before) * 1024}: counted twice or missed")
+
+    def judge(episodes: list[dict]) -> str:
+        # The driver may take the two blocks' pages in two goes (one block's migration failed
+        # and was retried): every episode of the unplug, together, is the change.
+        pages = managed_pages(episodes, "virtio-mem")
+        offlined = {t["unit"] for e in episodes for t in e.get("transitions", [])
+                    if t.get("mechanism") is None and t["direction"] == "offline"
+                    and t["result"] == "success"}
+        if not units <= offlined:
+            return f"block transitions offline {sorted(offlined)}, want {sorted(units)}"
+        if pages * PAGE != (after - before) * 1024:
+            return (f"the unplug's virtio-mem pages are {pages * PAGE} bytes, MemTotal moved "
+                    f"{(after - before) * 1024}: counted twice or missed")
+        return ""
+
+    expect("big-block unplug", since, run, judge)
 
 
 @scenario("virtio-mem sub-block and a DIMM in one episode")
@@ -238,6 +271,7 @@ def vmem_and_dimm(run: LabRun, out: Outcome) -> None:
     assert qmp is not None
     quiet()
     before = run.lab.state()
+    since = float(before["time"])
     t0 = time.monotonic()
     qmp.add_dimm(DIMM_ID, 512 * MiB)
     qmp.set_virtio_mem_size(VIRTIO_MEM_SBM, 256 * MiB)  # 224 -> 256: sub-blocks, online
@@ -249,33 +283,24 @@ def vmem_and_dimm(run: LabRun, out: Outcome) -> None:
     follow(run, t0, st["mem_total_kb"], "ACPI DIMM + virtio-mem")
     out.kernel = (f"DIMM 512 MiB + {VIRTIO_MEM_SBM} 224 -> 256 MiB: MemTotal "
                   f"{before['mem_total_kb']} -> {st['mem_total_kb']} kB")
-    episode = _episode_with(run, lambda e: e.get("phase") == "ended" and e.get("change") ==
-                            "increase" and any(
-        t.get("mechanism") == "virtio-mem" for t in e.get("transitions", [])) and dimm <= {
-        t.get("unit") for t in e.get("transitions", [])})
-    managed = [t for t in episode["transitions"] if t.get("mechanism")]
-    blocks = [t for t in episode["transitions"] if t.get("unit", -1) >= 0]
-    pages = sum(t["nr_pages"] for t in managed)
-    out.exporter = (f"one episode: {len(blocks)} block transitions + {len(managed)} virtio-mem "
-                    f"({pages * PAGE // MiB} MiB); detail {episode.get('detail', '')!r}")
-    check(pages * PAGE == 32 * MiB, f"the episode's sub-block pages are {pages * PAGE} bytes, "
-                                     "want 32 MiB (224 -> 256)")
-    check(len(blocks) == 4, f"the episode holds {len(blocks)} block transitions, want the "
-                            "DIMM's 4")
-    check("virtio-mem: +32 MiB" in episode.get("detail", ""),
-          f"the episode's detail does not name virtio-mem: {episode.get('detail')!r}")
+    out.exporter = "capacity = MemTotal"
+
+    def judge(episodes: list[dict]) -> str:
+        joined = [e for e in episodes if e.get("change") == "increase" and dimm <= {
+            t.get("unit") for t in e.get("transitions", []) if t.get("mechanism") is None}]
+        if len(joined) != 1:
+            return f"{len(joined)} increase episodes hold the DIMM's blocks {sorted(dimm)}"
+        [ep] = joined
+        pages = managed_pages([ep], "virtio-mem")
+        if pages * PAGE != 32 * MiB:
+            return (f"the DIMM's episode has {pages * PAGE} bytes of virtio-mem pages, want "
+                    f"32 MiB (224 -> 256): {ep.get('detail')!r}")
+        if "virtio-mem: +32 MiB" not in ep.get("detail", ""):
+            return f"the episode's detail does not name virtio-mem: {ep.get('detail')!r}"
+        return ""
+
+    expect("DIMM and virtio-mem", since, run, judge)
     qmp.remove_dimm(DIMM_ID, timeout=run.budget(120))
-
-
-def _episode_with(run: LabRun, match: Callable[[dict], bool], timeout: float = 40.0) -> dict:
-    deadline = time.monotonic() + run.budget(timeout)
-    while True:
-        found = [e for e in run.episodes() if match(e)]
-        if found:
-            return found[-1]
-        if time.monotonic() > deadline:
-            raise ScenarioFailed("no such episode in the journal")
-        time.sleep(2)
 
 
 @scenario("virtio-mem in a kernel zone: unplug what the guest can")
@@ -331,6 +356,7 @@ def balloon_inflate_deflate(run: LabRun, out: Outcome) -> None:
     lab, qmp = run.lab, run.lab.guest.qmp
     assert qmp is not None
     ram = qmp.query_balloon()
+    since = guest_time(run)
     for target, want_held in ((ram - 256 * MiB, 256 * MiB), (ram, 0)):
         quiet()  # the deflate is an episode of its own, not a flap of the inflate
         before = lab.state()
@@ -348,15 +374,19 @@ def balloon_inflate_deflate(run: LabRun, out: Outcome) -> None:
         out.exporter += (f"{'; ' if out.exporter else ''}capacity = MemTotal, held "
                          f"{want_held // MiB} MiB after {took * 1000:.0f} ms")
         check(abs(moved) == 256 * MiB, f"MemTotal moved {moved} bytes, want 256 MiB")
-    episode = _episode_with(run, lambda e: e.get("phase") == "ended" and any(
-        t.get("mechanism") == "virtio-balloon" and t.get("direction") == "online"
-        for t in e.get("transitions", [])))
-    pages = sum(t["nr_pages"] for t in episode["transitions"] if t.get("mechanism"))
-    out.exporter += f"; deflate episode: {episode.get('detail', '')!r}"
-    check("virtio-balloon" in episode.get("detail", ""),
-          f"the balloon's episode detail does not name it: {episode.get('detail')!r}")
-    check(pages * PAGE == 256 * MiB, f"the deflate episode's pages are {pages * PAGE} bytes, "
-                                     "want 256 MiB: counted twice or missed")
+
+    def judge(episodes: list[dict]) -> str:
+        pages = [managed_pages([e], "virtio-balloon") for e in episodes]
+        taken, given = sum(p for p in pages if p < 0), sum(p for p in pages if p > 0)
+        if (taken, given) != (-65536, 65536):
+            return (f"the balloon's episodes moved {pages} pages, want 65536 (256 MiB) each "
+                    "way: counted twice or missed")
+        if not all("virtio-balloon" in e.get("detail", "") for e in episodes):
+            return f"an episode's detail does not name the balloon: " \
+                   f"{[e.get('detail') for e in episodes]}"
+        return ""
+
+    expect("balloon inflate and deflate", since, run, judge)
 
 
 @scenario("virtio-balloon with deflate-on-oom: inflate holds memory, MemTotal stays")
@@ -390,7 +420,25 @@ def balloon_deflate_on_oom(run: LabRun, out: Outcome) -> None:
     qmp.balloon(ram)
 
 
+@scenario("virtio episodes: every change seen once, named by its mechanism")
+def virtio_episodes(run: LabRun, out: Outcome) -> None:
+    """The journal, read once: each scenario's expectations on the episodes it made."""
+    check(bool(EXPECTATIONS), "no scenario left an expectation (they failed before)")
+    episodes = run.episodes()
+    wrong = []
+    for e in EXPECTATIONS:
+        lo, hi = e.window
+        mine = [ep for ep in episodes if lo <= ep["opened"] <= hi]
+        why = e.judge(mine)
+        out.exporter += f"{'; ' if out.exporter else ''}{e.scenario}: " + (
+            why or " / ".join(repr(ep.get("detail", "")) for ep in mine))
+        if why:
+            wrong.append(f"{e.scenario}: {why}")
+    out.kernel = f"{len(episodes)} episodes in the journal, {len(EXPECTATIONS)} checked"
+    check(not wrong, "; ".join(wrong))
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     vmem_sub_block, vmem_big_block, vmem_and_dimm, balloon_inflate_deflate,
-    balloon_deflate_on_oom, vmem_kernel_zone,
+    balloon_deflate_on_oom, vmem_kernel_zone, virtio_episodes,
 )
