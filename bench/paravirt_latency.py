@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         pid = lab.exporter_pid  # the guest agent's child: a pid in the guest
         assert pid is not None
         changes = Changes(lab)
+        start_kb, t0 = guest_mem_kb(lab), time.monotonic()
         changes.qmp.set_virtio_mem_size(VIRTIO_MEM_SBM, 192 * MiB)
-        settle_guest(lab, guest_mem_kb(lab), time.monotonic())
+        settle_guest(lab, start_kb, t0)
         for mechanism in MECHANISMS:
             lat, guest, cpu = [], [], []
             for i in range(args.rounds):  # latency, scraped
