@@ -67,6 +67,7 @@ from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
+from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.registry import SOURCES
 from exporter.web.server import MetricsServer, WebSettings
 
@@ -389,10 +390,11 @@ def serve(options: Options) -> int:
     plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
                            KUBELET_ROOT_DIR.of(options) or KUBELET_ROOT_DIR.default,
-                           kubernetes=decisions.kubernetes)
+                           kubernetes=decisions.kubernetes, node=decisions.node,
+                           cgroup_root=CGROUP_ROOT.of(options))
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
-                             agent.state_version, plan=plan.http)
+                             agent.state_version, plan=plan.endpoint())
     except StartupError as e:
         agent.close_sources()
         return _fail(str(e))

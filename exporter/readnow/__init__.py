@@ -30,14 +30,23 @@ from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsRead
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.kubelet_checkpoint import (
     KUBELET_ROOT_DIR,
+    ROOT_EMPTY,
+    not_mounted,
     read_cpu_manager_state,
     read_memory_manager_state,
+    read_reserved_cpus,
 )
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
-from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS, scan
+from exporter.sources.kubelet.running_pods import (
+    NO_KUBEPODS,
+    RUNNING_PODS_MAX_CONTAINERS,
+    find_layout,
+    scan,
+)
 
 __all__ = ["HotplugHardware", "PageFlagsReader", "read_hardware", "Reads", "NodeAndPods",
-           "Unlisted", "KUBELET_ROOT_DIR", "CGROUP_ROOT", "LIST_MAX_OBJECTS"]
+           "Unlisted", "KUBELET_ROOT_DIR", "CGROUP_ROOT", "LIST_MAX_OBJECTS", "ROOT_EMPTY",
+           "NO_KUBEPODS", "find_layout", "not_mounted", "read_reserved_cpus"]
 
 T = TypeVar("T")
 

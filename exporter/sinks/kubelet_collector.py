@@ -20,7 +20,7 @@ from exporter.checks import Check
 from exporter.config.options import Options
 from exporter.correlate.kubelet_view import KubeletView, cpu_list
 from exporter.events import Event
-from exporter.readnow import Reads
+from exporter.readnow import Reads, not_mounted
 from exporter.sinks import ViewSink
 
 
@@ -115,6 +115,11 @@ def check_kubelet_restart(given: Options | Reads) -> Check:
     snap = reads.kernel_or_check(name)
     if isinstance(snap, Check):
         return snap
+    why = not_mounted(root)
+    if why:  # not "no checkpoints": nothing of the kubelet's is visible here
+        head, _, fix = why.partition(": mount ")
+        return Check(name, "warn", f"not checked: {head}",
+                     ("mount " + fix) if fix else "mount the kubelet's root dir read-only")
     try:
         cpu, memory = reads.checkpoints()
     except OSError as e:

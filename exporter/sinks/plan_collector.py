@@ -38,6 +38,7 @@ The composition root wires it (exporter/app.py):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -53,16 +54,28 @@ from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
+    CpuManagerCheckpoint,
     DeviceChange,
     Event,
     NodeStatus,
     Resource,
+    SourceStatus,
     Transition,
 )
-from exporter.plan.model import BadChange, parse_change
-from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.plan.answer import answer
+from exporter.plan.model import LIVE_RESIZE_GATES, BadChange, Change, parse_change
+from exporter.plan.planner import PAGE_BUDGET, Inputs, judge_blocks, unpluggable
 from exporter.ratelog import RateLimitedLog
-from exporter.readnow import KUBELET_ROOT_DIR, HotplugHardware, PageFlagsReader, read_hardware
+from exporter.readnow import (
+    KUBELET_ROOT_DIR,
+    ROOT_EMPTY,
+    HotplugHardware,
+    PageFlagsReader,
+    find_layout,
+    not_mounted,
+    read_hardware,
+    read_reserved_cpus,
+)
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
 from exporter.sinks.kubelet_collector import KubeletSink
@@ -73,11 +86,11 @@ PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
 GAUGE_SETTLE = 0.05  # seconds the gauges' thread lets a burst of events land before it works
 GAUGE_MIN_INTERVAL = 1.0  # seconds between two computations of the gauges, at least
 GAUGE_RECHECK = 15.0  # seconds after which the thread looks at the inputs without a wake-up
-PAGE_BUDGET = 64  # blocks whose page flags one plan reads at most (~0.5 s)
-QUERY_KEYS = ("cpu", "memory")
+QUERY_KEYS = ("cpu", "memory", "generation")
 MAX_QUERY = 256  # bytes of query string
 ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
-FIX = "ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once)"
+FIX = ("ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once; generation= the "
+       "16 hex digits of an earlier answer's)")
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +135,16 @@ class PlanSink(ViewSink):
     are worked out with none held, so the agent never waits for one."""
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
-                 kubelet_root: str = KUBELET_ROOT_DIR.default, *, kubernetes: bool) -> None:
+                 kubelet_root: str = KUBELET_ROOT_DIR.default, *, kubernetes: bool,
+                 node: str = "", cgroup_root: str = "") -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
+        self.node = node
+        self.cgroup_root = cgroup_root  # where a kubelet's kubepods cgroup would show
+        self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
+        self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
         self.node_seen = False  # a Node status was seen
         self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
@@ -160,6 +178,13 @@ class PlanSink(ViewSink):
             self._stale.set()
         if isinstance(event, NodeStatus):
             self.node_seen = True
+        elif isinstance(event, SourceStatus) and event.source in DOWN_MEANS:
+            down = dict(self.down)  # a new dict, one store: take() reads it without a lock
+            if event.up:
+                down.pop(event.source, None)
+            else:
+                down[event.source] = event.reason
+            self.down = down
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
             self._blocks_changed += 1  # the blocks changed: read again when asked
@@ -175,19 +200,27 @@ class PlanSink(ViewSink):
         if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL:
             return cached[2]
         with self._io:
-            hw = read_hardware(self.sysfs)
+            hw = read_hardware(self.sysfs, self.procfs)
         self._hardware = (blocks, now, hw)  # one reference: no lock needed
         return hw
 
+    def _with_cached_flags(self, hw: HotplugHardware) -> HotplugHardware:
+        """`hw` with the page flags still cached on its blocks: judge_blocks reads only the
+        others, so a cache hit is never charged to the budget (repeated asks read further)."""
+        now = time.monotonic()
+        fresh = {n: flags for n, (at, flags) in self._flags.items()
+                 if now - at < PAGE_FLAGS_TTL}
+        if not fresh:
+            return hw
+        return dataclasses.replace(hw, blocks=tuple(
+            dataclasses.replace(b, page_flags=fresh[b.number]) if b.number in fresh else b
+            for b in hw.blocks))
+
     def _page_flags(self, reader: PageFlagsReader) -> Any:
         def read(block: int) -> Any:
-            now = time.monotonic()
-            hit = self._flags.get(block)
-            if hit is not None and now - hit[0] < PAGE_FLAGS_TTL:
-                return hit[1]
             flags = reader.read(block)
             if flags is not None:
-                self._flags[block] = (now, flags)
+                self._flags[block] = (time.monotonic(), flags)
             return flags
         return read
 
@@ -197,8 +230,8 @@ class PlanSink(ViewSink):
     def take(self, hw: HotplugHardware) -> Taken | None:
         """The planner's inputs: an immutable view of the forecast and whether it saw the pods
         (under the agent's lock when it changed), a copy of the running-pods view (under its
-        sink's lock when it changed), this sink's own (under its lock), each lock alone and
-        briefly. None before the kernel was read."""
+        sink's lock when it changed), the kubelet sink's view and this sink's own (references,
+        read once), each lock alone and briefly. None before the kernel was read."""
         shared = self.shared
         forecast, validity = None, None
         if self.kubernetes:
@@ -210,22 +243,79 @@ class PlanSink(ViewSink):
         # reference, read once: no lock).
         kubelet = shared.kubelet.view
         cpu, memory = kubelet.cpu_checkpoint, kubelet.memory_checkpoint
-        resizes = bool(kubelet.gates.get("NodeResourceHotPlug"))
+        gates = {g: bool(kubelet.gates[g]) for g in LIVE_RESIZE_GATES if g in kubelet.gates}
+        resizes = any(gates.values())
+        down = self.down
         unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
+        not_read, reserved, no_kubelet = self._not_read(running, down, cpu)
         inputs = Inputs(running.snapshot, hw, forecast,
-                        running if running.scan is not None else None, cpu, memory,
-                        self.kubelet_root, resizes, pods_unjudged=unjudged)
+                        running if running.scan is not None and running.scan.cgroup_version
+                        else None, cpu, memory, self.kubelet_root or KUBELET_ROOT_DIR.default,
+                        resizes, pods_unjudged=unjudged, not_read=not_read,
+                        kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet)
         return Taken(inputs, running, forecast is None or (
             forecast.node_seen and validity is not None and validity.valid))
 
+    def _not_read(self, running: RunningPodsView, down: dict[str, str],
+                  cpu: CpuManagerCheckpoint | None
+                  ) -> tuple[dict[str, str], frozenset[int] | None, bool]:
+        """What was not read, by the plan's input names, as the CLI names it (exporter/cli/
+        plan.py gather): a source down says why; the kubelet's configuration is read here."""
+        out: dict[str, str] = {}
+        mounted = bool(self.kubelet_root) and not not_mounted(self.kubelet_root)
+        why = down.get("kubelet_checkpoint") or ("" if self.kubelet_root else ROOT_EMPTY)
+        if why:
+            out["cpu_manager_checkpoint"] = out["memory_manager_checkpoint"] = why
+        reserved = None
+        if cpu is not None and cpu.static and self.kubelet_root:
+            reserved, config_why = read_reserved_cpus(self.kubelet_root)
+            if reserved is None:
+                out["kubelet_config"] = config_why
+        scan = running.scan
+        if "running_pods" in down:
+            out["running_containers"] = down["running_pods"]
+        elif scan is not None and not scan.cgroup_version:
+            out["running_containers"] = "no kubepods cgroup found"
+        if not self.kubernetes:
+            out["pods"] = "the Kubernetes side is off: the node's pods were not read"
+        # Nothing of a kubelet on this host: no root with its files, no kubepods cgroup (looked
+        # for here too: with the Kubernetes side off the running-pods source does not run).
+        no_kubelet = not self.kubernetes and not mounted and (
+            scan is None or not scan.cgroup_version) and not (
+            self.cgroup_root and find_layout(self.cgroup_root) is not None)
+        return out, reserved, no_kubelet
+
     # ------------------------------------------------------------ GET /plan
 
-    def http(self, query: str) -> tuple[int, bytes]:
-        """The answer to GET /plan?<query>: (status, JSON body). Never raises for what the
-        client sends. Runs off the event loop (it reads sysfs and kpageflags)."""
+    def endpoint(self) -> "PlanEndpoint":
+        """What the web serves as GET /plan (exporter/web/routes.py)."""
+        return PlanEndpoint(self.http, self.malformed)
+
+    def malformed(self, query: str) -> bytes | None:
+        """The 400 body for a malformed question (None: well formed). The web asks this
+        before it charges the plan budget: only a question that parses costs a plan."""
         try:
-            change = parse_change(*self._query(query))
+            self.question(query)
+        except BadChange as e:
+            return _error(str(e), FIX)
+        return None
+
+    def question(self, query: str) -> tuple[Change, str]:
+        """(the change, the generation echoed) from the query string; BadChange says the fix."""
+        cpu, memory, asked = self._query(query)
+        if asked and not (len(asked) == 16 and all(c in "0123456789abcdef" for c in asked)):
+            raise BadChange(f"generation {asked[:40]!r}: the 16 hex digits of an answer's "
+                            "generation")
+        return parse_change(cpu, memory), asked or ""
+
+    def http(self, query: str) -> tuple[int, bytes]:
+        """The answer to GET /plan?<query>: (status, JSON body). 400 only for a malformed
+        question; what the machine cannot do is a 200 answer that says so (verdict harmful).
+        Never raises for what the client sends. Runs off the event loop (it reads sysfs and
+        kpageflags)."""
+        try:
+            change, asked = self.question(query)
         except BadChange as e:
             return 400, _error(str(e), FIX)
         hw = self.hardware()
@@ -233,21 +323,19 @@ class PlanSink(ViewSink):
         if change.memory < 0 and hw.block_size > 0:
             needed = -(change.memory // hw.block_size)  # ceil of the bytes asked
             with self._io, PageFlagsReader(hw.block_size, self.procfs) as reader:
-                verdicts = judge_blocks(hw, self._page_flags(reader), PAGE_BUDGET,
-                                        enough=needed)
+                verdicts = judge_blocks(self._with_cached_flags(hw), self._page_flags(reader),
+                                        PAGE_BUDGET, enough=needed)
         taken = self.take(hw)
         if taken is None:
             return 503, _error("the kernel has not been read yet", "ask again in a second")
-        try:
-            result = plan(change, taken.inputs, verdicts=verdicts)
-        except TooLarge as e:
-            return 400, _error(str(e), FIX)
+        result = answer(change, taken.inputs, node=self.node, now=time.time(),
+                        verdicts=verdicts, asked_generation=asked)
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
 
     @staticmethod
-    def _query(query: str) -> tuple[str | None, str | None]:
+    def _query(query: str) -> tuple[str | None, str | None, str | None]:
         if len(query) > MAX_QUERY:
             raise BadChange(f"query longer than {MAX_QUERY} bytes")
         try:
@@ -264,7 +352,7 @@ class PlanSink(ViewSink):
             # A query string's "+" means a space: `cpu=+2` arrives as " 2". Read it as the
             # sign it was meant to be (%2B works too).
             seen[key] = "+" + value[1:] if value.startswith(" ") else value
-        return seen.get("cpu"), seen.get("memory")
+        return seen.get("cpu"), seen.get("memory"), seen.get("generation")
 
     # ------------------------------------------------------------ the gauges
 
@@ -327,11 +415,13 @@ class PlanSink(ViewSink):
             value = None  # the pods are unjudged now, whatever was worked out before
         can = GaugeMetricFamily(
             "node_resize_unpluggable",
-            "The most of each resource that can be removed now, each on its own, with no pod "
-            "rejected at the kubelet's next restart, no running container left stale and no "
-            "kernel refusal expected: CPUs with an online file, memory blocks in ZONE_MOVABLE "
-            "(kernel-zone blocks need their page flags read: `node-resize-exporter plan` or "
-            "GET /plan).", labels=["resource", "unit"])
+            "The most of each resource that can be removed now, each on its own, that the "
+            "plan calls safe: no pod rejected at the kubelet's next restart, no running "
+            "container left stale, the kubelet restarting on its checkpoints, no kernel "
+            "refusal expected, every input read. Memory: whole removable devices (DIMMs, "
+            "virtio-mem) whose blocks are in ZONE_MOVABLE, never boot memory (kernel-zone "
+            "blocks need their page flags read: `node-resize-exporter plan` or GET /plan).",
+            labels=["resource", "unit"])
         blocks = GaugeMetricFamily(
             "node_resize_memory_blocks_by_zone",
             "Online memory blocks by the zone they are in (valid_zones; none: spans zones). "
@@ -361,6 +451,22 @@ class PlanSink(ViewSink):
         yield can
         yield blocks
         yield added
+
+
+@dataclass(frozen=True)
+class PlanEndpoint:
+    """GET /plan for the web: the answer, and the malformed-question check the web makes
+    before it charges the plan budget."""
+
+    answer: Callable[[str], tuple[int, bytes]]
+    malformed: Callable[[str], bytes | None]
+
+    def __call__(self, query: str) -> tuple[int, bytes]:
+        return self.answer(query)
+
+
+# Sources whose being down means an input was not read (their reason says why).
+DOWN_MEANS = ("kubelet_checkpoint", "running_pods")
 
 
 def _error(message: str, fix: str) -> bytes:

@@ -26,7 +26,7 @@ from exporter.checks import Check
 from exporter.config.options import Options
 from exporter.correlate.running_pods_view import KINDS, RunningPodsView
 from exporter.events import Event
-from exporter.readnow import CGROUP_ROOT, Reads, Unlisted
+from exporter.readnow import CGROUP_ROOT, NO_KUBEPODS, Reads, Unlisted
 from exporter.sinks import ViewSink
 
 
@@ -128,8 +128,10 @@ def check_running_pods(given: Options | Reads, pods: list[object] | None = None)
     read = reads.running()
     assert read is not None
     found, problems = read.found, read.problems
-    if not found.cgroup_version:
-        return Check(name, "ok", f"no kubepods cgroup under {CGROUP_ROOT.of(reads.options)}")
+    if not found.cgroup_version:  # not "none stale": nothing was seen
+        head, _, fix = NO_KUBEPODS.format(root=CGROUP_ROOT.of(reads.options)).partition(
+            " (fix: ")
+        return Check(name, "warn", f"not checked: {head}", fix.rstrip(")"))
     note = ""
     if pods is None:
         pods, note = _node_pods(reads)

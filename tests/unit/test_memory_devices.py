@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporter.sources.kernel.cpu_topology import apic_ids, read_topology, whole
+from exporter.plan.planner import whole
+from exporter.sources.kernel.cpu_topology import apic_ids, read_topology
 from exporter.sources.kernel.memory_devices import (
     KIND_BOOT,
     KIND_DIMM,
     KIND_VIRTIO_MEM,
-    is_dma,
     read_devices,
     virtio_mem_regions,
 )
@@ -90,11 +90,6 @@ def test_a_hostile_tree_leaves_blocks_as_boot_memory_and_never_fails(tmp_path):
 def test_virtio_mem_regions_count_only_plugged_system_ram():
     assert virtio_mem_regions(IOMEM) == [("virtio3", 0x200000000, 2 << 30, 384 << 20)]
     assert virtio_mem_regions("garbage\n  zz-1 : virtio9\n") == []
-
-
-def test_memory_below_4_gib_or_in_a_dma_zone_is_dma():
-    assert is_dma(31, BLOCK) and not is_dma(32, BLOCK)
-    assert is_dma(40, BLOCK, ("DMA32",)) and not is_dma(40, BLOCK, ("Normal",))
 
 
 def test_cpus_carry_package_die_core_thread_node_and_apic_id(tmp_path):

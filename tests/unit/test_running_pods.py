@@ -294,6 +294,36 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
         source.close()
 
 
+def test_no_kubepods_cgroup_is_the_source_down_not_an_empty_scan(tmp_path):
+    """Issue 35 item 1: no kubepods cgroup under --cgroup-root is "not read" (the source
+    down, saying why; no scan handed on, so no series), never "no container is stale"."""
+    from exporter.events import SourceStatus
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(tmp_path / "cg"), str(tmp_path), min_interval=0.001)
+    got: list = []
+    try:
+        source.read(got.append)
+        [down] = got
+        assert isinstance(down, SourceStatus) and not down.up
+        assert "no kubepods cgroup found" in down.reason and "--cgroup-root" in down.reason
+        construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+            "cpuset.cpus": "0-1"})])
+        source.read(got.append)
+        assert [type(e) for e in got[1:]] == [SourceStatus, RunningContainers]
+        assert got[1].up
+        rmdir = __import__("shutil").rmtree
+        rmdir(tmp_path / "cg")  # gone again: down, and one empty scan clears the last
+        source.read(got.append)
+        assert [type(e) for e in got[3:]] == [SourceStatus, RunningContainers]
+        assert not got[3].up and got[4].cgroup_version == 0
+    finally:
+        source.close()
+
+
 # ---------------------------------------------------------------- check
 
 
@@ -332,7 +362,9 @@ def test_check_names_stale_containers_and_the_fix(tmp_path):
     assert check.fix.startswith("restart the pod")
     empty = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
                     cgroup_root=str(tmp_path / "none"))
-    assert check_running_pods(empty, pods=[]).status == "ok"
+    check = check_running_pods(empty, pods=[])  # nothing seen: not "none stale"
+    assert check.status == "warn" and "no kubepods cgroup found" in check.detail
+    assert "--cgroup-root" in check.fix
 
 
 def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive():

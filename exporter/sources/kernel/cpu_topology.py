@@ -12,7 +12,7 @@ unknown, never fails the read.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.sources.kernel.sysfs import parse_cpu_list
@@ -101,15 +101,3 @@ def read_topology(cpus: Iterable[int], sysfs: str = "/sys",
                           siblings.index(c) if c in siblings else None,
                           siblings, _node(base), apic.get(c))
     return out
-
-
-def whole(places: Mapping[int, CpuPlace], unit: str) -> list[tuple[int, ...]]:
-    """The CPUs grouped by `unit` ("core": thread siblings; "socket": package), each group
-    sorted; CPUs whose place is unknown form no group."""
-    groups: dict[object, list[int]] = {}
-    for c, p in places.items():
-        if unit == "core" and p.core is not None and p.package is not None:
-            groups.setdefault(p.core_key, []).append(c)
-        elif unit == "socket" and p.package is not None:
-            groups.setdefault(p.package, []).append(c)
-    return [tuple(sorted(g)) for g in groups.values()]

@@ -15,8 +15,8 @@ A hypervisor never removes a 128 MiB memory block; it removes a device. Three ki
 - boot memory: every other block. No hypervisor can unplug it: offlining it shrinks the node
   and gives nobody anything.
 
-A block's zone: valid_zones (memory_blocks.py). A block below 4 GiB is DMA/DMA32 whatever its
-zone says (devices that address 32 bits need it). Reads are bounded: a hostile tree (a link
+A block's zone: valid_zones (memory_blocks.py); the planner keeps what lies below 4 GiB
+(DMA/DMA32) whatever its zone says. Reads are bounded: a hostile tree (a link
 loop, a FIFO, a huge /proc/iomem) leaves a block as boot memory, never fails the read.
 """
 from __future__ import annotations
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from exporter.untrusted import read_text
 
-DMA32_LIMIT = 1 << 32  # physical addresses below 4 GiB: ZONE_DMA and ZONE_DMA32 on x86-64
 ACPI_MEMORY_HID = "PNP0C80"
 VIRTIO_MEM_DEVICE_ID = 0x18  # include/uapi/linux/virtio_ids.h VIRTIO_ID_MEM
 IOMEM_MAX = 4 << 20  # bytes of /proc/iomem read at most
@@ -56,7 +55,13 @@ class MemoryDevice:
 
     @property
     def removable(self) -> bool:
+        """A hypervisor can take it (boot memory: no)."""
         return self.kind != KIND_BOOT
+
+    @property
+    def partial(self) -> bool:
+        """It can shrink by a block (virtio-mem); a DIMM goes whole or not at all."""
+        return self.kind == KIND_VIRTIO_MEM
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,6 @@ class MemoryDevices:
 
     def by_id(self, device_id: str) -> MemoryDevice | None:
         return next((d for d in self.devices if d.id == device_id), None)
-
-
-def is_dma(block: int, block_size: int, zones: Iterable[str] = ()) -> bool:
-    """The block holds memory below 4 GiB, or sits in ZONE_DMA/DMA32: never taken."""
-    return block * block_size < DMA32_LIMIT or bool({"DMA", "DMA32"} & set(zones))
 
 
 def _text(path: str) -> str | None:

@@ -414,6 +414,11 @@ def scan(root: str | Path, procfs: str | Path, now: float, *,
     return RunningContainers(now, layout.version, tuple(found), truncated, skipped)
 
 
+NO_KUBEPODS = ("no kubepods cgroup found under {root}: the host's cgroup tree is not mounted "
+               "there, or no kubelet runs (fix: mount the host's /sys/fs/cgroup read-only and "
+               "pass it as --cgroup-root)")
+
+
 class RunningPodsSource(PokedSource):
     name = "running_pods"
 
@@ -460,6 +465,15 @@ class RunningPodsSource(PokedSource):
                          seconds=self.seconds, problems=problems, reads=self._reads)
         finally:
             watchdog.cancel()
+        if not event.cgroup_version:
+            # Not "no containers": nothing of the kubelet's cgroups is visible here. Down
+            # with the reason; no scan is handed on (the series stay absent), except one
+            # that empties what an earlier scan found.
+            self._set_up(emit, False, NO_KUBEPODS.format(root=self.root))
+            if self._last is not None and self._last.cgroup_version:
+                self._last = event
+                emit(event)
+            return
         if self._reads.out_of_time:
             self._set_up(emit, False, f"a scan of {self.root} did not complete within its "
                          f"{self.seconds:g} s budget ({problems[0]}); the containers past it "
