@@ -39,6 +39,7 @@ from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, no
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks import kernel_now
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
+from exporter.words import count
 
 
 class ForecastCollector(Collector):
@@ -190,11 +191,11 @@ def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Ch
     result = forecast.result()
     if result is None:
         return Check(name, "warn", "not checked: no Node status or kernel snapshot", "")
-    skipped = f" ({result.skipped} pods with unusable requests left out)" if result.skipped \
-        else ""
+    skipped = f" ({count(result.skipped, 'pod')} with unusable requests left out)" \
+        if result.skipped else ""
     if not result.rejected_total:
-        return Check(name, "ok", f"a kubelet restart now would readmit all {result.pods} pods"
-                     + skipped)
+        return Check(name, "ok", "a kubelet restart now would readmit "
+                     + ("its 1 pod" if result.pods == 1 else f"all {result.pods} pods") + skipped)
     named = ", ".join(f"{r.namespace}/{r.name} ({r.reason})"
                       for r in result.rejected[:FORECAST_NAMED])
     more = result.rejected_total - min(FORECAST_NAMED, len(result.rejected))
@@ -211,4 +212,4 @@ def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Ch
     fix = "drain these" + (", or " + " and ".join(restore) if restore else "") + \
         ", before restarting the kubelet (docs/runbooks.md: Before you restart the kubelet)"
     return Check(name, "fail", f"a kubelet restart now would reject {result.rejected_total} "
-                 f"of {result.pods} pods: {named}" + skipped, fix)
+                 f"of {count(result.pods, 'pod')}: {named}" + skipped, fix)
