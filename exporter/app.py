@@ -61,6 +61,7 @@ from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import NAMESPACE as EVENTS_NAMESPACE
 from exporter.sinks.kube_events import KubeEventsSink, lightkube_events_api
 from exporter.sinks.kubelet_collector import KubeletSink
+from exporter.sinks.memory_zones_collector import MemoryZonesCollector
 from exporter.sinks.metrics import MetricsSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
@@ -394,6 +395,7 @@ def serve(options: Options) -> int:
     events = collect(options, decisions, agent, metrics, built.metrics, journal, traces,
                      running)
     metrics.register(plan)
+    metrics.register(MemoryZonesCollector(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))

@@ -14,11 +14,12 @@ view would hold every pod twice and handle every pod event twice. It plans on
   lock: the running containers, their pods, and the kernel snapshot every plan starts from.
 The agent still hands it every event, for what nobody else keeps (under its own lock): whether
 a Node was seen (no Node: the plan says Kubernetes is off, as `plan` does), the kubelet's
-checkpoints and feature gates, the memory blocks hot-added while it ran, and a count of events
-for the gauges' cache key. The kernel's memory blocks are read when asked (a plan, a scrape),
-kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a plan, at most
-PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds. The gauges are
-computed at scrape time and kept until an input changes, like the forecast's.
+checkpoints and feature gates, and a count of events for the gauges' cache key (memory by
+zone and the hot-added blocks: exporter/sinks/memory_zones_collector.py, from the kernel).
+The kernel's memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL seconds
+or until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan,
+each block's flags kept PAGE_FLAGS_TTL seconds. The gauges are computed at scrape time and
+kept until an input changes, like the forecast's.
 
 The composition root wires it (exporter/app.py):
 
@@ -64,13 +65,7 @@ GAUGE_MAX_AGE = 15.0  # seconds the gauges may lag a pod change (a kernel change
 PAGE_BUDGET = 64  # blocks whose page flags one plan reads at most (~0.5 s)
 QUERY_KEYS = ("cpu", "memory")
 MAX_QUERY = 256  # bytes of query string
-ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
 FIX = "ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once)"
-
-
-def _zone(block: Any) -> str:
-    zone = block.zones[0] if len(block.zones) == 1 else "none"
-    return zone if zone in ZONES else "other"
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,6 @@ class PlanSink(ViewSink):
         self.cpu_checkpoint: CpuManagerCheckpoint | None = None
         self.memory_checkpoint: MemoryManagerCheckpoint | None = None
         self.kubelet_resizes = False
-        self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' cache key
         self._hardware: tuple[float, HotplugHardware] | None = None
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
@@ -136,9 +130,6 @@ class PlanSink(ViewSink):
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
             self._hardware = None  # the blocks changed: read again when asked
-            if isinstance(event, DeviceChange):
-                (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
-                    event.unit)
 
     # ------------------------------------------------------------ reading the kernel
 
@@ -268,8 +259,6 @@ class PlanSink(ViewSink):
                         value = unpluggable(inputs, judge_blocks(hw, None, 0))
                         with self.lock:
                             self._gauges = (key, value, now)
-        with self.lock:
-            hot_added = set(self.hot_added)
         can = GaugeMetricFamily(
             "node_resize_unpluggable",
             "The most of each resource that can be removed now, each on its own, with no pod "
@@ -277,41 +266,14 @@ class PlanSink(ViewSink):
             "kernel refusal expected: CPUs with an online file, memory blocks in ZONE_MOVABLE "
             "(kernel-zone blocks need their page flags read: `node-resize-exporter plan` or "
             "GET /plan).", labels=["resource", "unit"])
-        blocks = GaugeMetricFamily(
-            "node_resize_memory_blocks_by_zone",
-            "Online memory blocks by the zone they are in (valid_zones; none: spans zones). "
-            "Only Movable ones can be counted on to leave again.", labels=["zone"])
-        added = GaugeMetricFamily(
-            "node_resize_memory_hot_added_blocks",
-            "Online memory blocks added while the exporter ran, by zone: in a zone other than "
-            "Movable they may never leave again.", labels=["zone"])
         if value is not None:
             can.add_metric(["cpu", "core"], value[0])
             can.add_metric(["memory", "byte"], value[1])
-        if hw is not None and hw.block_size:
-            # Only the zones this node has: a series per zone at 0 would be series at every
-            # node of a fleet that say nothing.
-            counts: dict[str, int] = {}
-            new: dict[str, int] = {}
-            for b in hw.blocks:
-                if b.online:
-                    zone = _zone(b)
-                    counts[zone] = counts.get(zone, 0) + 1
-                    if b.number in hot_added:
-                        new[zone] = new.get(zone, 0) + 1
-            for zone, n in counts.items():
-                blocks.add_metric([zone], n)
-            for zone, n in new.items():
-                added.add_metric([zone], n)
         yield can
-        yield blocks
-        yield added
 
     def describe(self) -> Iterable[Metric]:
         # The families, without reading the kernel (register() calls this at start-up).
         yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
-        yield GaugeMetricFamily("node_resize_memory_blocks_by_zone", "", labels=["zone"])
-        yield GaugeMetricFamily("node_resize_memory_hot_added_blocks", "", labels=["zone"])
 
 
 def _error(message: str, fix: str) -> bytes:
