@@ -48,13 +48,15 @@ def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
     return str(sys_root), str(proc_root)
 
 
-def plan_agent(sysfs: str, procfs: str) -> tuple[Agent, PlanSink]:
+def plan_agent(sysfs: str, procfs: str, *, kubernetes: bool = True) -> tuple[Agent, PlanSink]:
     """An agent without sources and its plan sink, wired as exporter/app.py serve wires them:
-    the plan reads the Correlator's forecast and the running-pods sink's view."""
+    the plan reads the Correlator's forecast and the running-pods sink's view. The gauges'
+    thread is not started: a test calls sink.refresh() where the thread would run."""
     clock = FakeClock(T)
-    agent = Agent(Correlator(config(kubernetes=True), clock), [], [], clock)
+    agent = Agent(Correlator(config(kubernetes=kubernetes), clock), [], [], clock)
     running = RunningPodsSink.attach(agent)
-    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs)
+    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs,
+                          kubernetes=kubernetes)
     return agent, sink
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from exporter.correlate.kubelet_view import cpu_list, cpu_manager_problem, memory_manager_problem
-from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.readmission_forecast import ForecastView, ReadmissionForecast
 from exporter.correlate.running_pods_view import Finding, RunningPodsView
 from exporter.events import (
     ContainerCgroup,
@@ -52,15 +52,17 @@ PageFlags = Callable[[int], Mapping[int, int] | None]
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the planner judges. `forecast`: a ReadmissionForecast fed with the Node, the pods
-    and the CPU manager checkpoint (None: Kubernetes is off); the planner asks it about
-    hypothetical kernels (result_on) and leaves it as it was, so it may be the Correlator's
-    own, under the lock the Correlator writes it under. `running`: the running-pods view (its
-    scan, pods and checkpoint; None: not scanned), read, never fed."""
+    """What the planner judges. `forecast`: the pods, the Node and the CPU manager's policy
+(a ReadmissionForecast fed with them, or the immutable view of one; None: Kubernetes is
+    off); the planner asks it what it would say on hypothetical kernels (what_if), which
+    changes nothing in it. Kubernetes on but no Node in it: the pods are unjudged, never
+    spared. `pods_unjudged`: why the pods it holds are not all this node's (the pod source
+    has not listed them, is down, forbidden, cut at its bound): unjudged too. `running`: the
+    running-pods view (its scan, pods and checkpoint; None: not scanned), read, never fed."""
 
     snapshot: KernelSnapshot
     hardware: HardwareLike
-    forecast: ReadmissionForecast | None = None
+    forecast: ReadmissionForecast | ForecastView | None = None
     running: RunningPodsView | None = None
     cpu_checkpoint: CpuManagerCheckpoint | None = None
     memory_checkpoint: MemoryManagerCheckpoint | None = None
@@ -68,6 +70,7 @@ class Inputs:
     # The kubelet resizes its Node without a restart (KEP-3953's NodeResourceHotPlug gate
     # on, as its /metrics says); no released kubelet does.
     kubelet_resizes: bool = False
+    pods_unjudged: str = ""
 
 
 class TooLarge(ValueError):
@@ -202,11 +205,11 @@ def after(snap: KernelSnapshot, cpus_off: Iterable[int] = (), cpus_on: Iterable[
         mem_total_bytes=max(0, snap.mem_total_bytes + size * (len(b_on) - len(b_off))))
 
 
-def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot
+def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnapshot
                  ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, float]] | None:
     """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
-    kubelet would offer); the forecast itself is left as it was."""
-    result, offered = forecast.result_on(hypo)
+    kubelet would offer); None without a Node. Nothing of it stays in the forecast."""
+    result, offered = forecast.what_if(hypo)
     if result is None or offered is None:
         return None
     (milli, memory, _, _), _, _ = offered
@@ -248,11 +251,9 @@ def stale_after(running: RunningPodsView | None, hypo: KernelSnapshot,
     if not changed and not scan.containers:
         return out
     now = {_key(f) for f in running.findings()}
-    view = dataclasses.replace(running, snapshot=hypo, _findings=None,
-                               scan=RunningContainers(scan.time, scan.cgroup_version,
-                                                      tuple(changed), scan.truncated,
-                                                      scan.skipped)
-                               if cpus_off else scan)
+    view = running.what_if(hypo, RunningContainers(scan.time, scan.cgroup_version,
+                                                   tuple(changed), scan.truncated,
+                                                   scan.skipped) if cpus_off else None)
     for f in view.findings():
         if _key(f) not in now:
             out.append(StaleContainer(f.namespace, f.pod, f.container, f.kind, f.detail))
@@ -294,7 +295,7 @@ def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
                  tuple(stale[:STALE_LISTED]), tuple(refusals[:REFUSALS_LISTED]), len(refusals),
                  not problem, problem,
                  inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
-                 pods.kubernetes, running, (), tuple(notes),
+                 pods.kubernetes, running, (), tuple(notes), pods.unjudged,
                  allocatable_after=pods.allocatable)
     return dataclasses.replace(plan_, steps=tuple(steps(plan_, inputs)))
 
@@ -410,6 +411,13 @@ class _PodsAfter:
     allocatable: dict[str, float]  # what a restarted kubelet would offer
     rejected_now: int  # what a restart before the change would reject
     kubernetes: bool  # the pods were judged (a Node status read)
+    unjudged: tuple[str, ...] = ()  # why the pods could not be judged: never safe
+
+
+# Kubernetes on and no Node: the pods cannot be judged (the API server unreachable from the
+# start, a wrong --node-name, a Node not registered yet, nodes not readable).
+NO_NODE = ("pods: no Node status read for this node (check --node-name and that the exporter "
+           "may get nodes and reaches the API server)")
 
 
 def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _PodsAfter:
@@ -423,11 +431,12 @@ def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _Pods
     later = _forecast_at(forecast, hypo)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
-    kubernetes = forecast.allocatable() is not None
-    if not kubernetes:
-        notes.append("pods not judged: no Node status read")
+    kubernetes = later is not None
+    unjudged: tuple[str, ...] = () if kubernetes else (NO_NODE,)
+    if inputs.pods_unjudged:
+        unjudged += (inputs.pods_unjudged,)
     return _PodsAfter(rejected, rejected_total, by_reason, allocatable,
-                      now[1] if now is not None else 0, kubernetes)
+                      now[1] if now is not None else 0, kubernetes, unjudged)
 
 
 def _restart_problem(change: Change, inputs: Inputs, hypo: KernelSnapshot,
@@ -509,7 +518,7 @@ def _harmless(change: Change, inputs: Inputs, verdicts: list[BlockVerdict]) -> b
     except TooLarge:
         return False
     return not (p.rejected_total > p.rejected_now or p.stale_containers or p.cpu_short
-                or p.memory_short_bytes)
+                or p.memory_short_bytes or p.unjudged)
 
 
 def _most(limit: int, ok: Callable[[int], bool]) -> int:

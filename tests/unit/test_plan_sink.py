@@ -43,6 +43,12 @@ def sink(wired):
 
 
 def values(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
+    """A scrape, after the gauges' thread would have run (refresh: it is not started here)."""
+    sink.refresh()
+    return scrape(sink)
+
+
+def scrape(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
     return {(m.name, tuple(sample.labels.values())): sample.value
             for m in sink.collect() for sample in m.samples}
 
@@ -81,20 +87,51 @@ def test_the_gauges_say_what_can_leave(agent, sink):
     assert {name for name, _ in got} == {"node_resize_unpluggable"}
 
 
-def test_the_gauges_are_kept_until_an_input_changes(agent, sink, monkeypatch):
+def test_the_gauges_are_worked_out_when_an_input_changes_and_a_scrape_reads_them(
+        agent, sink, monkeypatch):
+    """A scrape computes nothing (it reads the last value); an input's change, a pod's
+    included, makes the gauges' thread work them out again (L1: no 15 s lag on a pod)."""
     import exporter.sinks.plan_collector as module
     calls = []
     real = module.unpluggable
     monkeypatch.setattr(module, "unpluggable", lambda *a: calls.append(1) or real(*a))
-    values(sink)
-    values(sink)
-    assert len(calls) == 1
-    handle(agent, pod_status(pod("c", {"cpu": "100m"}), T, None).event)
-    values(sink)
-    assert len(calls) == 1  # a pod alone: within GAUGE_MAX_AGE the value stands
+    assert sink.refresh() and len(calls) == 1
+    assert not sink.refresh() and len(calls) == 1  # nothing changed: nothing worked out
+    scrape(sink)
+    scrape(sink)
+    assert len(calls) == 1  # the scrapes read the value
+    cpu = ("node_resize_unpluggable", ("cpu", "core"))
+    assert scrape(sink)[cpu] == 0  # cpu1 would cost both pods
+    for name in ("a", "b"):  # the pods go: the gauge follows at the next refresh
+        handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None, deleted=True).event)
+    assert scrape(sink)[cpu] == 0 and len(calls) == 1  # not on the scrape path
+    assert sink.refresh() and len(calls) == 2
+    assert scrape(sink)[cpu] == 1
     handle(agent, SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
-    values(sink)
-    assert len(calls) == 2  # the kernel changed: at once
+    assert sink.refresh() and len(calls) == 3  # the kernel changed
+
+
+def test_the_gauges_thread_follows_a_pod_within_its_interval(agent, sink):
+    """The thread serve() starts: woken by the agent's events, it works the gauges out."""
+    import time
+
+    from exporter.sinks.plan_collector import GAUGE_MIN_INTERVAL, GAUGE_SETTLE
+    cpu = ("node_resize_unpluggable", ("cpu", "core"))
+    sink.start()
+    try:
+        deadline = time.monotonic() + 5
+        while cpu not in scrape(sink) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scrape(sink)[cpu] == 0
+        for name in ("a", "b"):
+            handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None, deleted=True).event)
+        began = time.monotonic()
+        while scrape(sink)[cpu] != 1 and time.monotonic() < began + 5:
+            time.sleep(0.01)
+        assert scrape(sink)[cpu] == 1
+        assert time.monotonic() - began < GAUGE_MIN_INTERVAL + GAUGE_SETTLE + 2
+    finally:
+        sink.close()
 
 
 def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent, sink,
@@ -130,6 +167,24 @@ def test_a_plan_leaves_the_correlators_forecast_as_it_was(agent, sink):
     assert before is not None and before.rejected_total == 0
     assert sink.http("cpu=-1")[0] == 200 and values(sink)
     assert forecast.result() is before  # not even its cache moved
+
+
+def test_plans_and_gauges_hold_no_lock_the_agent_needs_while_they_compute(agent, sink,
+                                                                          monkeypatch):
+    """Issue 34: the agent's lock and the running-pods sink's are taken only to take a view
+    and a copy; the planner runs with neither held (here: it checks, from inside)."""
+    import exporter.sinks.plan_collector as module
+    held: list[tuple[bool, bool]] = []
+    real_plan, real_unpluggable = module.plan, module.unpluggable
+
+    def probe() -> None:
+        held.append((agent.lock.locked(), sink.shared.running.lock.locked()))
+
+    monkeypatch.setattr(module, "plan", lambda *a, **k: probe() or real_plan(*a, **k))
+    monkeypatch.setattr(module, "unpluggable", lambda *a: probe() or real_unpluggable(*a))
+    assert sink.http("cpu=-1")[0] == 200
+    assert sink.refresh()
+    assert held == [(False, False), (False, False)]
 
 
 def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
@@ -173,3 +228,39 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
     answer = json.loads(s.http("memory=-128Mi")[1])
     assert answer["safe"] and answer["unjudged"] == [], answer
     assert values(s)[("node_resize_unpluggable", ("memory", "byte"))] == 128 * 2**20
+
+
+@pytest.mark.parametrize("node_seen", [False, True])
+def test_with_kubernetes_on_and_no_node_seen_a_plan_is_never_safe(tmp_path, node_seen):
+    """Issue 36 H1: Kubernetes on, the Node never seen (API server unreachable, a wrong
+    --node-name, a Node not registered yet): 16 CPUs, 10 pods of 1 CPU. The plan judges the
+    pods anyway: unjudged, not safe; node_resize_unpluggable absent (it said 15, truth 6)."""
+    from exporter.kube.convert import pod_status as convert
+    sysfs, procfs = fake_host(tmp_path, cpus=16, blocks={8: ("online", "Movable")})
+    agent, s = plan_agent(sysfs, procfs)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    for i in range(10):
+        handle(agent, convert(pod(f"p{i}", {"cpu": "1"}), T, None).event)
+    pods_listed(agent)
+    if node_seen:
+        handle(agent, node_status(node(cpu="16", allocatable_cpu="16"), T).event)
+    answer = json.loads(s.http("cpu=-10")[1])
+    got = values(s)
+    if not node_seen:
+        assert answer["safe"] is False and answer["unjudged"], answer
+        assert any("no Node status" in u for u in answer["unjudged"]), answer
+        assert not any(name == "node_resize_unpluggable" for name, _ in got)
+    else:  # the Node seen: 4 of 10 pods rejected, 6 CPUs can go
+        assert answer["safe"] is False and answer["rejected_total"] == 4, answer
+        assert answer["unjudged"] == []
+        assert got[("node_resize_unpluggable", ("cpu", "core"))] == 6
+
+
+def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_path):
+    sysfs, procfs = fake_host(tmp_path, cpus=4, blocks={8: ("online", "Movable")})
+    agent, s = plan_agent(sysfs, procfs, kubernetes=False)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    answer = json.loads(s.http("cpu=-2")[1])
+    assert answer["safe"] and answer["unjudged"] == [] and \
+        not answer["considered"]["kubernetes"], answer
+    assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
