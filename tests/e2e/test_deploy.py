@@ -725,9 +725,17 @@ def _check_references(docs: list[dict], names: dict[str, str]) -> None:
     (svc,) = [d for d in docs if d["kind"] == "Service"]
     (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    labelled_alerts = 0
     for doc in docs:
         if doc["kind"] in OPERATOR_KINDS:
             assert doc["metadata"]["labels"]["release"] == names["release"]
+        for group in doc.get("spec", {}).get("groups", []) if doc["kind"] == "PrometheusRule" \
+                else []:
+            for rule in group["rules"]:
+                if "namespace" in rule.get("labels", {}):  # absent(): the exporter's own
+                    assert rule["labels"]["namespace"] == namespace, rule.get("alert")
+                    labelled_alerts += 1
+    assert labelled_alerts >= 1  # NodeResizeExporterAbsent
     volumes = {v["name"]: v for v in pod["volumes"]}
     for volume in volumes.values():
         if "configMap" in volume:
