@@ -40,7 +40,8 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, list[str]]:
     from exporter.correlate.readmission_forecast import ReadmissionForecast
     from exporter.correlate.running_pods_view import RunningPodsView
     from exporter.plan.planner import Inputs
-    from exporter.sinks.forecast_collector import Unlisted, list_forecast
+    from exporter.readnow import Unlisted
+    from exporter.sinks.forecast_collector import list_forecast
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
     snap = SysfsReader(SYSFS_ROOT.of(opts), PROCFS_ROOT.of(opts)).read(0.0)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.kernel.memory_blocks import HotplugHardware, MemoryBlock, read_hardware
-from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
+from exporter.readnow import HotplugHardware, MemoryDevices, read_devices, read_hardware
 
 READ_TTL = 10.0  # seconds a read of the blocks and devices is kept
 ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
@@ -41,7 +41,7 @@ HOT_ADDED_HELP = ("Online memory blocks of hot-pluggable devices (ACPI DIMMs by 
                   "in a zone other than Movable they may never leave again.")
 
 
-def zone_of(block: MemoryBlock) -> str:
+def zone_of(block: Any) -> str:
     zone = block.zones[0] if len(block.zones) == 1 else "none"
     return zone if zone in ZONES else "other"
 

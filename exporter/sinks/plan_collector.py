@@ -15,12 +15,12 @@ then plans on them with no lock held. With the Kubernetes side on, the plan alwa
 pods: no Node seen yet, or pods not listed, down, forbidden or cut at their bound, and the
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
-The agent still hands it every event, for what nobody else keeps (under its own lock): whether
-a Node was seen, the kubelet's checkpoints and feature gates (memory by zone and the hot-added
-blocks: exporter/sinks/memory_zones_collector.py, from the kernel's state). The kernel's memory
-blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL seconds or until a kernel
-event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each block's flags
-kept PAGE_FLAGS_TTL seconds.
+The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
+agent still hands it every event, for what nobody else keeps: whether a Node was seen (memory
+by zone and the hot-added blocks: exporter/sinks/memory_zones_collector.py, from the kernel's
+state). The kernel's memory blocks are read when asked (a plan,
+a scrape), kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a
+plan, at most PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
 
 The unpluggable gauges are worked out when an input changes, off the scrape path (as
 kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
@@ -30,9 +30,9 @@ checkpoint change within about GAUGE_MIN_INTERVAL plus the time to compute it.
 
 The composition root wires it (exporter/app.py):
 
-    running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs, root,
-                           kubernetes=decisions.kubernetes)
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet), sysfs, procfs,
+                           root, kubernetes=decisions.kubernetes)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
     plan.start()                                            # after the privilege drop
@@ -54,20 +54,20 @@ from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
-    CpuManagerCheckpoint,
     DeviceChange,
     Event,
-    KubeletFeatures,
-    MemoryManagerCheckpoint,
     NodeStatus,
     Resource,
     Transition,
 )
 from exporter.plan.model import BadChange, parse_change
 from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.ratelog import RateLimitedLog
+from exporter.readnow import KUBELET_ROOT_DIR, HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sinks import ViewSink
+from exporter.sinks.forecast_collector import take_forecast
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
-from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
@@ -89,15 +89,17 @@ class SharedViews:
     lock: threading.Lock  # the agent's: the Correlator writes `forecast` under it
     forecast: ReadmissionForecast  # the Correlator's
     validity: ForecastValidity  # the Correlator's: did the forecast see this node's pods
-    running: RunningPodsSink  # its view, under its own lock
+    running: RunningPodsSink  # its view, copied under a sequence lock
+    kubelet: KubeletSink  # its view: the kubelet's checkpoints and feature gates
     # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
-    version: Callable[[], int]
+    version: Callable[[], int] = lambda: 0
 
     @classmethod
-    def of(cls, agent: Any, running: RunningPodsSink) -> "SharedViews":
-        """The running agent's (exporter/agent.py), and the running-pods sink attached to it."""
+    def of(cls, agent: Any, running: RunningPodsSink, kubelet: KubeletSink) -> "SharedViews":
+        """The running agent's (exporter/agent.py), and the running-pods and kubelet sinks
+        attached to it."""
         return cls(agent.lock, agent.correlator.forecast, agent.correlator.forecast_validity,
-                   running, agent.state_version)
+                   running, kubelet, agent.state_version)
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,17 @@ class PlanSink(ViewSink):
     are worked out with none held, so the agent never waits for one."""
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
-                 kubelet_root: str = "/var/lib/kubelet", *, kubernetes: bool) -> None:
+                 kubelet_root: str = KUBELET_ROOT_DIR.default, *, kubernetes: bool) -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
         self.node_seen = False  # a Node status was seen
-        self.cpu_checkpoint: CpuManagerCheckpoint | None = None
-        self.memory_checkpoint: MemoryManagerCheckpoint | None = None
-        self.kubelet_resizes = False
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
-        self._hardware: tuple[float, HotplugHardware] | None = None
+        # (blocks changed count, read at, the blocks' zones): kept HARDWARE_TTL seconds, and
+        # only while no memory event came since
+        self._hardware: tuple[int, float, HotplugHardware] | None = None
+        self._blocks_changed = 0
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
         self._gauges: tuple[int, int] | None = None  # the last value worked out
         self._gauges_key: tuple[int, int, int, int] | None = None  # of the inputs it is of
@@ -133,10 +135,16 @@ class PlanSink(ViewSink):
         self._stale = threading.Event()  # an input changed: the gauges' thread looks
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = RateLimitedLog(log)
         self.plans = 0
         self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
 
     # ------------------------------------------------------------ inputs (agent thread)
+
+    def on_event(self, event: Event) -> None:
+        # Without the lock: feed() only replaces references and bumps counts (each one store,
+        # atomic), so the agent never waits for a plan or a scrape here.
+        self.feed(event)
 
     def feed(self, event: Event) -> None:
         # Pods, relists, kernel snapshots and running containers: the forecast and the
@@ -146,28 +154,20 @@ class PlanSink(ViewSink):
             self._stale.set()
         if isinstance(event, NodeStatus):
             self.node_seen = True
-        elif isinstance(event, CpuManagerCheckpoint):
-            self.cpu_checkpoint = event
-        elif isinstance(event, MemoryManagerCheckpoint):
-            self.memory_checkpoint = event
-        elif isinstance(event, KubeletFeatures):
-            self.kubelet_resizes = bool(event.gates.get("NodeResourceHotPlug"))
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
-            self._hardware = None  # the blocks changed: read again when asked
+            self._blocks_changed += 1  # the blocks changed: read again when asked
 
     # ------------------------------------------------------------ reading the kernel
 
     def hardware(self) -> HotplugHardware:
-        with self.lock:
-            cached = self._hardware
+        cached, blocks = self._hardware, self._blocks_changed
         now = time.monotonic()
-        if cached is not None and now - cached[0] < HARDWARE_TTL:
-            return cached[1]
+        if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL:
+            return cached[2]
         with self._io:
             hw = read_hardware(self.sysfs)
-        with self.lock:
-            self._hardware = (now, hw)
+        self._hardware = (blocks, now, hw)  # one reference: no lock needed
         return hw
 
     def _page_flags(self, reader: PageFlagsReader) -> Any:
@@ -183,39 +183,32 @@ class PlanSink(ViewSink):
         return read
 
     def _kernel_read(self) -> bool:
-        with self.shared.running.lock:
-            return self.shared.running.view.snapshot is not None
+        return self.shared.running.copy().snapshot is not None
 
     def take(self, hw: HotplugHardware) -> Taken | None:
         """The planner's inputs: an immutable view of the forecast and whether it saw the pods
-        (under the agent's lock), a copy of the running-pods view (under its sink's), this
-        sink's own (under its lock), each lock alone and briefly. None before the kernel was
-        read."""
-        forecast = None
-        with self.shared.lock:
-            if self.kubernetes:
-                forecast = self.shared.forecast.view()
-            validity = self.shared.validity.current
-        with self.shared.running.lock:
-            if self.shared.running.view.snapshot is None:
-                return None
-            running = self.shared.running.view.copy()
-        with self.lock:
-            cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
-                self.kubelet_resizes
-        assert running.snapshot is not None
-        unjudged = "" if forecast is None or validity.valid else \
+        (under the agent's lock when it changed), a copy of the running-pods view (under its
+        sink's lock when it changed), this sink's own (under its lock), each lock alone and
+        briefly. None before the kernel was read."""
+        shared = self.shared
+        forecast, validity = None, None
+        if self.kubernetes:
+            forecast, validity = take_forecast(shared.lock, shared.forecast, shared.validity)
+        running = shared.running.copy()
+        if running.snapshot is None:
+            return None
+        # The kubelet's checkpoints and gates, as the kubelet sink's view keeps them (each a
+        # reference, read once: no lock).
+        kubelet = shared.kubelet.view
+        cpu, memory = kubelet.cpu_checkpoint, kubelet.memory_checkpoint
+        resizes = bool(kubelet.gates.get("NodeResourceHotPlug"))
+        unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
         inputs = Inputs(running.snapshot, hw, forecast,
                         running if running.scan is not None else None, cpu, memory,
                         self.kubelet_root, resizes, pods_unjudged=unjudged)
-        return Taken(inputs, running,
-                     forecast is None or (forecast.node_seen and validity.valid))
-
-    def _keep(self, running: RunningPodsView) -> None:
-        """The findings the copy worked out, back to the view while it is the same."""
-        with self.shared.running.lock:
-            self.shared.running.view.keep(running)
+        return Taken(inputs, running, forecast is None or (
+            forecast.node_seen and validity is not None and validity.valid))
 
     # ------------------------------------------------------------ GET /plan
 
@@ -240,7 +233,6 @@ class PlanSink(ViewSink):
             result = plan(change, taken.inputs, verdicts=verdicts)
         except TooLarge as e:
             return 400, _error(str(e), FIX)
-        self._keep(taken.running)
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
@@ -291,7 +283,10 @@ class PlanSink(ViewSink):
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - a bad tree must not end the thread
-                log.exception("working out node_resize_unpluggable failed")
+                # Once a minute at most, with the count: a tree that stays bad must not
+                # flood the log once a second.
+                self._failures.note("gauges", "working out node_resize_unpluggable failed",
+                                    level=logging.ERROR, exc_info=True)
             self._stop.wait(max(0.0, GAUGE_MIN_INTERVAL - (time.monotonic() - began)))
 
     def refresh(self) -> bool:
@@ -300,9 +295,7 @@ class PlanSink(ViewSink):
         if not self._kernel_read():
             return False
         hw = self.hardware()
-        with self.shared.running.lock:
-            running_version = self.shared.running.view.version
-        key = (self._version, self.shared.version(), running_version, id(hw))
+        key = (self._version, self.shared.version(), self.shared.running.view.version, id(hw))
         if key == self._gauges_key:
             return False
         taken = self.take(hw)
@@ -311,7 +304,6 @@ class PlanSink(ViewSink):
         # While the pods were not judged (no Node, not listed, down, forbidden, cut), "what
         # can leave with no pod rejected" cannot be said: absent, as the forecast's series.
         value = unpluggable(taken.inputs, judge_blocks(hw, None, 0)) if taken.gauges else None
-        self._keep(taken.running)
         with self.lock:
             self._gauges, self._gauges_key = value, key
             self.gauge_runs += 1
@@ -333,10 +325,6 @@ class PlanSink(ViewSink):
             can.add_metric(["cpu", "core"], value[0])
             can.add_metric(["memory", "byte"], value[1])
         yield can
-
-    def describe(self) -> Iterable[Metric]:
-        # The families, without reading the kernel (register() calls this at start-up).
-        yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
 
 
 def _error(message: str, fix: str) -> bytes:

@@ -370,9 +370,9 @@ def test_the_health_listener_says_down_when_the_main_loop_is_wedged():
     main listener's loop stops turning, 200 while it turns."""
     from prometheus_client import CollectorRegistry
 
-    from exporter.web.server import MetricsServer
-    server = MetricsServer("127.0.0.1", 0, CollectorRegistry(), auth="none",
-                           health_address=("127.0.0.1", 0))
+    from exporter.web.server import MetricsServer, WebSettings
+    server = MetricsServer(WebSettings("127.0.0.1", 0, auth="none",
+                                       health_address=("127.0.0.1", 0)), CollectorRegistry())
     assert server.health is not None
     server.start()
     try:
@@ -533,9 +533,9 @@ def test_idle_and_slow_connections_do_not_hold_the_liveness_listener():
 
     from prometheus_client import CollectorRegistry
 
-    from exporter.web.server import MetricsServer
-    server = MetricsServer("127.0.0.1", 0, CollectorRegistry(), auth="none",
-                           health_address=("127.0.0.1", 0))
+    from exporter.web.server import MetricsServer, WebSettings
+    server = MetricsServer(WebSettings("127.0.0.1", 0, auth="none",
+                                       health_address=("127.0.0.1", 0)), CollectorRegistry())
     assert server.health is not None
     server.start()
     stop, opened = threading.Event(), [0]

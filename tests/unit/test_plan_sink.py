@@ -140,6 +140,8 @@ def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent
     # hold each pod a second time and handle each pod event a second time.
     assert not [name for name, v in vars(sink).items()
                 if isinstance(v, (ReadmissionForecast, RunningPodsView))]
+    # Nor the kubelet's checkpoints and gates: the kubelet sink's view keeps them (issue 34).
+    assert not {"cpu_checkpoint", "memory_checkpoint", "kubelet_resizes"} & set(vars(sink))
     assert sink.shared.forecast is agent.correlator.forecast
     fed: list[str] = []
     for cls, method in ((ReadmissionForecast, "on_pod"), (RunningPodsView, "handle")):
@@ -204,8 +206,8 @@ def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
 
 @pytest.mark.parametrize("status, says", [
     (None, "have not been listed yet"),
-    (("list of pods: more than 10000 objects",), "cut at its bound"),
-    (("pods is forbidden: User cannot list resource",), "forbidden"),
+    (("list of pods: more than 10000 objects", "truncated"), "cut at its bound"),
+    (("pods is forbidden: User cannot list resource", "forbidden"), "forbidden"),
 ])
 def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_path, status,
                                                                          says):
@@ -219,7 +221,7 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
     handle(agent, SysfsReader(sysfs, procfs).read(T))
     handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
     if status is not None:
-        handle(agent, SourceStatus("kube_pods", False, T, status[0]))
+        handle(agent, SourceStatus("kube_pods", False, T, *status))
     answer = json.loads(s.http("memory=-128Mi")[1])
     assert not answer["safe"] and any(says in u for u in answer["unjudged"]), answer
     got = values(s)
@@ -264,3 +266,13 @@ def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_pa
     assert answer["safe"] and answer["unjudged"] == [] and \
         not answer["considered"]["kubernetes"], answer
     assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
+
+
+def test_the_plan_reads_the_kubelets_checkpoint_from_the_kubelet_sinks_view(agent, sink):
+    """The CPU manager's checkpoint the agent hands on reaches the plan through the kubelet
+    sink's view (kept once): a static policy makes stopping the kubelet a step."""
+    from testkit.forecast import static_policy
+    handle(agent, static_policy())
+    assert sink.shared.kubelet.view.cpu_checkpoint is not None
+    steps = json.loads(sink.http("cpu=-1")[1])["steps"]
+    assert any("stop the kubelet before the CPUs go" in step for step in steps), steps

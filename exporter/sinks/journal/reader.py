@@ -96,9 +96,10 @@ def exported_open(conn: sqlite3.Connection) -> set[str]:
         "SELECT id FROM episodes WHERE exported=1 AND ended IS NULL")}
 
 
-# The sysfs reconciler's first events in a process: SourceStatus up (no reason), then the
+# The sysfs reconciler's first events in a process: SourceStatus up (no reason; the fields
+# after it, such as cause, left open), then the
 # snapshot it read at start, after which that process counted every transition it saw.
-_SYSFS_STARTED = '{"type":"SourceStatus","source":"sysfs","up":true,%"reason":""}'
+_SYSFS_STARTED = '{"type":"SourceStatus","source":"sysfs","up":true,%"reason":""%}'
 MAX_STATE_TRANSITIONS = 200_000  # transitions of the last process read at start, at most
 
 
