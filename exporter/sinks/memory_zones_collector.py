@@ -98,8 +98,3 @@ class MemoryZonesCollector(Collector):
             hot.add_metric([zone], n)
         yield blocks
         yield hot
-
-    def describe(self) -> Iterable[Metric]:
-        # The families, without reading the kernel (register() calls this at start-up).
-        yield GaugeMetricFamily(BY_ZONE, BY_ZONE_HELP, labels=["zone"])
-        yield GaugeMetricFamily(HOT_ADDED, HOT_ADDED_HELP, labels=["zone"])
