@@ -590,7 +590,8 @@ def run_all(out_dir: Path, config: GuestConfig | None = None,
             record(o)
             if not o.passed:
                 return outcomes  # nothing below can work without the plumbing
-        for step in SCENARIOS:
+        from lab.scenarios_virtio import SCENARIOS as VIRTIO  # imports this module
+        for step in SCENARIOS + VIRTIO:
             record(step.run(run))
         if run.remaining() > 60:
             lab.collect()

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from exporter.correlate.config import CorrelatorConfig
 from exporter.correlate.deadlines import EPISODE_RESOURCES, Deadlines, Decide, Decision
-from exporter.correlate.detail_words import describe_failures, flap_words
+from exporter.correlate.detail_words import describe_failures, flap_words, mechanism_words
 from exporter.correlate.ids import IdMaker
 from exporter.correlate.index import TRANSITIONS_KEPT, Kind, OpenEpisodes, Track, by_seq
 from exporter.correlate.kube_view import reason_concerns, rejection
@@ -409,6 +409,9 @@ class EpisodeTracker:
                       f"{describe_failures(ep.transitions)})"
         if ep.flapping:
             detail += f" ({flap_words(ep)})"
+        moved = mechanism_words(ep.transitions)
+        if moved:
+            detail += f" ({moved})"
         ep.detail = detail
         # Final, and no index holds it any more: nothing changes it after this, so the update
         # carries the episode itself, not a copy.

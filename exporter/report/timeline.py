@@ -96,7 +96,7 @@ def change_words(ep: Episode) -> str:
     change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
     before, after = ep.kernel_before, ep.kernel_after
     if before is None or after is None:
-        units = sorted({unit_name(t.resource, t.unit) for t in ep.transitions})
+        units = sorted({unit_name(t.resource, t.unit, t.mechanism) for t in ep.transitions})
         return f"{ep.resource.value} {change}" + (f" of {', '.join(units[:3])}" if units else "")
     if ep.resource is Resource.CPU:
         return f"cpu {change} {before:g} -> {after:g} cores"
@@ -196,7 +196,10 @@ def headline(ep: Episode) -> tuple[str, bool]:
     return words, bad
 
 
-def unit_name(resource: Resource, unit: int) -> str:
+def unit_name(resource: Resource, unit: int, mechanism: str | None = None) -> str:
+    """cpu1, memory40; memory no block moved by what moved it (virtio-mem, virtio-balloon)."""
+    if mechanism is not None:
+        return mechanism
     return f"cpu{unit}" if resource is Resource.CPU else f"memory{unit}"
 
 
@@ -250,7 +253,7 @@ def _kernel_rows(tl: Timeline, ep: Episode) -> None:
     t0 = ep.opened
     by_unit: dict[str, list[Transition]] = {}
     for t in ep.transitions:
-        by_unit.setdefault(unit_name(t.resource, t.unit), []).append(t)
+        by_unit.setdefault(unit_name(t.resource, t.unit, t.mechanism), []).append(t)
     for name, seen in by_unit.items():
         row = len(tl.rows)
         offline = sum(t.direction.value == "offline" for t in seen)

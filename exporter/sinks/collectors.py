@@ -21,6 +21,7 @@ from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.memory_zones_collector import MemoryZonesCollector
 from exporter.sinks.metrics import MetricsSink
+from exporter.sinks.paravirt_collector import ParavirtSink
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
 
@@ -68,6 +69,8 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
     # Memory by zone and the hot-added blocks that may never leave, from the kernel's state
     # (read at the scrape, from the paths the plan reads).
     CollectorSpec("memory_zones", lambda w: MemoryZonesCollector(w.plan.sysfs, w.plan.procfs)),
+    # virtio-mem devices and the balloon: what the hypervisor gave the VM and holds back.
+    CollectorSpec("paravirt", lambda w: ParavirtSink.attach(w.agent)),
 )
 
 

@@ -230,6 +230,30 @@
               |||,
             },
           },
+          // The balloon pods' claim and the hypervisor's balloon apart by more than a memory block
+          // (128 MiB) and a tenth of the claim, for 15 minutes: a balloon resize or a hypervisor
+          // inflate/deflate in flight passes well inside that.
+          {
+            alert: 'NodeResizeBalloonNotHeldByHypervisor',
+            expr: |||
+              abs(node:node_resize_balloon_claim_minus_held:bytes) > 134217728
+                and on (%(by)s)
+              abs(node:node_resize_balloon_claim_minus_held:bytes)
+                > 0.1 * max by (%(by)s) (node_resize_balloon_requests{%(jobSelector)s,resource="memory",view="scheduler"})
+            ||| % c,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: "Node {{ $labels.node }}: balloon pods and the hypervisor's balloon disagree by {{ $value | humanize1024 }}B",
+              description: |||-
+                Balloon pods on {{ $labels.node }} claim memory the hypervisor's balloon does not
+                hold, or the reverse, by {{ $value | humanize1024 }}B for 15 minutes: either the node
+                is promised memory the infrastructure has not taken back (claim above held: it sits
+                idle), or the infrastructure took back memory pods may still be scheduled onto
+                (held above claim). Resize the balloon pods or the VM's balloon so they agree.
+              |||,
+            },
+          },
           // A balloon resize the kubelet marked Infeasible: the capacity hand-over did not happen.
           // `reason` (cpu_manager_static, capacity, other) says why where the exporter reports it.
           {
