@@ -4,12 +4,14 @@
 #define NRE_HOTPLUG_H
 #define KIND_CPU 1
 #define KIND_MEMORY 2
+/* the managed page count moved outside a block transition (managed.bpf.c) */
+#define KIND_MANAGED 3
 
 struct hotplug_record {
 	u64 start_ns;     /* bpf_ktime_get_ns (CLOCK_MONOTONIC) of the first step */
 	u64 end_ns;       /* ... of the step that reached the target, or that failed */
 	u64 pfn;          /* memory: first page frame of the range */
-	u64 nr_pages;     /* memory: pages in the range */
+	u64 nr_pages;     /* memory: pages in the range; managed: the signed page delta */
 	u32 kind;         /* KIND_CPU or KIND_MEMORY */
 	u32 cpu;          /* cpu: the CPU being hotplugged */
 	s32 online;       /* 1: going online, 0: going offline */

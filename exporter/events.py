@@ -75,7 +75,10 @@ class Transition:
     failed_state: str | None = None  # cpuhp state name (or number) whose callback failed
     error: str | None = None  # errno name or "ret=-16"
     pfn: int | None = None  # memory: first page frame (BPF)
-    nr_pages: int | None = None  # memory: pages in the range (BPF)
+    nr_pages: int | None = None  # memory: pages in the range (BPF); managed: pages moved
+    # What moved the memory when no block did (unit MANAGED_UNIT): "virtio-mem",
+    # "virtio-balloon", ... (exporter/sources/kernel/managed_pages.py); None for a block's own.
+    mechanism: str | None = None
 
     @property
     def duration(self) -> float | None:
@@ -430,11 +433,39 @@ class RunningContainers:
     skipped: int = 0
 
 
+@dataclass(frozen=True)
+class VirtioMemDevice:
+    """One virtio-mem device as the guest kernel shows it (/proc/iomem, /proc/kpageflags)."""
+
+    name: str  # the virtio device, e.g. virtio4 (its region's name in /proc/iomem)
+    region_start: int  # bytes: the device's memory region
+    region_bytes: int
+    plugged_bytes: int  # added to the guest and not fake-offline (sub-blocks unplugged)
+    # What the hypervisor asked for, as the driver logged it (/dev/kmsg); None: not in the log.
+    requested_bytes: int | None = None
+    # (memory block, plugged bytes in it) for every block added from the region.
+    blocks: tuple[tuple[int, int], ...] = ()
+    # How far the requested size can be lowered with the guest honouring it: plugged memory
+    # in offline and ZONE_MOVABLE blocks (paravirt_memory.lowerable_bytes).
+    lowerable_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ParavirtMemory:
+    """The paravirtual memory devices the guest kernel has: virtio-mem devices and the balloon.
+    `balloon_bytes` is what balloons hold for the host now (None: no balloon driver bound)."""
+
+    time: float
+    virtio_mem: tuple[VirtioMemDevice, ...] = ()
+    balloon_bytes: int | None = None
+    balloon_deflate_on_oom: bool | None = None  # the virtio-balloon's feature bit
+
+
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
              | NodeHeartbeat)
 NodeStateEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
                   | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
-                  | NodeWarningEvents | RunningContainers)
+                  | NodeWarningEvents | RunningContainers | ParavirtMemory)
 Event = (KernelEvent | KubeEvent | NodeStateEvent | SourceStatus | ProgramStatus | EventsLost
          | MalformedInput)

@@ -46,7 +46,8 @@ class Agent:
                 blocks[p.name] = "gone"
         return {"mem_total_kb": mem_total_kb(), "cpus_online": read(CPU_ROOT / "online"),
                 "cpus_present": read(CPU_ROOT / "present"), "memory_blocks": blocks,
-                "block_size_bytes": int(read(MEM_ROOT / "block_size_bytes"), 16)}
+                "block_size_bytes": int(read(MEM_ROOT / "block_size_bytes"), 16),
+                "time": time.time()}  # the guest's clock: what its episodes are stamped with
 
     def op_write(self, path: str, value: str) -> dict:
         """Write a sysfs attribute; the kernel's errno is the answer (EBUSY for a refusal)."""

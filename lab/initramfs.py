@@ -19,7 +19,10 @@ from pathlib import Path
 
 BUSYBOX = Path("/bin/busybox")
 # The modules /init needs, by name; their dependencies come from modules.dep.
-WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_net")
+# virtio_mem and virtio_balloon: the paravirtual memory devices (lab/scenarios_virtio.py); they
+# load without a device too.
+WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_net", "virtio_mem",
+                  "virtio_balloon")
 GUEST_PORT = 9862
 SCRATCH_IN_GUEST = "/tmp/scratch"  # where the writable share appears inside the chroot
 CHECKOUT = Path(__file__).resolve().parent.parent  # the same path inside the guest's chroot

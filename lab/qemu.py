@@ -27,6 +27,25 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
+# The paravirtual memory devices every lab guest has (lab/scenarios_virtio.py drives them):
+# virtio-mem in both guest driver modes (the driver picks sub-block mode when the device block
+# is smaller than a memory block, 128 MiB here, and big-block mode otherwise), each with a
+# 512 MiB region and nothing plugged at boot, and a virtio-balloon without deflate-on-oom
+# (inflating it takes pages out of the guest's MemTotal). Idle, they change nothing the other
+# scenarios see: no memory block, no page.
+VIRTIO_MEM_SBM, VIRTIO_MEM_BBM, BALLOON = "vmem0", "vmem1", "balloon0"
+VIRTIO_MEM_REGION_MIB = 512
+PARAVIRT_MEMORY: tuple[str, ...] = (
+    "-object", f"memory-backend-ram,id={VIRTIO_MEM_SBM}-mem,size={VIRTIO_MEM_REGION_MIB}M",
+    "-device", f"virtio-mem-pci,id={VIRTIO_MEM_SBM},memdev={VIRTIO_MEM_SBM}-mem,block-size=2M,"
+               "requested-size=0",
+    "-object", f"memory-backend-ram,id={VIRTIO_MEM_BBM}-mem,size={VIRTIO_MEM_REGION_MIB}M",
+    "-device", f"virtio-mem-pci,id={VIRTIO_MEM_BBM},memdev={VIRTIO_MEM_BBM}-mem,"
+               "block-size=256M,requested-size=0",
+    "-device", f"virtio-balloon-pci,id={BALLOON},deflate-on-oom=off",
+)
+
+
 @dataclass(frozen=True)
 class GuestConfig:
     base_mib: int = 1024  # bcc's clang needs a few hundred MiB inside the guest
@@ -35,11 +54,14 @@ class GuestConfig:
     # ZONE_NORMAL blocks in the guest from boot, so a refused (EBUSY) offline has a target.
     below_4g_mib: int = 512
     slots: int = 4
-    max_mib: int = 4096
+    max_mib: int = 6144  # boot RAM, two 1 GiB DIMMs, the virtio-mem regions, another DIMM
     max_cpus: int = 2
     script: str = "run.sh"  # on the scratch share; /init runs it in the chroot
     # nokaslr: the kernel's physical placement (and so which boot blocks are busy) is stable.
     extra_append: tuple[str, ...] = ("nokaslr",)
+    # More QEMU arguments (-object/-device pairs): the paravirtual memory devices of
+    # lab/scenarios_virtio.py (virtio-mem, virtio-balloon).
+    extra_args: tuple[str, ...] = PARAVIRT_MEMORY
 
 
 def free_port() -> int:
@@ -110,6 +132,7 @@ class Guest:
             "-virtfs", f"local,path={initramfs.CHECKOUT},mount_tag=checkout,"
                        "security_model=none,readonly=on,multidevs=remap",
             "-no-reboot",
+            *c.extra_args,
         ]
 
     def start(self) -> "Guest":

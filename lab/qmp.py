@@ -175,6 +175,31 @@ class QMP:
         self.execute("device_add", driver=slot.driver, id=cpu_id, **slot.props)
         return slot
 
+    # ------------------------------------------------------------------ paravirtual memory
+
+    def virtio_mem(self, device_id: str) -> dict[str, int]:
+        """A virtio-mem device's sizes: {"size": plugged, "requested-size", "block-size",
+        "max-size" (its region), "memaddr"} (query-memory-devices, type virtio-mem)."""
+        for dev in self.memory_devices():
+            if dev.get("type") == "virtio-mem" and dev["data"].get("id") == device_id:
+                return dict(dev["data"])
+        raise LookupError(f"no virtio-mem device {device_id}")
+
+    def set_virtio_mem_size(self, device_id: str, requested: int) -> None:
+        """Ask the guest to plug or unplug until `requested` bytes of the device are plugged
+        (the guest driver decides which blocks; it may not manage all of an unplug)."""
+        self.execute("qom-set", path=f"/machine/peripheral/{device_id}",
+                     property="requested-size", value=requested)
+
+    def balloon(self, guest_bytes: int) -> None:
+        """Set the balloon's target: the guest should be left with `guest_bytes` of its boot
+        RAM (the balloon inflates by the difference)."""
+        self.execute("balloon", value=guest_bytes)
+
+    def query_balloon(self) -> int:
+        """What the guest has of its boot RAM now, by the balloon ("actual", bytes)."""
+        return int(self.execute("query-balloon")["actual"])
+
     def quit(self) -> None:
         try:
             self.execute("quit", timeout=5)

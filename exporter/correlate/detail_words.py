@@ -1,4 +1,5 @@
-"""Words for an episode's detail: its failed transitions, its flapping."""
+"""Words for an episode's detail: its failed transitions, its flapping, and what moved memory
+that no block did (virtio-mem sub-blocks, balloons)."""
 from __future__ import annotations
 
 from exporter.correlate.model import Episode
@@ -26,3 +27,17 @@ def flap_words(ep: Episode) -> str:
     words = f"flapping: {ep.offline_transitions} offline and {ep.online_transitions} online " \
             f"transitions in {took:.1f} s"
     return words + (f", ended {last.direction.value}" if last is not None else "")
+
+
+def mechanism_words(transitions: list[Transition]) -> str:
+    """"virtio-balloon: -256 MiB; virtio-mem: +64 MiB" for the changes no memory
+    block made (Transition.mechanism); "" when every transition was a block's or a CPU's."""
+    moved: dict[str, int] = {}
+    for t in transitions:
+        if t.mechanism and t.nr_pages and t.result is Result.SUCCESS:
+            sign = 1 if t.direction.value == "online" else -1
+            moved[t.mechanism] = moved.get(t.mechanism, 0) + sign * t.nr_pages
+    return "; ".join(f"{name}: {pages * PAGE_KIB / 1024:+g} MiB" for name, pages in moved.items())
+
+
+PAGE_KIB = 4  # the page size the managed page count is kept in (x86-64, arm64 4K kernels)

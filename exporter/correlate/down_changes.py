@@ -43,7 +43,8 @@ def state_at_stop(events: Iterable[Event]) -> KernelState | None:
         if isinstance(event, KernelSnapshot):
             if snapshot is None or event.time >= snapshot.time:
                 snapshot = event
-        elif isinstance(event, Transition) and event.result is Result.SUCCESS:
+        elif isinstance(event, Transition) and event.result is Result.SUCCESS \
+                and event.mechanism is None:  # memory no block moved (virtio-mem, balloons)
             transitions.append(event)
     if snapshot is None:
         return None

@@ -90,7 +90,10 @@ class KernelLedger:
         return True
 
     def _transition(self, t: Transition) -> bool:
-        if t.start is not None:  # t.duration (only BPF knows the start), without the call
+        # t.duration (only BPF knows the start), without the call; a CPU's or a block's own:
+        # memory no block moved (t.mechanism: a balloon filling for seconds) is no transition
+        # of the kernel's hotplug code
+        if t.start is not None and t.mechanism is None:
             self._histogram(t.resource, t.direction).observe(max(0.0, t.end - t.start))
         key = (t.resource, t.unit, t.direction, t.result)
         seen = self.seen.get(t.source)

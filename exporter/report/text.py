@@ -76,7 +76,7 @@ def timeline(ep: Episode) -> str:
     lines.append("")
     entries: list[tuple[float, int, str, str]] = []  # (time, order, lane, words)
     for t in ep.transitions:
-        name = unit_name(t.resource, t.unit)
+        name = unit_name(t.resource, t.unit, t.mechanism)
         if t.start is not None:
             entries.append((t.start, 0, "kernel", f"{name} {t.direction.value} started"))
         if t.result is Result.FAILED:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict, ResyncedBy
 from exporter.events import Resource, Result, Transition
+from exporter.words import count
 
 KERNEL_LANE = "kernel"
 RESYNC_LANE = "kubelet.resync"
@@ -69,7 +70,7 @@ def rejected_words(ep: Episode) -> str:
     total = sum(reasons.values())
     if not total:
         return ""
-    pods = f"{total} pod{'s' if total != 1 else ''} rejected"
+    pods = f"{count(total, 'pod')} rejected"
     if len(reasons) == 1:
         return f"{pods} {next(iter(reasons))}"
     return f"{pods} ({', '.join(f'{n} {why}' for why, n in reasons.most_common())})"
@@ -95,7 +96,7 @@ def change_words(ep: Episode) -> str:
     change = "hot-plug" if ep.change.value == "increase" else "hot-unplug"
     before, after = ep.kernel_before, ep.kernel_after
     if before is None or after is None:
-        units = sorted({unit_name(t.resource, t.unit) for t in ep.transitions})
+        units = sorted({unit_name(t.resource, t.unit, t.mechanism) for t in ep.transitions})
         return f"{ep.resource.value} {change}" + (f" of {', '.join(units[:3])}" if units else "")
     if ep.resource is Resource.CPU:
         return f"cpu {change} {before:g} -> {after:g} cores"
@@ -195,7 +196,10 @@ def headline(ep: Episode) -> tuple[str, bool]:
     return words, bad
 
 
-def unit_name(resource: Resource, unit: int) -> str:
+def unit_name(resource: Resource, unit: int, mechanism: str | None = None) -> str:
+    """cpu1, memory40; memory no block moved by what moved it (virtio-mem, virtio-balloon)."""
+    if mechanism is not None:
+        return mechanism
     return f"cpu{unit}" if resource is Resource.CPU else f"memory{unit}"
 
 
@@ -216,10 +220,10 @@ def forecast_words(ep: Episode, named: int = 4) -> str:
         return ""
     head = "forecast before the resync: a kubelet restart would reject "
     if not f.rejected_total:
-        return head + f"none of {f.pods} pods"
+        return head + f"none of {count(f.pods, 'pod')}"
     pods = ", ".join(f"{r.namespace}/{r.name} {r.reason}" for r in f.rejected[:named])
     more = f.rejected_total - min(named, len(f.rejected))
-    return (head + f"{f.rejected_total} of {f.pods} pods: {pods}"
+    return (head + f"{f.rejected_total} of {count(f.pods, 'pod')}: {pods}"
             + (f" and {more} more" if more else ""))
 
 
@@ -249,7 +253,7 @@ def _kernel_rows(tl: Timeline, ep: Episode) -> None:
     t0 = ep.opened
     by_unit: dict[str, list[Transition]] = {}
     for t in ep.transitions:
-        by_unit.setdefault(unit_name(t.resource, t.unit), []).append(t)
+        by_unit.setdefault(unit_name(t.resource, t.unit, t.mechanism), []).append(t)
     for name, seen in by_unit.items():
         row = len(tl.rows)
         offline = sum(t.direction.value == "offline" for t in seen)

@@ -23,9 +23,12 @@ WINDOW_SECONDS = 60.0
 
 
 def _what(ep: Episode) -> str:
-    units = sorted({t.unit for t in ep.transitions})
+    units = sorted({t.unit for t in ep.transitions if t.mechanism is None})
     name = "cpu" if ep.resource.value == "cpu" else "memory block "
-    shown = ", ".join(f"{name}{u}" for u in units[:4]) + (" ..." if len(units) > 4 else "")
+    # Memory no block moved (virtio-mem, a balloon) is named by what moved it.
+    mechanisms = sorted({t.mechanism for t in ep.transitions if t.mechanism is not None})
+    shown = ", ".join([f"{name}{u}" for u in units[:4]] + mechanisms) + \
+        (" ..." if len(units) > 4 else "")
     return f"{ep.resource.value} {ep.change.value} ({shown})"
 
 

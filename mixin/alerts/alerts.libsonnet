@@ -190,10 +190,20 @@
           // Hot-added memory onlined into a kernel zone (Normal): the kernel may put unmovable pages
           // in it, and then refuses to offline it (EBUSY), so the hypervisor cannot take it back.
           // Only ZONE_MOVABLE memory can be counted on to leave again. 15m: a block onlined by hand
-          // and corrected at once is not a cause.
+          // and corrected at once is not a cause. The count is the kernel's (the exporter reads it
+          // at each scrape), so it survives an exporter restart; the alert does too: while the
+          // target is down (a restart), the last value of the last 10 minutes stands in, so the
+          // 15 minutes do not start again. It clears at the first scrape without such blocks.
           {
             alert: 'NodeResizeHotAddedMemoryNotMovable',
-            expr: 'sum by (%(by)s) (node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}) > 0' % c,
+            expr: |||
+              sum by (%(by)s) (
+                node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}
+                  or
+                (last_over_time(node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}[10m])
+                  unless on (instance) up{%(jobSelector)s} == 1)
+              ) > 0
+            ||| % c,
             'for': '15m',
             labels: { severity: 'warning' },
             annotations: {
@@ -217,6 +227,30 @@
               description: |||-
                 Balloon pods on {{ $labels.node }} request {{ $value | humanizePercentage }} of the
                 kubelet's allocatable {{ $labels.resource }}: effective capacity is negative.
+              |||,
+            },
+          },
+          // The balloon pods' claim and the hypervisor's balloon apart by more than a memory block
+          // (128 MiB) and a tenth of the claim, for 15 minutes: a balloon resize or a hypervisor
+          // inflate/deflate in flight passes well inside that.
+          {
+            alert: 'NodeResizeBalloonNotHeldByHypervisor',
+            expr: |||
+              abs(node:node_resize_balloon_claim_minus_held:bytes) > 134217728
+                and on (%(by)s)
+              abs(node:node_resize_balloon_claim_minus_held:bytes)
+                > 0.1 * max by (%(by)s) (node_resize_balloon_requests{%(jobSelector)s,resource="memory",view="scheduler"})
+            ||| % c,
+            'for': '15m',
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: "Node {{ $labels.node }}: balloon pods and the hypervisor's balloon disagree by {{ $value | humanize1024 }}B",
+              description: |||-
+                Balloon pods on {{ $labels.node }} claim memory the hypervisor's balloon does not
+                hold, or the reverse, by {{ $value | humanize1024 }}B for 15 minutes: either the node
+                is promised memory the infrastructure has not taken back (claim above held: it sits
+                idle), or the infrastructure took back memory pods may still be scheduled onto
+                (held above claim). Resize the balloon pods or the VM's balloon so they agree.
               |||,
             },
           },

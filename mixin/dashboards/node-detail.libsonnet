@@ -262,6 +262,34 @@
         },
         {
           type: 'timeseries',
+          title: 'Memory: given to the VM, held back by the hypervisor, seen by the kubelet',
+          unit: 'bytes',
+          description: "On a VM with paravirtual memory: what the guest has (its MemTotal), what the hypervisor holds back (the balloon's pages; the part of each virtio-mem region not plugged) and what the kubelet advertises. Empty hypervisor lines: no such device (a bare-metal node, or a VM with neither).",
+          targets: [
+            {
+              expr: 'max(node_resize_kernel_capacity{%(sel)s,resource="memory"})',
+              legend: 'given to the VM (MemTotal)',
+            },
+            {
+              expr: 'sum(node_resize_virtio_balloon_held_bytes{%(sel)s})',
+              legend: 'held back: balloon',
+            },
+            {
+              expr: 'sum(node_resize_virtio_mem_region_bytes{%(sel)s}) - sum(node_resize_virtio_mem_plugged_bytes{%(sel)s})',
+              legend: 'held back: virtio-mem not plugged',
+            },
+            {
+              expr: 'sum(node_resize_virtio_mem_lowerable_bytes{%(sel)s})',
+              legend: 'virtio-mem the guest would give back',
+            },
+            {
+              expr: 'max(node_resize_kubelet_capacity{%(sel)s,resource="memory"})',
+              legend: 'seen by the kubelet',
+            },
+          ],
+        },
+        {
+          type: 'timeseries',
           title: 'CPU drift (kernel - kubelet)',
           description: 'Kernel minus kubelet CPU capacity over time, in cores: in the red band the Node advertises CPUs the kernel took away (stale), in the amber band too few (stranded).',
           drift: 'cores',
@@ -497,6 +525,26 @@
             {
               expr: 'sum by (result) (increase(node_resize_balloon_resize_total{%(sel)s}[$__rate_interval]))',
               legend: 'resizes {{result}}',
+            },
+          ],
+        },
+        {
+          type: 'timeseries',
+          title: "Balloon pods' claim vs the hypervisor's balloon",
+          unit: 'bytes',
+          description: "Memory balloon pods claim (the scheduler's view) against what the guest's virtio-balloon holds for the host, and the difference (NodeResizeBalloonNotHeldByHypervisor when it lasts): above 0 the pods claim memory the hypervisor never took back, below 0 the hypervisor holds memory pods may be scheduled onto.",
+          targets: [
+            {
+              expr: 'max(node_resize_balloon_requests{%(sel)s,resource="memory",view="scheduler"})',
+              legend: 'balloon pods claim',
+            },
+            {
+              expr: 'sum(node_resize_virtio_balloon_held_bytes{%(sel)s})',
+              legend: 'balloon holds',
+            },
+            {
+              expr: 'max(node:node_resize_balloon_claim_minus_held:bytes{%(rsel)s})',
+              legend: 'claim - held',
             },
           ],
         },

@@ -80,6 +80,19 @@
                   unless node_resize_balloon_resize_total{%(jobSelector)s} offset 1h)
             ||| % c,
           },
+          // Balloon pods (KEP-5620) against the hypervisor: what they claim minus what the guest's
+          // balloon holds for the host. > 0: pods claim memory the hypervisor never took back (idle
+          // in the VM, and nobody may schedule onto it); < 0: the hypervisor holds memory the
+          // scheduler hands out. Only where both exist: `-` needs a series on each side (no
+          // balloon driver, or no balloon pods: no series).
+          {
+            record: 'node:node_resize_balloon_claim_minus_held:bytes',
+            expr: |||
+              max by (%(by)s) (node_resize_balloon_requests{%(jobSelector)s,resource="memory",view="scheduler"})
+                - on (%(by)s)
+              sum by (%(by)s) (node_resize_virtio_balloon_held_bytes{%(jobSelector)s})
+            ||| % c,
+          },
           {
             record: 'node_source:node_resize_exporter_events_lost:increase15m',
             expr: |||

@@ -73,11 +73,20 @@ EMPTY_BY_DESIGN = {
         RECORDED_BEFORE,
     ("node-detail.json", "panel 'Running containers stale, by kind' A"): RECORDED_BEFORE,
     ("node-detail.json", "panel 'Sinks up' A"): RECORDED_BEFORE,
+    # The recording host is no VM with paravirtual memory and has no balloon pod (issue 37:
+    # the lab guest has them, tests/kernel/test_lab.py).
+    **{("node-detail.json",
+        f"panel 'Memory: given to the VM, held back by the hypervisor, seen by the kubelet' {ref}"):
+       "no virtio-mem device nor balloon on the recording host" for ref in "BCD"},
+    **{("node-detail.json", f"panel \"Balloon pods' claim vs the hypervisor's balloon\" {ref}"):
+       "no balloon pod nor virtio-balloon in the recording" for ref in "ABC"},
     # The recording is older than the plan's gauges; a new one (scripts/gen-monitoring-recording.py)
     # has them.
     ("node-detail.json", "panel 'Before you unplug: CPUs that can leave now' A"):
         "recorded before node_resize_unpluggable existed",
     ("node-detail.json", "panel 'Before you unplug: memory that can leave now' A"):
+        "recorded before node_resize_unpluggable existed",
+    ("fleet-overview.json", "panel 'Top 10 nodes by memory reclaimable now' A"):
         "recorded before node_resize_unpluggable existed",
     **{("node-detail.json", f"panel 'Memory blocks by zone' {ref}"):
        "recorded before node_resize_unpluggable existed" for ref in "AB"},

@@ -22,9 +22,9 @@ def _program():
 
 def test_the_child_hands_over_maps_programs_and_attachments():
     text, cflags = _program()
-    loaded = load(text, cflags, bpf.MEMORY_PROBES, kprobes_ok=False)
+    loaded = load(text, cflags, bpf.KPROBES, kprobes_ok=False)
     try:
-        assert set(loaded.maps) == {"records", "lost"}
+        assert set(loaded.maps) == {"records", "lost", "managed", "managed_armed"}
         assert set(loaded.links) == {"cpuhp:cpuhp_enter", "cpuhp:cpuhp_multi_enter",
                                      "cpuhp:cpuhp_exit"}
         assert {p for p, (ok, _) in loaded.attached.items() if ok} == set(bpf.CPUHP_PROGRAMS)
@@ -33,6 +33,10 @@ def test_the_child_hands_over_maps_programs_and_attachments():
         for fd in loaded.links.values():
             assert os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[perf_event]"
         assert libbpf.lookup_u64(loaded.maps["lost"]) == 0
+        assert loaded.attached["managed_adjust_enter"][0] is False
+        assert libbpf.lookup_s64(loaded.maps["managed"]) == 0
+        libbpf.update_u64(loaded.maps["managed_armed"], 1)  # what the source clears
+        assert libbpf.lookup_u64(loaded.maps["managed_armed"]) == 1
         with pytest.raises(OSError):  # an array map is not a ring buffer: libbpf says so
             libbpf.RingBuffer(loaded.maps["lost"], lambda data, size: None)
         ring = libbpf.RingBuffer(loaded.maps["records"], lambda data, size: None)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import initramfs
+from lab import initramfs, scenarios_virtio
 from lab.control import LabGuest
 from lab.qemu import QEMU, Guest
 from lab.scenarios import (
@@ -151,6 +151,16 @@ def test_exporter_runs_in_the_guest_with_every_source(lab_run):
     plan_normal_dimm, cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
 ], ids=lambda s: s.fn.__name__)
 def test_scenario(lab_run, scenario):
+    if lab_run.lab.exporter_pid is None:
+        pytest.fail("the exporter never started in the guest (see the test before)")
+    passes(scenario, lab_run)
+
+
+@pytest.mark.lab
+@needs_lab
+@pytest.mark.parametrize("scenario", scenarios_virtio.SCENARIOS, ids=lambda s: s.fn.__name__)
+def test_virtio_scenario(lab_run, scenario):
+    """virtio-mem (sub-block, big-block, kernel zone) and virtio-balloon on the same guest."""
     if lab_run.lab.exporter_pid is None:
         pytest.fail("the exporter never started in the guest (see the test before)")
     passes(scenario, lab_run)

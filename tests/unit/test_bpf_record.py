@@ -13,6 +13,7 @@ from exporter.events import Direction, Resource, Result
 from exporter.sources.kernel.bpf import programs
 from exporter.sources.kernel.bpf.record import (
     KIND_CPU,
+    KIND_MANAGED,
     KIND_MEMORY,
     KINDS,
     RECORD_SIZE,
@@ -29,7 +30,8 @@ C_TYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32
 def test_the_kinds_are_the_headers():
     defined = {name: int(value) for name, value in
                re.findall(r"^#define (KIND_\w+) (\d+)$", HEADER, re.MULTILINE)}
-    assert defined == KINDS == {"KIND_CPU": KIND_CPU, "KIND_MEMORY": KIND_MEMORY}
+    assert defined == KINDS == {"KIND_CPU": KIND_CPU, "KIND_MEMORY": KIND_MEMORY,
+                                "KIND_MANAGED": KIND_MANAGED}
 
 
 def test_the_record_layout_is_the_headers():
@@ -46,7 +48,7 @@ def test_every_listed_program_is_defined_in_the_c_and_no_other():
     tracepoints = re.findall(r"TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", text)
     assert tracepoints == [(programs.CPUHP_GROUP, p) for p in programs.CPUHP_PROGRAMS]
     functions = set(re.findall(r"^int (\w+)\(struct pt_regs \*ctx", text, re.MULTILINE))
-    assert functions == set(programs.MEMORY_PROBES)
+    assert functions == set(programs.KPROBES)
     maps = re.findall(r"BPF_(?:RINGBUF_OUTPUT|ARRAY)\((\w+),", text)
     assert tuple(maps) == programs.MAPS
     assert '#include "hotplug.h"' not in text  # inlined once: bcc rewrites only the main text

@@ -44,6 +44,8 @@ def strategy(tp):
         return st.lists(strategy(args[0]), max_size=3)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return st.lists(strategy(args[0]), max_size=3).map(tuple)
+    if origin is tuple:  # a fixed shape: VirtioMemDevice.blocks' (block, plugged bytes)
+        return st.tuples(*(strategy(a) for a in args))
     if origin in (Mapping, dict):
         return st.dictionaries(strategy(args[0]), strategy(args[1]), max_size=4)
     if dataclasses.is_dataclass(tp):

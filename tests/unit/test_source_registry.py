@@ -96,7 +96,8 @@ def test_the_toy_is_opened_poked_counted_and_keeps_what_it_declares(toy, node):
                       sysfs_interval=0.05)
     built = app.build_agent(options, MonotonicWallClock())
     agent = built.agent
-    assert [s.name for s in agent.sources] == ["sysfs", "toy", "memory_auto_online"]
+    assert [s.name for s in agent.sources] == ["sysfs", "toy", "memory_auto_online",
+                                                "paravirt_memory"]
     assert built.keep == {"CAP_BPF"}  # its capabilities_after_start
     toy_source = next(s for s in agent.sources if s.name == "toy")
     stop = threading.Event()

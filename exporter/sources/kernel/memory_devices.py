@@ -121,20 +121,34 @@ def parse_iomem(text: str) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def virtio_mem_regions(iomem: str) -> list[tuple[str, int, int, int]]:
-    """(device name, start, size, plugged bytes) of each virtio-mem device /proc/iomem shows:
-    a region named virtioN holding `System RAM (virtio_mem)` ranges."""
-    found: dict[str, list[int]] = {}  # name -> [start, size, plugged]
+def virtio_mem_ranges(iomem: str) -> list[tuple[str, int, int, list[tuple[int, int]]]]:
+    """(device name, start, size, [(start, size) of each `System RAM (virtio_mem)` range]) of
+    each region /proc/iomem names virtioN, plugged or not: what the driver added from it,
+    range by range (exporter/sources/kernel/paravirt_memory.py reads each range's PageOffline
+    pages, the sub-blocks unplugged again, from /proc/kpageflags)."""
+    found: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
     inside: tuple[str, int] | None = None  # the virtioN region being read, its depth
     for depth, start, end, name in parse_iomem(iomem):
         if inside is not None and depth <= inside[1]:
             inside = None
         if inside is None and _VIRTIO_NAME.fullmatch(name):
             inside = (name, depth)
-            found.setdefault(name, [start, end - start + 1, 0])
+            found.setdefault(name, (start, end - start + 1, []))
         elif inside is not None and name == "System RAM (virtio_mem)":
-            found[inside[0]][2] += end - start + 1
-    return [(name, s, size, plugged) for name, (s, size, plugged) in found.items() if plugged]
+            found[inside[0]][2].append((start, end - start + 1))
+    return [(name, s, size, ranges) for name, (s, size, ranges) in found.items()]
+
+
+def virtio_mem_regions(iomem: str) -> list[tuple[str, int, int, int]]:
+    """(device name, start, size, plugged bytes) of each virtio-mem device /proc/iomem shows:
+    a region named virtioN holding `System RAM (virtio_mem)` ranges. In sub-block mode part of
+    a range may be unplugged again (paravirt_memory.py subtracts it)."""
+    out = []
+    for name, start, size, ranges in virtio_mem_ranges(iomem):
+        plugged = sum(n for _, n in ranges)
+        if plugged:
+            out.append((name, start, size, plugged))
+    return out
 
 
 def read_devices(blocks: Iterable[int], block_size: int, sysfs: str = "/sys",

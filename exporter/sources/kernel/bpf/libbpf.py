@@ -14,6 +14,7 @@ API (libbpf 1.x, tools/lib/bpf/libbpf.h):
   int ring_buffer__epoll_fd(const struct ring_buffer *rb);
   void ring_buffer__free(struct ring_buffer *rb);
   int bpf_map_lookup_elem(int fd, const void *key, void *value);   0 or -errno
+  int bpf_map_update_elem(int fd, const void *key, const void *value, __u64 flags);
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def lib() -> ctypes.CDLL:
     handle.ring_buffer__free.argtypes = [ctypes.c_void_p]
     handle.bpf_map_lookup_elem.restype = ctypes.c_int
     handle.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    handle.bpf_map_update_elem.restype = ctypes.c_int
+    handle.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.c_uint64]
     _lib = handle
     return handle
 
@@ -129,3 +133,18 @@ def lookup_u64(map_fd: int, key: int = 0) -> int:
     _check(lib().bpf_map_lookup_elem(map_fd, ctypes.byref(k), ctypes.byref(v)),
            f"bpf_map_lookup_elem(fd {map_fd})")
     return v.value
+
+
+def lookup_s64(map_fd: int, key: int = 0) -> int:
+    """One s64 value of an array map with a u32 key (a signed running sum)."""
+    k, v = ctypes.c_uint32(key), ctypes.c_int64(0)
+    _check(lib().bpf_map_lookup_elem(map_fd, ctypes.byref(k), ctypes.byref(v)),
+           f"bpf_map_lookup_elem(fd {map_fd})")
+    return v.value
+
+
+def update_u64(map_fd: int, value: int, key: int = 0) -> None:
+    """Set one u64 value of an array map with a u32 key (BPF_ANY)."""
+    k, v = ctypes.c_uint32(key), ctypes.c_uint64(value)
+    _check(lib().bpf_map_update_elem(map_fd, ctypes.byref(k), ctypes.byref(v), 0),
+           f"bpf_map_update_elem(fd {map_fd})")

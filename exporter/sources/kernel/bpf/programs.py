@@ -10,7 +10,7 @@ from exporter.sources.kernel.bpf.record import cpuhp_targets
 
 BPF_DIR = bpf_dir()  # the installed copy, or the checkout's bpf/
 HEADER = "hotplug.h"
-PROGRAM_FILES = ("cpuhp.bpf.c", "memory.bpf.c")
+PROGRAM_FILES = ("cpuhp.bpf.c", "memory.bpf.c", "managed.bpf.c")
 # TRACEPOINT_PROBE(cpuhp, NAME) in cpuhp.bpf.c: bcc names each program after its tracepoint,
 # in the cpuhp tracepoint group.
 CPUHP_GROUP = "cpuhp"
@@ -21,7 +21,16 @@ MEMORY_PROBES = {  # program name in memory.bpf.c -> (kernel function, is return
     "offline_pages_enter": ("offline_pages", False),
     "offline_pages_return": ("offline_pages", True),
 }
-MAPS = ("records", "lost")  # in hotplug.h: the ring buffer and the count of failed reserves
+# managed.bpf.c: the managed page count moving outside a block transition (virtio-mem
+# sub-blocks, balloons); exporter/sources/kernel/managed_pages.py says what becomes of it.
+MANAGED_PROBES = {
+    "managed_adjust_enter": ("adjust_managed_page_count", False),
+    "managed_online_enter": ("generic_online_page", False),
+}
+KPROBES = {**MEMORY_PROBES, **MANAGED_PROBES}  # every kprobe the loader attaches
+# in hotplug.h: the ring buffer and the count of failed reserves; in managed.bpf.c: the running
+# sum of managed page deltas and the flag that says a wake record is out
+MAPS = ("records", "lost", "managed", "managed_armed")
 
 
 def program_text() -> str:

@@ -16,9 +16,9 @@ import os
 from exporter.clock import MonotonicWallClock
 from exporter.events import Direction, Resource, Result, Transition
 
-# #define KIND_CPU / KIND_MEMORY in bpf/hotplug.h
-KIND_CPU, KIND_MEMORY = 1, 2
-KINDS = {"KIND_CPU": KIND_CPU, "KIND_MEMORY": KIND_MEMORY}
+# #define KIND_CPU / KIND_MEMORY / KIND_MANAGED in bpf/hotplug.h
+KIND_CPU, KIND_MEMORY, KIND_MANAGED = 1, 2, 3
+KINDS = {"KIND_CPU": KIND_CPU, "KIND_MEMORY": KIND_MEMORY, "KIND_MANAGED": KIND_MANAGED}
 
 
 class HotplugRecord(ctypes.Structure):

@@ -1,4 +1,5 @@
-"""BPF source: the cpuhp tracepoints and the memory online/offline probes.
+"""BPF source: the cpuhp tracepoints, the memory online/offline probes and the managed page
+count (virtio-mem sub-blocks, balloons: managed_pages.py beside it).
 
 The BPF C in bpf/ aggregates in the kernel (one record per CPU or memory-block transition).
 bcc compiles, loads and attaches it in a short-lived child process (loader.py beside this file
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from exporter import privileges
 from exporter.clock import MonotonicWallClock
-from exporter.config.options import SYSFS_ROOT, Opt
+from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Opt
 from exporter.config.types import PowerOfTwo
 from exporter.events import (
     Event,
@@ -36,12 +37,20 @@ from exporter.sources.kernel.bpf.check import bpf_check
 from exporter.sources.kernel.bpf.loader import Loaded, LoadError, load
 from exporter.sources.kernel.bpf.programs import (
     CPUHP_PROGRAMS,
+    KPROBES,
+    MANAGED_PROBES,
     MEMORY_PROBES,
     program_cflags,
     program_text,
 )
-from exporter.sources.kernel.bpf.record import RECORD_SIZE, HotplugRecord, RecordDecoder
+from exporter.sources.kernel.bpf.record import (
+    KIND_MANAGED,
+    RECORD_SIZE,
+    HotplugRecord,
+    RecordDecoder,
+)
 from exporter.sources.kernel.bpf.requirements import TRACEFS, requirements
+from exporter.sources.kernel.managed_pages import SETTLE_SECONDS, Attribution, Settler
 from exporter.sources.kernel.sysfs import read_hotplug_states
 from exporter.sources.registry import KERNEL, SourceContext, SourceSpec, register
 from exporter.untrusted import read_text
@@ -80,6 +89,7 @@ class BpfSource(Source):
         clock: MonotonicWallClock,
         ringbuf_pages: int = RINGBUF_PAGES.default,
         sysfs: str = "/sys",
+        procfs: str = "/proc",
     ):
         super().__init__(clock)
         self.wall_clock = clock  # RecordDecoder converts kernel times with it
@@ -91,6 +101,9 @@ class BpfSource(Source):
         self._lost_seen = 0
         self._batch: list[Event] = []  # what the ring's callbacks decoded in one consume()
         self._wake_r, self._wake_w = -1, -1
+        # The managed page count (managed.bpf.c): settled into one Transition per change.
+        self.managed = Settler(self.name)
+        self.attribution = Attribution(sysfs, procfs)
 
     def open(self) -> None:
         preflight()
@@ -106,7 +119,7 @@ class BpfSource(Source):
             self.loaded = load(
                 program_text(),
                 program_cflags(states, self.ringbuf_pages),
-                MEMORY_PROBES,
+                KPROBES,
                 (TRACEFS / "kprobe_events").exists(),
             )
         except LoadError as e:
@@ -119,7 +132,7 @@ class BpfSource(Source):
         # kprobes.
         unattached: dict[str, list[str]] = {}
         for prog, (ok, reason) in self.attached.items():
-            if not ok and prog in MEMORY_PROBES:
+            if not ok and (prog in MEMORY_PROBES or prog in MANAGED_PROBES):
                 unattached.setdefault(reason, []).append(prog)
         for reason, progs in unattached.items():
             self.log.info("memory probes %s not attached: %s", ", ".join(progs), reason)
@@ -149,8 +162,12 @@ class BpfSource(Source):
         woken: collections.deque[float] = collections.deque(maxlen=STORM_WAKES)
         storm_until = 0.0
         while not self.stopping.is_set():
-            poller.poll()  # no timeout: nothing to do until a record arrives or stop() writes
+            # No timeout: nothing to do until a record arrives or stop() writes; while a
+            # managed-page change settles, its sum is read every SETTLE_SECONDS.
+            poller.poll(SETTLE_SECONDS * 1000 if self.managed.pending else None)
             self._drain(emit)
+            if self.managed.pending:
+                self._settle_managed(emit)
             now = time.monotonic()
             woken.append(now)
             if now < storm_until or (len(woken) == STORM_WAKES and woken[-1] - woken[0] < 1.0):
@@ -192,10 +209,25 @@ class BpfSource(Source):
             )
             return
         rec = HotplugRecord.from_buffer_copy(ctypes.string_at(data, RECORD_SIZE))
+        if rec.kind == KIND_MANAGED:  # a wake-up: the sum in the map is the news
+            self.managed.wake(self.wall_clock.from_ktime_ns(rec.start_ns))
+            return
         try:
             batch.append(self.decoder.decode(rec))
         except ValueError as e:
             batch.append(MalformedInput(self.name, str(e), self.clock.now()))
+
+    def _settle_managed(self, emit: Emit) -> None:
+        """Read the managed page sum; once it stood still SETTLE_SECONDS, re-arm the wake-up
+        and report the change (a change racing the re-arm sends a new wake record)."""
+        assert self.loaded is not None
+        maps = self.loaded.maps
+        if not self.managed.read(libbpf.lookup_s64(maps["managed"]), self.clock.now()):
+            return
+        libbpf.update_u64(maps["managed_armed"], 0)
+        t = self.managed.finish(libbpf.lookup_s64(maps["managed"]), self.attribution.name())
+        if t is not None:
+            emit(t)
 
     def _report_lost(self, emit: Emit) -> None:
         assert self.loaded is not None
@@ -224,7 +256,8 @@ class BpfSource(Source):
 
 
 def _bpf(ctx: SourceContext) -> BpfSource:
-    return BpfSource(ctx.clock, RINGBUF_PAGES.of(ctx.options), SYSFS_ROOT.of(ctx.options))
+    return BpfSource(ctx.clock, RINGBUF_PAGES.of(ctx.options), SYSFS_ROOT.of(ctx.options),
+                     PROCFS_ROOT.of(ctx.options))
 
 
 register(
