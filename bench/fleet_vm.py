@@ -141,8 +141,9 @@ def _per_node(node, recorded: dict[str, bool]) -> bool:
         matching = _labels_of(getattr(node.modifier, "matching", None)) if node.modifier else None
         if matching is not None:
             kind, labels = matching
-            if (kind == "on" and "node" not in labels) or (kind == "ignoring"
-                                                             and "node" in labels):
+            # `instance` names one target: its series are all on the shard that scrapes it.
+            if (kind == "on" and not {"node", "instance"} & set(labels)) or (
+                    kind == "ignoring" and "node" in labels):
                 return False
         return _per_node(node.lhs, recorded) and _per_node(node.rhs, recorded)
     raise ValueError(f"rule_scope: no rule for {type(node).__name__}")

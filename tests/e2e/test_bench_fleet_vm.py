@@ -88,6 +88,7 @@ def test_the_table_renders(result):
     ("max by (cluster, node, reason) (x) > 0", True),
     ("sum without (pod) (x)", True),
     ("a unless on (cluster, node) b", True),
+    ("a unless on (instance) up == 1", True),
     ('label_replace(sum by (node) (x), "direction", "up", "", "")', True),
     ("sum(up)", False),
     ("sum by (cluster) (x) > 0", False),
