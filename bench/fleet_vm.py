@@ -170,7 +170,7 @@ def shard_rules(rules_file: Path, shard: int, scope: dict[str, str]) -> dict:
     only, and what it records carries its shard label (so its own alerts read it back)."""
     groups = []
     for group in yaml.safe_load(rules_file.read_text())["groups"]:
-        rules = [r for r in group["rules"] if scope[r.get("record") or r["alert"]] == "node"]
+        rules = [r for r in group["rules"] if scope.get(r.get("record") or r["alert"]) == "node"]
         if rules:
             groups.append({**group, "rules": rules,
                            "params": {"extra_label": [f"{SHARD_LABEL}={shard}"]},
