@@ -315,6 +315,11 @@ def test_the_arm64_image_runs_version_and_check_under_emulation(unpacked_arm64, 
                                                                  web_secret):
     root, _ = unpacked_arm64
     assert _machine(root / "usr" / "bin" / "python3.11") == 183  # AArch64: emulated here
+    for run in ("version", "check"):
+        # A host without a kubelet: the empty stand-in for /var/lib/kubelet (read-only) needs
+        # the pod-resources mount point the DaemonSet mounts inside it, as a kubelet's has.
+        (tmp_path / run / "scratch" / "missing_var_lib_kubelet" / "pod-resources").mkdir(
+            parents=True)
     spec, what, _ = _pod(unpacked_arm64, tmp_path / "version", web_secret)
     assert what == "Localhost node-resize-exporter.json"
     spec["process"]["args"] = spec["process"]["args"][:1] + ["--version"]
