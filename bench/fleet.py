@@ -111,9 +111,9 @@ def series_names(body: bytes) -> set[str]:
 
 
 def record(cmd: list[str], port: int, ready, timeout: float = 60.0,
-           env: dict | None = None) -> dict:
-    """Start cmd, scrape it as Prometheus would until ready(body) and the series set is the
-    same on two scrapes 0.5 s apart; stop it; the last scrape."""
+           env: dict | None = None, accept: str = ACCEPT) -> dict:
+    """Start cmd, scrape it as Prometheus would (or another scraper's Accept) until ready(body)
+    and the series set is the same on two scrapes 0.5 s apart; stop it; the last scrape."""
     tmp = tempfile.TemporaryDirectory(prefix="nre-fleet-rec-")
     log_path = Path(tmp.name) / "log"
     with open(log_path, "w") as log:
@@ -126,7 +126,7 @@ def record(cmd: list[str], port: int, ready, timeout: float = 60.0,
                                    f"{log_path.read_text()[-3000:]}")
             try:
                 ctype, body = _get(f"http://127.0.0.1:{port}/metrics", headers={
-                    "Accept": ACCEPT, "Accept-Encoding": "identity"})
+                    "Accept": accept, "Accept-Encoding": "identity"})
             except OSError:
                 time.sleep(0.1)
                 continue
@@ -160,26 +160,26 @@ def _api_server(directory: str, node: str):
         yield api, "on (testkit/fakes/apiserver.py: this machine's Node and Lease, no pods)"
 
 
-def record_exporter(kubernetes: bool) -> dict:
+def record_exporter(kubernetes: bool, accept: str = ACCEPT) -> dict:
     port = free_port()
     cmd = [exporter_cli(), "run", "--web.listen-address", f"127.0.0.1:{port}",
            "--source", "sysfs", "--no-journal"]
     node = "fleet-rec-node"
     if not kubernetes:
         rec = record([*cmd, "--kubernetes", "off"], port,
-                     lambda b: b"node_resize_kernel_capacity{" in b)
+                     lambda b: b"node_resize_kernel_capacity{" in b, accept=accept)
         rec["kubernetes"] = "off"
         return rec
     with tempfile.TemporaryDirectory(prefix="nre-fleet-api-") as d, \
             _api_server(d, node) as (api, how):
         if api is None:
             rec = record([*cmd, "--kubernetes", "off"], port,
-                         lambda b: b"node_resize_kernel_capacity{" in b)
+                         lambda b: b"node_resize_kernel_capacity{" in b, accept=accept)
         else:
             rec = record([*cmd, "--kubernetes", "on", "--kubeconfig", api.kubeconfig,
                           "--node-name", node, "--podresources-socket", ""], port,
                          lambda b: b"node_resize_kernel_capacity{" in b
-                         and b"node_resize_kubelet_capacity{" in b)
+                         and b"node_resize_kubelet_capacity{" in b, accept=accept)
         rec["kubernetes"] = how
         return rec
 
@@ -226,7 +226,8 @@ async def _serve(port: int, bodies: dict[bytes, tuple[bytes, bytes, bytes]]) -> 
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    # 4096: the kernel's somaxconn; a fleet of 10,000 opens its connections within one interval
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -8,7 +8,8 @@
 #         initramfs check), perf (bench/profile.py), gcc (gcc-12 here: bench/listeners.py
 #         builds its C listener), python3-fusepy (the slow-disk journal test), curl (the
 #         runbook commands' test), wrk (the token flood test); the
-#         image tools (mmdebstrap, umoci, skopeo, runc) (bench: same). tests/e2e/test_setup.py
+#         image tools (mmdebstrap, umoci, skopeo, runc; qemu-user-static, binfmt-support and
+#         arch-test for arm64), victoria-metrics (bench/fleet_vm.py) (bench: same). tests/e2e/test_setup.py
 #         checks that every program the tests, lab and benchmarks run is installed here.
 #   lab   run + the QEMU lab;  image  run + the image tools (`make image`)
 set -euo pipefail
@@ -108,6 +109,20 @@ image_tools() {
   # `make image` and its test: mmdebstrap, umoci, skopeo build the OCI archive; runc runs it
   # (crun 1.8 refuses hosts with hybrid cgroups, as these CI machines have).
   apt_install mmdebstrap umoci skopeo runc openssl
+  # The arm64 image: built (mmdebstrap --arch, which wants arch-test) and run under
+  # qemu-user-static through binfmt_misc (its qemu-aarch64 entry has the F flag: the
+  # interpreter is opened once, so it works inside containers and chroots too).
+  apt_install qemu-user-static binfmt-support arch-test
+  binfmt_arm64
+}
+
+binfmt_arm64() {
+  [ "$(head -1 /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null)" = enabled ] && return 0
+  need_root
+  [ -e /proc/sys/fs/binfmt_misc/register ] \
+    || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  update-binfmts --enable qemu-aarch64
+  say "enabled qemu-aarch64 in binfmt_misc (arm64 binaries run under emulation)"
 }
 
 base() {
@@ -126,6 +141,8 @@ case "$mode" in
         # wrk: the token flood at thousands of requests a second (tests/e2e/test_web_token_flood.py).
         apt_install prometheus prometheus-alertmanager prometheus-node-exporter \
           qemu-system-x86 busybox-static kmod cpio linux-perf python3-fusepy curl gcc wrk
+        # victoria-metrics: the store, vmagent shards and vmalert of bench/fleet_vm.py.
+        apt_install victoria-metrics
         lab_kernel; image_tools
         venv "test,report" ;;
   lab)  base; apt_install qemu-system-x86 busybox-static kmod cpio; lab_kernel; venv "test" ;;

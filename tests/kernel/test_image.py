@@ -5,11 +5,17 @@ privilege escalation, the host paths, the host network, the shipped seccomp prof
 --web.auth=kubernetes (against the fake API server on the host's loopback, through a mounted
 kubeconfig: the one thing added). cpu1 goes offline and online on the host and the bpf source
 inside the container counts and times both. Root and the real kernel; the image is built once
-per session (its Debian layer is cached across sessions, see deploy/image/build.sh)."""
+per session (its Debian layers are cached across sessions, see deploy/image/build.sh).
+
+The archive is multi-arch: an OCI image index (tag <version>) naming the amd64 and arm64
+manifests (tags <version>-amd64, <version>-arm64). The arm64 image runs here under
+qemu-user-static (binfmt_misc, set up by scripts/setup.sh image), with the DaemonSet's security
+as above: `--version` and `check`."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -42,6 +48,9 @@ def image_archive(tmp_path_factory) -> Path:
     for tool in ("mmdebstrap", "umoci", "skopeo", "runc"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: run scripts/setup.sh test")
+    prebuilt = os.environ.get("NRE_TEST_IMAGE_ARCHIVE")  # `make image`'s, built beforehand
+    if prebuilt:
+        return Path(prebuilt)
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([str(BUILD)], check=True, timeout=1800, env={**os.environ,
                                                                 "NRE_IMAGE_OUT": str(out)})
@@ -50,22 +59,36 @@ def image_archive(tmp_path_factory) -> Path:
     return archive
 
 
-@pytest.fixture(scope="module")
-def unpacked(image_archive, tmp_path_factory) -> tuple[Path, dict]:
-    """(root filesystem, umoci's runtime spec) of the image. One rootfs for every container
-    here: each mounts it read-only."""
-    tmp = tmp_path_factory.mktemp("image")
+INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _layout(archive: Path, tmp: Path) -> Path:
     layout = tmp / "layout"
     layout.mkdir()
-    subprocess.run(["tar", "-xf", str(image_archive), "-C", str(layout)], check=True, timeout=300)
-    index = json.loads((layout / "index.json").read_text())
-    ref = index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
-    subprocess.run(["umoci", "unpack", "--image", f"{layout}:{ref}", str(tmp / "bundle")],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(layout)], check=True, timeout=300)
+    return layout
+
+
+def _blob(layout: Path, digest: str) -> dict:
+    return json.loads((layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).read_text())
+
+
+def _unpack(archive: Path, tmp: Path, arch: str) -> tuple[Path, dict]:
+    """(root filesystem, umoci's runtime spec) of the archive's ARCH image."""
+    layout = _layout(archive, tmp)
+    subprocess.run(["umoci", "unpack", "--image", f"{layout}:{_version()}-{arch}",
+                    str(tmp / "bundle")], check=True, capture_output=True, timeout=900)
     shutil.rmtree(layout)
     spec = json.loads((tmp / "bundle" / "config.json").read_text())
     spec["root"]["path"] = str(tmp / "bundle" / "rootfs")
     return tmp / "bundle" / "rootfs", spec
+
+
+@pytest.fixture(scope="module")
+def unpacked(image_archive, tmp_path_factory) -> tuple[Path, dict]:
+    """(root filesystem, umoci's runtime spec) of the amd64 image. One rootfs for every
+    container here: each mounts it read-only."""
+    return _unpack(image_archive, tmp_path_factory.mktemp("image"), "amd64")
 
 
 @pytest.fixture
@@ -234,3 +257,82 @@ def test_runtime_default_seccomp_refuses_bpf_and_the_rest_runs(unpacked, tmp_pat
                    "uevent and sysfs never came up")
         assert up.value("node_resize_exporter_source_up", source="bpf") == 0
         assert "bpf" in c.logs() and "Operation not permitted" in c.logs(), c.logs()
+
+
+# --- the multi-arch archive and the arm64 image under emulation -------------------------------
+
+def _machine(path: Path) -> int:
+    """e_machine of an ELF file: 62 x86-64, 183 AArch64."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    assert head[:4] == b"\x7fELF", path
+    return int.from_bytes(head[18:20], "little")
+
+
+def test_the_archive_is_an_index_of_amd64_and_arm64(image_archive, tmp_path):
+    layout = _layout(image_archive, tmp_path)
+    refs = {d["annotations"]["org.opencontainers.image.ref.name"]: d
+            for d in json.loads((layout / "index.json").read_text())["manifests"]}
+    version = _version()
+    assert set(refs) == {version, f"{version}-amd64", f"{version}-arm64"}
+    assert refs[version]["mediaType"] == INDEX
+    index = _blob(layout, refs[version]["digest"])
+    platforms = {(m["platform"]["os"], m["platform"]["architecture"]): m["digest"]
+                 for m in index["manifests"]}
+    assert platforms == {("linux", "amd64"): refs[f"{version}-amd64"]["digest"],
+                         ("linux", "arm64"): refs[f"{version}-arm64"]["digest"]}
+    for (_, arch), digest in platforms.items():
+        config = _blob(layout, _blob(layout, digest)["config"]["digest"])
+        assert (config["os"], config["architecture"]) == ("linux", arch)
+    # skopeo, what pushes it (`skopeo copy --all`), reads the index and both platforms.
+    raw = subprocess.run(["skopeo", "inspect", "--raw", f"oci:{layout}:{version}"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(raw.stdout)["mediaType"] == INDEX
+    for arch in ("amd64", "arm64"):
+        out = subprocess.run(["skopeo", "--override-arch", arch, "inspect",
+                              f"oci:{layout}:{version}"],
+                             capture_output=True, text=True, check=True, timeout=120)
+        assert json.loads(out.stdout)["Architecture"] == arch
+
+
+@pytest.fixture(scope="module")
+def unpacked_arm64(image_archive, tmp_path_factory) -> tuple[Path, dict]:
+    if Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").read_text().splitlines()[0] != "enabled":
+        pytest.fail("qemu-aarch64 not enabled in binfmt_misc: run scripts/setup.sh image")
+    return _unpack(image_archive, tmp_path_factory.mktemp("image-arm64"), "arm64")
+
+
+def _run_once(spec: dict, tmp_path: Path, timeout: float) -> tuple[int, str]:
+    with Container(spec, tmp_path) as c:
+        try:
+            c.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s:\n{c.logs()}") from None
+        return c.proc.returncode, c.logs()
+
+
+def test_the_arm64_image_runs_version_and_check_under_emulation(unpacked_arm64, tmp_path,
+                                                                 web_secret):
+    root, _ = unpacked_arm64
+    assert _machine(root / "usr" / "bin" / "python3.11") == 183  # AArch64: emulated here
+    for run in ("version", "check"):
+        # A host without a kubelet: the empty stand-in for /var/lib/kubelet (read-only) needs
+        # the pod-resources mount point the DaemonSet mounts inside it, as a kubelet's has.
+        (tmp_path / run / "scratch" / "missing_var_lib_kubelet" / "pod-resources").mkdir(
+            parents=True)
+    spec, what, _ = _pod(unpacked_arm64, tmp_path / "version", web_secret)
+    assert what == "Localhost node-resize-exporter.json"
+    spec["process"]["args"] = spec["process"]["args"][:1] + ["--version"]
+    status, out = _run_once(spec, tmp_path / "version", 300)
+    assert status == 0 and _version() in out, out
+    # `check` with the DaemonSet's arguments: each source and the web config asked whether it
+    # can start, on the host's sysfs, under qemu's syscall translation.
+    spec, _, _ = _pod(unpacked_arm64, tmp_path / "check", web_secret)
+    args = spec["process"]["args"]
+    spec["process"]["args"] = args[:1] + ["check"] + [a for a in args[1:] if a != "run"]
+    status, out = _run_once(spec, tmp_path / "check", 600)
+    said = {m.group(2): m.group(1) for m in re.finditer(r"^(OK|WARN|FAIL)\s+([^:]+):", out, re.M)}
+    assert said.get("sysfs source") == "OK" and said.get("uevent source") == "OK", out
+    assert said.get("web") == "OK", out
+    assert status == (1 if "FAIL" in said.values() else 0), out
+    print(out)
