@@ -97,6 +97,14 @@ def mounts(ds: dict, container: dict, scratch: Path, secrets: dict[str, Path],
                     assert not vol["hostPath"].get("type"), f"{path} is not optional"
                     source = scratch / ("missing_" + path.strip("/").replace("/", "_"))
                     source.mkdir(parents=True, exist_ok=True)
+                    # The mount points of the mounts nested in this one (pod-resources inside
+                    # the kubelet's root): on a node they exist; in a read-only stand-in runc
+                    # cannot make them.
+                    inside = vm["mountPath"].rstrip("/") + "/"
+                    for other in container["volumeMounts"]:
+                        if other["mountPath"].startswith(inside):
+                            (source / other["mountPath"][len(inside):]).mkdir(
+                                parents=True, exist_ok=True)
             out.append({"destination": vm["mountPath"], "type": "bind", "source": str(source),
                         "options": opts})
         elif "secret" in vol:
