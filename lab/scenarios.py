@@ -570,7 +570,8 @@ def run_all(out_dir: Path, config: GuestConfig | None = None,
             record(o)
             if not o.passed:
                 return outcomes  # nothing below can work without the plumbing
-        for step in SCENARIOS:
+        from lab.scenarios_orchestrator import ORCHESTRATOR_SCENARIOS  # imports this module
+        for step in (*SCENARIOS, *ORCHESTRATOR_SCENARIOS):
             record(step.run(run))
         if run.remaining() > 60:
             lab.collect()

@@ -37,6 +37,7 @@ from lab.scenarios import (
     plan_movable_dimm,
     plan_normal_dimm,
 )
+from lab.scenarios_orchestrator import ORCHESTRATOR_SCENARIOS
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "lab" / "out"
@@ -151,6 +152,17 @@ def test_exporter_runs_in_the_guest_with_every_source(lab_run):
     plan_normal_dimm, cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
 ], ids=lambda s: s.fn.__name__)
 def test_scenario(lab_run, scenario):
+    if lab_run.lab.exporter_pid is None:
+        pytest.fail("the exporter never started in the guest (see the test before)")
+    passes(scenario, lab_run)
+
+
+@pytest.mark.lab
+@needs_lab
+@pytest.mark.parametrize("scenario", ORCHESTRATOR_SCENARIOS, ids=lambda s: s.fn.__name__)
+def test_orchestrator_scenario(lab_run, scenario):
+    """The reference client (examples/orchestrator.py) acting on the guest exporter's plans,
+    on the same guest, after the scenarios above (lab/scenarios_orchestrator.py)."""
     if lab_run.lab.exporter_pid is None:
         pytest.fail("the exporter never started in the guest (see the test before)")
     passes(scenario, lab_run)
