@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import argparse
 import errno
+import http.client
 import json
 import os
 import signal
+import socket
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -133,19 +133,30 @@ def actions(answer: Dict[str, Any]) -> List[Action]:
 
 
 class PlanClient:
-    """GET /plan on one node's exporter, with a bearer token and the exporter's certificate."""
+    """GET /plan on one node's exporter, with a bearer token, over TLS that is verified.
+
+    The token goes only to a server whose certificate a trusted CA signed (`ca_file`) for the
+    name checked: the host in `url` (a SAN of the node's own certificate: its name, or an
+    address given to --web.tls.extra-san), or `server_name` when every node serves one
+    certificate for one name (docs/security.md: node-resize-exporter.node-resize-exporter.svc).
+    """
 
     def __init__(self, url: str, token_file: Optional[str] = None, ca_file: Optional[str] = None,
-                 timeout: float = 30.0, tries: int = 5):
-        self.url = url.rstrip("/")
+                 server_name: Optional[str] = None, timeout: float = 30.0, tries: int = 5):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PlanError(f"--url {url!r}: http(s)://HOST:PORT")
+        if token_file and parts.scheme != "https":
+            raise PlanError("a bearer token is sent over https only")
+        self.scheme, self.host = parts.scheme, parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.token_file = token_file
+        self.server_name = server_name or self.host
         self.timeout = timeout
         self.tries = tries
         self.context: Optional[ssl.SSLContext] = None
-        if self.url.startswith("https:"):
-            # Verify the exporter: a CA you trust, and the certificate's SANs must name the
-            # address dialled (the node name, or an IP address given to --web.tls.extra-san).
-            self.context = ssl.create_default_context(cafile=ca_file)
+        if self.scheme == "https":
+            self.context = ssl.create_default_context(cafile=ca_file)  # verifies name and CA
 
     def _headers(self) -> Dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -155,25 +166,42 @@ class PlanClient:
                 headers["Authorization"] = f"Bearer {f.read().strip()}"
         return headers
 
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.context is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        try:
+            tls = self.context.wrap_socket(sock, server_hostname=self.server_name)
+        except BaseException:
+            sock.close()
+            raise
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                           context=self.context)
+        conn.sock = tls  # verified above, for server_name: the token is sent on this socket
+        return conn
+
     def get(self, query: Dict[str, str]) -> Tuple[int, Dict[str, Any]]:
         """(status, JSON body) of GET /plan?query; waits out 429/503 (Retry-After)."""
-        url = f"{self.url}/plan?{urllib.parse.urlencode(query)}"
+        path = f"/plan?{urllib.parse.urlencode(query)}"
         for attempt in range(self.tries):
-            request = urllib.request.Request(url, headers=self._headers())
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout,
-                                            context=self.context) as r:
-                    return r.status, json.loads(r.read())
-            except urllib.error.HTTPError as e:
-                body = e.read()
-                if e.code in (429, 503) and attempt + 1 < self.tries:
-                    time.sleep(min(float(e.headers.get("Retry-After") or 1), 10.0))
-                    continue
-                try:
-                    return e.code, json.loads(body)
-                except ValueError:
-                    return e.code, {"error": body.decode(errors="replace")[:500]}
-        raise PlanError(f"GET {url}: still busy after {self.tries} tries")
+                conn = self._connect()
+            except (OSError, ssl.SSLError) as e:
+                raise PlanError(f"{self.scheme}://{self.host}:{self.port}: {e}") from e
+            try:
+                conn.request("GET", path, headers=self._headers())
+                r = conn.getresponse()
+                status, body, retry = r.status, r.read(), r.getheader("Retry-After")
+            finally:
+                conn.close()
+            if status in (429, 503) and attempt + 1 < self.tries:
+                time.sleep(min(float(retry or 1), 10.0))
+                continue
+            try:
+                return status, json.loads(body)
+            except ValueError:
+                return status, {"error": body.decode(errors="replace")[:500]}
+        raise PlanError(f"GET {path}: still busy after {self.tries} tries")
 
     def ask(self, cpu: Optional[str] = None, memory: Optional[str] = None,
             **extra: str) -> Dict[str, Any]:
@@ -333,6 +361,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--url", required=True, help="the node's exporter, e.g. https://NODE:9862")
     p.add_argument("--token-file", help="a bearer token (a projected, audience-bound one)")
     p.add_argument("--ca-file", help="the CA that signed the exporter's certificate")
+    p.add_argument("--server-name", help="the name the certificate must carry, when it is not "
+                                         "the host in --url")
     p.add_argument("--cpu", help="CPUs to take away, e.g. -1")
     p.add_argument("--memory", help="memory to take away, e.g. -1Gi")
     p.add_argument("--act", action="store_true",
@@ -341,7 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if not (args.cpu or args.memory):
         p.error("give --cpu and/or --memory")
-    client = PlanClient(args.url, args.token_file, args.ca_file)
+    client = PlanClient(args.url, args.token_file, args.ca_file, args.server_name)
     try:
         answer = client.ask(cpu=args.cpu, memory=args.memory)
         steps = actions(answer)

@@ -3,15 +3,22 @@ roll back. The node's side is an in-memory sysfs that can refuse a write (the ke
 the lab (lab/scenarios_orchestrator.py) runs the same client against a real guest kernel."""
 from __future__ import annotations
 
+import datetime
 import errno
+import ipaddress
 import json
 import os
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from examples import orchestrator as orch
 
@@ -35,7 +42,7 @@ def answer(safe: object = True, generation: str = "g1", steps: list | None = Non
 class Plans:
     """A loopback HTTP server answering GET /plan from a queue of (status, body, headers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.replies: list[tuple[int, dict, dict]] = []
         self.asked: list[tuple[dict, dict]] = []
         plans = self
@@ -58,10 +65,13 @@ class Plans:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
                                        daemon=True)
         self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def reply(self, body: dict, status: int = 200, **headers: str) -> None:
         self.replies.append((status, body, headers))
@@ -187,20 +197,104 @@ def test_a_write_outside_sys_is_refused_as_malformed():
         orch.actions(answer(steps=[{"kind": "write", "path": "/etc/passwd", "value": "x"}]))
 
 
-def test_429_is_waited_out_with_retry_after_and_the_token_is_read_each_time(plans, tmp_path):
-    token = tmp_path / "token"
-    token.write_text("first\n")
+def test_429_is_waited_out_with_retry_after(plans):
     plans.reply({"error": "busy"}, 429, **{"Retry-After": "1"})
     plans.reply(answer())
-    client = orch.PlanClient(plans.url, token_file=str(token))
     t0 = time.monotonic()
-    client.ask(memory="-256Mi")
-    assert time.monotonic() - t0 >= 0.9
-    token.write_text("rotated\n")
-    plans.reply(answer())
-    client.ask(memory="-256Mi")
-    assert [h.get("Authorization") for _, h in plans.asked] == [
-        "Bearer first", "Bearer first", "Bearer rotated"]
+    assert orch.PlanClient(plans.url).ask(memory="-256Mi")["generation"] == "g1"
+    assert time.monotonic() - t0 >= 0.9 and len(plans.asked) == 2
+
+
+def test_a_token_is_never_sent_over_plain_http(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret")
+    with pytest.raises(orch.PlanError, match="https only"):
+        orch.PlanClient("http://127.0.0.1:9862", token_file=str(token))
+
+
+# ---------------------------------------------------------------- TLS: the certificate's SANs
+
+
+def _cert(tmp_path, name: str, sans: list, issuer=None) -> tuple[str, str, object, object]:
+    """(cert file, key file, cert, key): a CA when issuer is None, else a server certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, issuer_key = (subject, key) if issuer is None else (issuer[2].subject, issuer[3])
+    b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name)
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(hours=1)))
+    if issuer is None:
+        b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    else:
+        b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = b.sign(issuer_key, hashes.SHA256())
+    cert_file, key_file = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file), cert, key
+
+
+SVC = "node-resize-exporter.node-resize-exporter.svc"
+
+
+def _tls_plans(tmp_path, sans: list, ca=None) -> tuple[Plans, str]:
+    ca = ca or _cert(tmp_path, "ca", [])
+    server = _cert(tmp_path, "server", sans, issuer=ca)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(server[0], server[1])
+    return Plans(ctx), ca[0]
+
+
+def test_over_tls_the_token_goes_to_a_verified_node_and_is_read_each_time(tmp_path):
+    plans, ca = _tls_plans(tmp_path, [x509.DNSName("node-1"),
+                                      x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    try:
+        client = orch.PlanClient(plans.url, token_file=str(token), ca_file=ca)
+        plans.reply(answer())
+        client.ask(memory="-256Mi")
+        token.write_text("rotated\n")  # the kubelet rotated the projected token
+        plans.reply(answer())
+        client.ask(memory="-256Mi")
+    finally:
+        plans.close()
+    assert [h.get("Authorization") for _, h in plans.asked] == ["Bearer first", "Bearer rotated"]
+
+
+def test_a_certificate_without_the_dialled_address_gets_no_token(tmp_path):
+    plans, ca = _tls_plans(tmp_path, [x509.DNSName(SVC)])
+    token = tmp_path / "token"
+    token.write_text("secret")
+    try:
+        plans.reply(answer())
+        with pytest.raises(orch.PlanError, match="127.0.0.1"):
+            orch.PlanClient(plans.url, token_file=str(token), ca_file=ca).ask(cpu="-1")
+        assert plans.asked == []
+        # One certificate for every node, checked by its name (docs/security.md's recipe)
+        orch.PlanClient(plans.url, token_file=str(token), ca_file=ca,
+                        server_name=SVC).ask(cpu="-1")
+    finally:
+        plans.close()
+    assert [h.get("Authorization") for _, h in plans.asked] == ["Bearer secret"]
+
+
+def test_a_certificate_from_another_ca_gets_no_token(tmp_path):
+    plans, _ = _tls_plans(tmp_path, [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    (tmp_path / "other").mkdir()
+    other_ca = _cert(tmp_path / "other", "ca", [])
+    token = tmp_path / "token"
+    token.write_text("secret")
+    try:
+        with pytest.raises(orch.PlanError, match="certificate verify failed"):
+            orch.PlanClient(plans.url, token_file=str(token), ca_file=other_ca[0]).ask(cpu="-1")
+    finally:
+        plans.close()
+    assert plans.asked == []
 
 
 def test_a_400_is_a_plan_error_with_the_servers_reason(plans):
