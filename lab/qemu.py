@@ -36,7 +36,9 @@ class GuestConfig:
     below_4g_mib: int = 512
     slots: int = 4
     max_mib: int = 4096
-    max_cpus: int = 2
+    # 3: two hot-pluggable vCPU slots, so the orchestrator's vCPU comes and goes while the other
+    # hot-added one stays (QEMU 7.2 under TCG aborts at a vCPU device_add after a vCPU device_del)
+    max_cpus: int = 3
     script: str = "run.sh"  # on the scratch share; /init runs it in the chroot
     # nokaslr: the kernel's physical placement (and so which boot blocks are busy) is stable.
     extra_append: tuple[str, ...] = ("nokaslr",)

@@ -570,8 +570,8 @@ def run_all(out_dir: Path, config: GuestConfig | None = None,
             record(o)
             if not o.passed:
                 return outcomes  # nothing below can work without the plumbing
-        from lab.scenarios_orchestrator import ORCHESTRATOR_SCENARIOS  # imports this module
-        for step in (*SCENARIOS, *ORCHESTRATOR_SCENARIOS):
+        from lab.scenarios_orchestrator import LAB_ORDER  # SCENARIOS and the orchestrator's
+        for step in LAB_ORDER:
             record(step.run(run))
         if run.remaining() > 60:
             lab.collect()

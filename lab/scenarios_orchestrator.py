@@ -5,18 +5,22 @@ The client runs on the host as an orchestrator would: it asks the guest's export
 hostfwd, does the node's steps (sysfs writes) through the lab's guest agent (an orchestrator
 would use qemu-guest-agent's guest-set-memory-blocks / guest-set-vcpus, or a node agent), and
 the hypervisor's steps over QMP: `device_del` of the DIMM in the slot the plan names, or of the
-vCPU in the socket/core/thread the plan names. They run on the guest the other scenarios booted,
-after them, in this order:
+vCPU in the socket/core/thread the plan names. They share the guest the other scenarios booted:
 
-(d) a plan for a movable DIMM, answered before a vCPU hot-add, is refused as stale after it
-    (nothing written);
-(a) asked again, the DIMM is offlined block by block in the plan's order, removed by
+(d) a plan for a movable DIMM, answered before a second DIMM is hot-added (into ZONE_NORMAL,
+    with pipe buffers pinned in it: lab/pin_pages.py), is refused as stale after it: nothing
+    is written;
+(a) asked again, the movable DIMM is offlined block by block in the plan's order, removed by
     `device_del`, MemTotal shrinks, the exporter records the episode;
-(c) the hot-added vCPU the plan offers, named by its topology, is offlined and its QEMU device
-    (found by socket/core/thread in query-hotpluggable-cpus) removed;
-(b) a DIMM onlined into ZONE_NORMAL with pipe buffers pinned in it (lab/pin_pages.py): the plan
-    refuses it (unmovable pages), and the kernel refuses it (EBUSY) when the client tries
-    anyway; the client rolls back the blocks it had offlined.
+(b) the pinned DIMM: the plan refuses it (unmovable pages), and the kernel refuses it (EBUSY)
+    when the client tries anyway; the client puts back the blocks it had offlined;
+(c) a second hot-added vCPU the plan offers, named by its topology, is offlined and its QEMU
+    device (found by socket/core/thread in query-hotpluggable-cpus) removed.
+
+QEMU 7.2 under TCG aborts ("double free or corruption") at the first DIMM or vCPU device_add
+after a vCPU's device_del, so every DIMM is added before any vCPU leaves, and the guest has two
+hot-pluggable vCPU slots: LAB_ORDER puts (d), (a), (b) after the memory scenarios and (c)
+between the in-guest CPU offline/online and the vCPU hot-remove.
 """
 from __future__ import annotations
 
@@ -40,12 +44,16 @@ from lab.qemu import GiB
 from lab.qmp import CpuSlot
 from lab.scenarios import (
     AUTO_ONLINE,
+    SCENARIOS,
     LabRun,
     Outcome,
     Scenario,
+    ScenarioFailed,
     block_range,
     check,
     cpu_count,
+    cpu_hot_add,
+    cpu_hot_remove,
     online_blocks,
     scenario,
 )
@@ -61,10 +69,10 @@ CPU = "/sys/devices/system/cpu"
 class OrchestratorState:
     """What the scenarios hand on to each other (they share one guest, in order)."""
 
-    dimm_blocks: set[str] = field(default_factory=set)
-    early_plan: dict[str, Any] | None = None
-    cpu_slot: CpuSlot | None = None
-    cpu_online: bool = False
+    dimm_blocks: set[str] = field(default_factory=set)  # the movable DIMM's
+    pinned_blocks: list[int] = field(default_factory=list)  # the kernel-zone DIMM's
+    pinned: dict[str, Any] = field(default_factory=dict)  # what lab/pin_pages.py reported
+    pin_pid: int | None = None
 
 
 _STATE: dict[int, OrchestratorState] = {}
@@ -172,7 +180,7 @@ def executor(run: LabRun) -> tuple[Executor, AgentNode, QMPHypervisor]:
     return Executor(node, hv), node, hv
 
 
-# ---------------------------------------------------------------- (d) then (a): memory
+# ---------------------------------------------------------------- (d), (a), (b): memory
 
 
 def _hot_add_movable_dimm(run: LabRun) -> set[str]:
@@ -186,44 +194,84 @@ def _hot_add_movable_dimm(run: LabRun) -> set[str]:
     return online_blocks(st) - before
 
 
-def _cpu_add(run: LabRun, o: OrchestratorState) -> None:
+def _hot_add_kernel_dimm(run: LabRun) -> list[int]:
+    """A DIMM left offline at hot-add, then onlined into ZONE_NORMAL by hand."""
     lab = run.lab
-    o.cpu_slot = lab.guest.qmp.add_cpu(CPU_DEVICE)
-    run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == 2, "make the new vCPU present")
-    w = lab.call("write", path=f"{CPU}/cpu1/online", value="1")  # what udev would do
-    check(w["errno"] == 0, f"echo 1 > cpu1/online: {w['error']}")
-    o.cpu_online = True
-    run.wait_counts(lambda c: c.cpus("online") == 2, "2 CPUs online")
+    policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
+    check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
+          "cannot set auto_online_blocks")
+    try:
+        before = set(lab.state()["memory_blocks"])
+        lab.guest.qmp.add_dimm(KERNEL_DIMM, GiB)
+        st = run.wait_guest(lambda st: len(set(st["memory_blocks"]) - before) == 8,
+                            "8 new (offline) memory blocks")
+    finally:
+        lab.call("write", path=AUTO_ONLINE, value=policy)
+    blocks = sorted(int(b[6:]) for b in set(st["memory_blocks"]) - before)
+    for n in blocks:
+        r = lab.call("write", path=f"{MEM}/memory{n}/state", value="online_kernel")
+        check(r["errno"] == 0, f"online_kernel memory{n}: {r['error']}")
+    return blocks
 
 
-@scenario("orchestrator: a plan answered before a vCPU hot-add is stale after it")
+def _pin(run: LabRun, blocks: list[int]) -> tuple[int, dict]:
+    """Start lab/pin_pages.py in the guest and wait until it holds pages in `blocks`."""
+    lab = run.lab
+    ready = lab.guest.scratch / "pinned.json"
+    ready.unlink(missing_ok=True)
+    pid = lab.spawn([GUEST_PYTHON, "-m", "lab.pin_pages", "/tmp/scratch/pinned.json",
+                     *map(str, blocks)], "pin_pages.log")
+    deadline = time.monotonic() + run.budget(180)
+    while not ready.exists():
+        if lab.call("poll", pid=pid)["returncode"] is not None:
+            raise ScenarioFailed(f"pin_pages exited: {lab.artifact('pin_pages.log')[-1500:]}")
+        if time.monotonic() > deadline:
+            lab.stop_program(pid)
+            raise ScenarioFailed("pin_pages did not pin pages in 180 s")
+        time.sleep(0.5)
+    return pid, json.loads(ready.read_text())
+
+
+def _release(run: LabRun) -> None:
+    o = state(run)
+    if o.pin_pid is not None:
+        run.lab.stop_program(o.pin_pid)
+        o.pin_pid = None
+
+
+@scenario("orchestrator: a plan answered before a DIMM hot-add is stale after it")
 def orchestrator_stale_plan(run: LabRun, out: Outcome) -> None:
     o = state(run)
     o.dimm_blocks = _hot_add_movable_dimm(run)
     c = client(run)
     early = c.ask(memory="-1Gi")
-    o.early_plan = early
     steps = actions(early)
     check(early.get("safe") is True, f"the plan for the movable DIMM is not safe: {early}")
     check(blocks_of(offlined_paths(steps)) == o.dimm_blocks,
           f"the plan offlines {sorted(blocks_of(offlined_paths(steps)))}, not the DIMM's "
           f"{sorted(o.dimm_blocks)}")
     current_before = c.is_current(early)
-    _cpu_add(run, o)
+    # The change: a second DIMM, in ZONE_NORMAL, with unmovable pages in it ((b) uses it).
+    o.pinned_blocks = _hot_add_kernel_dimm(run)
+    o.pin_pid, o.pinned = _pin(run, o.pinned_blocks)
+    mem = run.lab.mem_total_bytes()
+    run.wait_counts(lambda c: c.capacity("memory") == mem, "capacity = MemTotal, both DIMMs")
     ex, node, _ = executor(run)
     try:
         carry_out(c, early, ex)
         stale = False
     except Stale:
         stale = True
-    out.kernel = (f"DIMM {block_range(o.dimm_blocks)} online_movable; then device_add "
-                  f"{o.cpu_slot.props if o.cpu_slot else '?'}, cpu1 online")
+    out.kernel = (f"DIMM {block_range(o.dimm_blocks)} online_movable; then DIMM "
+                  f"{block_range({f'memory{n}' for n in o.pinned_blocks})} online_kernel, "
+                  f"{o.pinned.get('bytes', 0) >> 20} MiB of pipe buffers pinned "
+                  f"(in-use non-LRU pages per block {o.pinned.get('pinned')})")
     out.exporter = (f"generation {early.get('generation')!r}: current before the hot-add "
                     f"{current_before}, stale after it {stale}; client writes {len(node.writes)}")
     check(current_before, "the plan was already stale before anything changed")
-    check(stale, "the client acted on a plan answered before the vCPU hot-add")
+    check(stale, "the client acted on a plan answered before the DIMM hot-add")
     check(node.writes == [], f"the client wrote to a node it knew had changed: {node.writes}")
-    check(online_blocks(run.lab.state()) >= o.dimm_blocks, "a DIMM block went offline")
+    check(o.dimm_blocks <= online_blocks(run.lab.state()), "a DIMM block went offline")
 
 
 @scenario("orchestrator: the movable DIMM the plan offers, offlined and device_del'ed")
@@ -245,18 +293,78 @@ def orchestrator_movable_dimm(run: LabRun, out: Outcome) -> None:
     eps = [e for e in run.episodes() if e.get("resource") == "memory"]
     recorded = {f"memory{t.get('unit')}" for e in eps for t in e.get("transitions", [])
                 if t.get("direction") == "offline" and t.get("result") == "success"}
-    out.kernel = (f"client offlined {block_range(set(offlined))} in order {offlined}; "
-                  f"device_del {hv.removed}; MemTotal {before_state['mem_total_kb']} -> "
+    d_tx = after.tx("memory", "offline") - before.tx("memory", "offline")
+    out.kernel = (f"client offlined {', '.join(offlined)} in that order; device_del "
+                  f"{hv.removed}; MemTotal {before_state['mem_total_kb']} -> "
                   f"{after_state['mem_total_kb']} kB")
-    out.exporter = (f"{len(done.done)} actions done; offline success "
-                    f"+{after.tx('memory', 'offline') - before.tx('memory', 'offline'):.0f}; "
-                    f"episodes hold offline of {block_range(recorded & o.dimm_blocks) or 'none'}")
+    out.exporter = (f"{len(done.done)} actions done; offline success +{d_tx:.0f}; episodes "
+                    f"hold the offline of {block_range(recorded & o.dimm_blocks) or 'none'}")
     check(set(offlined) == o.dimm_blocks, f"offlined {offlined}, not {sorted(o.dimm_blocks)}")
     check(hv.removed == [MOVABLE_DIMM], f"device_del of {hv.removed}, not {MOVABLE_DIMM}")
     check(before_state["mem_total_kb"] - after_state["mem_total_kb"] == GiB // 1024,
           "MemTotal did not shrink by the DIMM's 1 GiB")
     check(o.dimm_blocks <= recorded, f"the journal's episodes miss offlines of "
           f"{sorted(o.dimm_blocks - recorded)}")
+
+
+@scenario("orchestrator: a DIMM with unmovable pages: the plan refuses it, the kernel too")
+def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
+    lab, o = run.lab, state(run)
+    try:
+        check(o.pin_pid is not None and bool(o.pinned.get("ok")),
+              f"no DIMM with pinned pages (the stale-plan scenario): {o.pinned}")
+        names = {f"memory{n}" for n in o.pinned_blocks}
+        mem_before = lab.mem_total_bytes()
+        before = run.counts()
+        answer = client(run).ask(memory="-1Gi")
+        offered = blocks_of(offlined_paths(actions(answer)))
+        refused = {f"memory{r.get('unit')}" for r in answer.get("refusals", [])
+                   if r.get("resource") == "memory" and r.get("reason") == "unmovable_pages"}
+        busy = {f"memory{n}" for n, count in o.pinned["pinned"].items() if int(count)}
+        # Tried anyway, in the plan's words, the highest block first (so that some blocks are
+        # offline when the kernel refuses one, and the rollback has work to do).
+        tried = [Action(i, "write", f"{MEM}/{b}/state", "offline",
+                        rollback=Action(i, "write", f"{MEM}/{b}/state", "online_kernel",
+                                        expect="online"))
+                 for i, b in enumerate(sorted(names, key=lambda b: -int(b[6:])), 1)]
+        ex, node, _ = executor(run)
+        failed: StepFailed | None = None
+        try:
+            ex.run(tried)
+        except StepFailed as e:
+            failed = e
+        st = lab.state()
+        after = run.wait_counts(lambda c: c.tx("memory", "offline", "failed")
+                                - before.tx("memory", "offline", "failed") >= 1,
+                                "the refused offline counted as failed")
+    finally:
+        _release(run)
+    cause = failed.cause if failed else None
+    d_failed = after.tx("memory", "offline", "failed") - before.tx("memory", "offline", "failed")
+    out.kernel = (f"{block_range(names)} online_kernel, pinned pages in {sorted(busy)}; tried "
+                  "anyway: " + (f"step {failed.action.index} ({failed.action.path.split('/')[-2]})"
+                                f" {errno.errorcode.get(getattr(cause, 'errno', 0), cause)}, "
+                                f"{len(failed.rolled_back)} offlined block(s) put back"
+                                if failed else "all offlined"))
+    out.exporter = (f"plan -1Gi offers {block_range(offered) if offered else 'nothing'}, refuses "
+                    f"{block_range(refused & names) if refused & names else 'none of the DIMM'} "
+                    f"(unmovable_pages); offline failed +{d_failed:.0f}")
+    check(not (offered & names), f"the plan offers {sorted(offered & names)} of the pinned DIMM")
+    check(bool(busy & refused), f"the plan does not refuse the pinned block(s) {sorted(busy)} "
+          f"for unmovable pages: refusals {answer.get('refusals')}")
+    check(failed is not None and getattr(cause, "errno", None) == errno.EBUSY,
+          f"the kernel did not refuse with EBUSY: {failed}")
+    assert failed is not None
+    check(bool(failed.rolled_back) and not failed.rollback_errors,
+          f"rolled back {failed.rolled_back}, errors {failed.rollback_errors}")
+    check(names <= online_blocks(st), f"blocks left offline after the rollback: "
+          f"{sorted(names - online_blocks(st))}")
+    check(lab.mem_total_bytes() == mem_before, "MemTotal moved")
+    check(d_failed >= 1, "the exporter did not count the refused offline")
+    try:  # the pipes are gone: give the slot back if the kernel lets go (not asserted)
+        lab.guest.qmp.remove_dimm(KERNEL_DIMM, timeout=min(20.0, run.budget(20)))
+    except (TimeoutError, RuntimeError):
+        pass
 
 
 # ---------------------------------------------------------------- (c): a vCPU by topology
@@ -274,9 +382,18 @@ def _topology(lab: LabGuest, cpu: int) -> dict[str, int]:
 
 @scenario("orchestrator: the vCPU the plan offers, by topology, offlined and device_del'ed")
 def orchestrator_cpu(run: LabRun, out: Outcome) -> None:
-    lab, o = run.lab, state(run)
-    check(o.cpu_online and o.cpu_slot is not None, "no hot-added vCPU (stale-plan scenario)")
-    sysfs = _topology(lab, 1)
+    """A second vCPU beside the hot-added cpu1 (QEMU fills the highest free core first, so
+    cpu1 is core 2 and this one, cpu2, core 1: Linux numbers and QEMU slots differ)."""
+    lab = run.lab
+    present = cpu_count(lab.state()["cpus_present"])
+    slot = lab.guest.qmp.add_cpu(CPU_DEVICE)
+    st = run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == present + 1,
+                        "make the orchestrator's vCPU present")
+    cpu = present  # the next number: cpu0 is the boot CPU, cpu1 the first hot-added
+    w = lab.call("write", path=f"{CPU}/cpu{cpu}/online", value="1")  # what udev would do
+    check(w["errno"] == 0, f"echo 1 > cpu{cpu}/online: {w['error']}")
+    run.wait_counts(lambda c: c.cpus("online") == present + 1, f"{present + 1} CPUs online")
+    places = {n: _topology(lab, n) for n in range(1, present + 1)}
     before = run.counts()
     c = client(run)
     answer = c.ask(cpu="-1")
@@ -286,125 +403,41 @@ def orchestrator_cpu(run: LabRun, out: Outcome) -> None:
     place = device_of(unplug[0])
     ex, node, hv = executor(run)
     carry_out(c, answer, ex)
-    st = run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == 1, "remove the vCPU")
-    after = run.wait_counts(lambda c: c.cpus("online") == 1 and c.cpus("present") == 1
+    st = run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == present,
+                        "remove the vCPU the plan named")
+    after = run.wait_counts(lambda c: c.cpus("online") == present
+                            and c.cpus("present") == present
                             and c.tx("cpu", "offline") - before.tx("cpu", "offline") >= 1,
-                            "1 CPU online and present, one offline transition")
-    o.cpu_online = False
-    out.kernel = (f"guest cpu1 topology {sysfs}; QEMU slot {o.cpu_slot.props}; client wrote "
+                            f"{present} CPUs online and present, one offline transition")
+    taken = place.get("cpu")
+    out.kernel = (f"device_add {slot.props} -> cpu{cpu} {places.get(cpu)}; client wrote "
                   f"{[(p, v) for p, v, _ in node.writes]}, device_del {hv.removed}; present "
                   f"{st['cpus_present']}")
-    out.exporter = (f"plan names {json.dumps(place, sort_keys=True)}; cpus online "
+    out.exporter = (f"plan cpu -1 names {json.dumps(place, sort_keys=True)}; cpus online "
                     f"{after.cpus('online'):.0f} present {after.cpus('present'):.0f}")
-    check(all(place.get(k) == v for k, v in sysfs.items()),
-          f"the plan's topology {place} is not the guest's {sysfs}")
-    check(hv.removed == [CPU_DEVICE], f"device_del {hv.removed}, not {CPU_DEVICE}")
-    check(node.writes[:1] == [(f"{CPU}/cpu1/online", "0", 0)],
+    check(taken in places, f"the plan names cpu {taken}, not a hot-added one {sorted(places)}")
+    check(all(place.get(k) == v for k, v in places[taken].items()),
+          f"the plan's topology {place} is not the guest's {places[taken]}")
+    check(node.writes[:1] == [(f"{CPU}/cpu{taken}/online", "0", 0)],
           f"the client's first write was {node.writes[:1]}")
+    check(taken == cpu and hv.removed == [CPU_DEVICE],
+          f"the plan took cpu{taken} (device_del {hv.removed}), not the orchestrator's "
+          f"cpu{cpu} ({CPU_DEVICE}): the lab's cpu1 is gone before its own hot-remove")
 
 
-# ---------------------------------------------------------------- (b): refused, twice
+ORCHESTRATOR_MEMORY: tuple[Scenario, ...] = (
+    orchestrator_stale_plan, orchestrator_movable_dimm, orchestrator_refused_dimm)
+ORCHESTRATOR_CPU: tuple[Scenario, ...] = (orchestrator_cpu,)
+ORCHESTRATOR_SCENARIOS = ORCHESTRATOR_MEMORY + ORCHESTRATOR_CPU
 
 
-def _hot_add_kernel_dimm(run: LabRun) -> list[int]:
-    lab = run.lab
-    policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
-    check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
-          "cannot set auto_online_blocks")
-    try:
-        before = set(lab.state()["memory_blocks"])
-        lab.guest.qmp.add_dimm(KERNEL_DIMM, GiB)
-        st = run.wait_guest(lambda st: len(set(st["memory_blocks"]) - before) == 8,
-                            "8 new (offline) memory blocks")
-    finally:
-        lab.call("write", path=AUTO_ONLINE, value=policy)
-    blocks = sorted(int(b[6:]) for b in set(st["memory_blocks"]) - before)
-    for n in blocks:
-        r = lab.call("write", path=f"{MEM}/memory{n}/state", value="online_kernel")
-        check(r["errno"] == 0, f"online_kernel memory{n}: {r['error']}")
-    return blocks
+def lab_order() -> tuple[Scenario, ...]:
+    """Every scenario in the order one guest runs them: the orchestrator's memory scenarios
+    before any vCPU comes, its vCPU one before the lab's vCPU leaves (QEMU 7.2, above)."""
+    order = list(SCENARIOS)
+    order[order.index(cpu_hot_add):order.index(cpu_hot_add)] = ORCHESTRATOR_MEMORY
+    order[order.index(cpu_hot_remove):order.index(cpu_hot_remove)] = ORCHESTRATOR_CPU
+    return tuple(order)
 
 
-def _pin(run: LabRun, blocks: list[int]) -> tuple[int, dict]:
-    lab = run.lab
-    ready = lab.guest.scratch / "pinned.json"
-    ready.unlink(missing_ok=True)
-    pid = lab.spawn([GUEST_PYTHON, "-m", "lab.pin_pages", "/tmp/scratch/pinned.json",
-                     *map(str, blocks)], "pin_pages.log")
-    deadline = time.monotonic() + run.budget(120)
-    while not ready.exists():
-        if lab.call("poll", pid=pid)["returncode"] is not None:
-            raise AssertionError(f"pin_pages exited: {lab.artifact('pin_pages.log')[-1500:]}")
-        if time.monotonic() > deadline:
-            lab.stop_program(pid)
-            raise AssertionError("pin_pages did not pin pages in 120 s")
-        time.sleep(0.5)
-    return pid, json.loads(ready.read_text())
-
-
-@scenario("orchestrator: a DIMM with unmovable pages: the plan refuses it, the kernel too")
-def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
-    lab = run.lab
-    blocks = _hot_add_kernel_dimm(run)
-    names = {f"memory{n}" for n in blocks}
-    pid, pinned = _pin(run, blocks)
-    try:
-        check(pinned["ok"], f"pin_pages could not put pages into the DIMM: {pinned}")
-        mem_before = lab.mem_total_bytes()
-        run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
-                                                 zone="Normal") is not None
-                        and c.capacity("memory") == mem_before,
-                        "the DIMM's blocks as hot-added into Normal")
-        before = run.counts()
-        answer = client(run).ask(memory="-1Gi")
-        offered = blocks_of(offlined_paths(actions(answer)))
-        refused = {f"memory{r.get('unit')}" for r in answer.get("refusals", [])
-                   if r.get("resource") == "memory" and r.get("reason") == "unmovable_pages"}
-        busy = {f"memory{n}" for n, count in pinned["pinned"].items() if int(count)}
-        # Tried anyway, as the plan would have written it, the highest block first (so that
-        # blocks are offline when the kernel refuses, and the rollback has work to do).
-        tried = [Action(i, "write", f"{MEM}/{b}/state", "offline",
-                        rollback=Action(i, "write", f"{MEM}/{b}/state", "online_kernel",
-                                        expect="online"))
-                 for i, b in enumerate(sorted(names, key=lambda b: -int(b[6:])), 1)]
-        ex, node, _ = executor(run)
-        try:
-            ex.run(tried)
-            failed: StepFailed | None = None
-        except StepFailed as e:
-            failed = e
-        st = lab.state()
-        after = run.wait_counts(lambda c: c.tx("memory", "offline", "failed")
-                                - before.tx("memory", "offline", "failed") >= 1,
-                                "the refused offline counted as failed")
-    finally:
-        lab.stop_program(pid)
-    cause = failed.cause if failed else None
-    d_failed = after.tx("memory", "offline", "failed") - before.tx("memory", "offline", "failed")
-    out.kernel = (f"{block_range(names)} online_kernel; pipes pinned {pinned['bytes'] >> 20} MiB, "
-                  f"in-use non-LRU pages {pinned['pinned']}; tried anyway: "
-                  + (f"step {failed.action.index} ({failed.action.path.split('/')[-2]}) "
-                     f"{errno.errorcode.get(getattr(cause, 'errno', 0), cause)}, "
-                     f"{len(failed.rolled_back)} rolled back" if failed else "all offlined"))
-    out.exporter = (f"plan -1Gi offers {block_range(offered) if offered else 'nothing'}, refuses "
-                    f"{block_range(refused & names) if refused & names else 'none of the DIMM'} "
-                    f"(unmovable_pages); offline failed +{d_failed:.0f}")
-    check(not (offered & names), f"the plan offers {sorted(offered & names)} of the pinned DIMM")
-    check(bool(busy & refused), f"the plan does not refuse the pinned block(s) {sorted(busy)} "
-          f"for unmovable pages: refusals {answer.get('refusals')}")
-    check(failed is not None and getattr(cause, "errno", None) == errno.EBUSY,
-          f"the kernel did not refuse with EBUSY: {failed}")
-    check(not failed.rollback_errors, f"rollback failed: {failed.rollback_errors}")
-    check(names <= online_blocks(st), f"blocks left offline after the rollback: "
-          f"{sorted(names - online_blocks(st))}")
-    check(lab.mem_total_bytes() == mem_before, "MemTotal moved")
-    try:  # the pipes are gone: give the slot back if the kernel lets go (not asserted)
-        lab.guest.qmp.remove_dimm(KERNEL_DIMM, timeout=min(20.0, run.budget(20)))
-    except (TimeoutError, RuntimeError):
-        pass
-
-
-ORCHESTRATOR_SCENARIOS: tuple[Scenario, ...] = (
-    orchestrator_stale_plan, orchestrator_movable_dimm, orchestrator_cpu,
-    orchestrator_refused_dimm,
-)
+LAB_ORDER = lab_order()
