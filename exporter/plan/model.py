@@ -5,6 +5,7 @@ Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -18,13 +19,40 @@ class BadChange(ValueError):
     """A change that cannot be planned; the message says what to pass instead."""
 
 
+CPU_UNITS = ("cpu", "core", "socket")
+
+
 @dataclass(frozen=True)
 class Change:
-    cpus: int = 0  # CPUs to add (> 0) or take away (< 0)
+    cpus: int = 0  # CPUs (or whole cores, sockets: cpu_unit) to add (> 0) or take away (< 0)
     memory: int = 0  # bytes to add (> 0) or take away (< 0)
+    cpu_unit: str = "cpu"  # CPU_UNITS: what `cpus` counts
+
+    def words(self) -> str:
+        """The change as the user would type it: "cpu -2", "cpu -1core", "memory -4Gi"."""
+        out = []
+        if self.cpus:
+            unit = "" if self.cpu_unit == "cpu" else self.cpu_unit
+            out.append(f"cpu {self.cpus:+d}{unit}")
+        if self.memory:
+            out.append(f"memory {'-' if self.memory < 0 else '+'}{size(abs(self.memory))}")
+        return ", ".join(out)
 
 
-_CPU = re.compile(r"[+-][0-9]{1,6}")
+def size(n: int) -> str:
+    """Bytes as the largest binary quantity that says them exactly: 4Gi, 384Mi, 1000."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+def plural(n: int, word: str, many: str = "") -> str:
+    """"1 CPU", "2 CPUs", "1 pod", "3 pods"."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+_CPU = re.compile(r"([+-][0-9]{1,6})(cpu|core|socket)?s?")
 _SIGNED = re.compile(r"([+-])(.+)")
 
 
@@ -35,14 +63,14 @@ def parse_change(cpu: str | None, memory: str | None) -> Change:
         raise BadChange("no change given: ask for cpu -N or +N (CPUs) and/or memory -SIZE or "
                         "+SIZE (bytes or a quantity such as 4Gi), for example cpu -1 and "
                         "memory -2Gi")
-    cpus = 0
+    cpus, unit = 0, "cpu"
     if cpu is not None and cpu != "":
-        text = cpu.strip()
-        if not _CPU.fullmatch(text):
+        m_cpu = _CPU.fullmatch(cpu.strip())
+        if m_cpu is None:
             raise BadChange(f"cpu {cpu[:40]!r}: a whole number of CPUs with its sign, such as "
-                            "-2 (take two away) or +2 (add two); CPUs hotplug one at a time, "
-                            "so no fractions")
-        cpus = int(text)
+                            "-2 (take two away) or +2 (add two), or of whole cores or sockets "
+                            "(-1core, -1socket); CPUs hotplug one at a time, so no fractions")
+        cpus, unit = int(m_cpu.group(1)), m_cpu.group(2) or "cpu"
     mem = 0
     if memory is not None and memory != "":
         m = _SIGNED.fullmatch(memory.strip())
@@ -60,7 +88,7 @@ def parse_change(cpu: str | None, memory: str | None) -> Change:
         mem = int(value) * (-1 if m.group(1) == "-" else 1)
     if cpus == 0 and mem == 0:
         raise BadChange("the change is zero: pass a CPU count or a size other than 0")
-    return Change(cpus, mem)
+    return Change(cpus, mem, unit)
 
 
 # ---------------------------------------------------------------- what the planner reads
@@ -95,8 +123,26 @@ class HardwareLike(Protocol):
     @property
     def auto_online(self) -> str: ...
 
+    @property
+    def devices(self) -> Any: ...  # MemoryDevices (sources/kernel/memory_devices.py) or None
+
+    @property
+    def cpu_places(self) -> Mapping[int, Any]: ...  # CpuPlace by CPU (cpu_topology.py)
+
+    @property
+    def mem_available(self) -> int | None: ...  # /proc/meminfo MemAvailable, bytes
+
+    @property
+    def not_read(self) -> tuple[str, ...]: ...  # what the hardware read could not read
+
 
 # ---------------------------------------------------------------- the answer
+
+SCHEMA_ID = "urn:node-resize-exporter:plan"  # docs/plan.schema.json's $id
+SCHEMA_VERSION = 2  # 1: the unversioned answer of 0.2.0; 2: this one (docs/plan.schema.json)
+VERDICTS = ("safe", "harmful", "unknown")
+# KEP-3953 has named its gate both ways; an answer names each, as the kubelet reported it.
+LIVE_RESIZE_GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug")
 
 
 @dataclass(frozen=True)
@@ -112,7 +158,8 @@ class Refusal:
 
 
 REFUSAL_REASONS = ("no_online_file", "spans_zones", "unmovable_pages", "holes",
-                   "pages_not_read")
+                   "pages_not_read", "zones_not_read", "state_not_read", "dma",
+                   "boot_memory", "device_kept")
 
 
 @dataclass(frozen=True)
@@ -120,9 +167,14 @@ class RejectedPod:
     namespace: str
     name: str
     reason: str
+    uid: str = ""
+    owner_kind: str = ""  # its controller's kind (ReplicaSet, DaemonSet, ...); "": none/unknown
+    pdb_blocked: bool | None = None  # a PodDisruptionBudget blocks its eviction; None: unread
 
     def json(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": self.name, "reason": self.reason}
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid,
+                "owner_kind": self.owner_kind or None, "reason": self.reason,
+                "pdb_blocked": self.pdb_blocked}
 
 
 @dataclass(frozen=True)
@@ -139,6 +191,53 @@ class StaleContainer:
 
 
 @dataclass(frozen=True)
+class DeviceTake:
+    """A memory device the change removes (or, `whole` False, cannot: `kept_by` says which of
+    its blocks keep it)."""
+
+    id: str
+    kind: str  # dimm, virtio-mem
+    blocks: tuple[int, ...]  # its online blocks to offline
+    bytes: int  # what the hypervisor gets back
+    whole: bool = True
+    kept_by: tuple[int, ...] = ()
+    slot: int | None = None
+    start: int = 0
+    acpi_path: str = ""
+
+    def json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "blocks": list(self.blocks),
+                "bytes": self.bytes, "whole": self.whole, "kept_by": list(self.kept_by),
+                "slot": self.slot, "start": self.start, "acpi_path": self.acpi_path or None}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One machine-readable step: `do` what, on what, how to undo it."""
+
+    do: str  # ACTIONS
+    path: str = ""  # the file to write (write), or delete (delete)
+    value: str = ""  # what to write
+    rollback: tuple[tuple[str, str], ...] = ()  # (path, value) writes that undo it
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    says: str = ""  # the step in words (`steps`)
+
+    def json(self, order: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"order": order, "do": self.do}
+        if self.path:
+            out["path"] = self.path
+        if self.value:
+            out["value"] = self.value
+        out["rollback"] = [{"do": "write", "path": p, "value": v} for p, v in self.rollback]
+        out.update(self.detail)
+        return out
+
+
+ACTIONS = ("cordon", "evict", "write", "hypervisor_remove", "hypervisor_add", "stop_kubelet",
+           "delete", "start_kubelet", "restart_kubelet", "wait_for_capacity", "uncordon")
+
+
+@dataclass(frozen=True)
 class Plan:
     change: Change
     cpu_take: tuple[int, ...] = ()
@@ -147,9 +246,9 @@ class Plan:
     memory_take: tuple[int, ...] = ()
     memory_add: tuple[int, ...] = ()  # offline blocks to online
     memory_blocks_needed: int = 0
-    memory_short_bytes: int = 0  # what the blocks found leave uncovered
+    memory_short_bytes: int = 0  # what the devices found leave uncovered
     block_size: int = 0
-    capacity_after: Mapping[str, float] = field(default_factory=dict)  # cpu cores, bytes
+    capacity_after: Mapping[str, int] = field(default_factory=dict)  # cpu count, memory bytes
     rejected_pods: tuple[RejectedPod, ...] = ()
     rejected_total: int = 0
     rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
@@ -157,19 +256,34 @@ class Plan:
     stale_containers: tuple[StaleContainer, ...] = ()
     refusals: tuple[Refusal, ...] = ()
     refusals_total: int = 0
-    kubelet_restarts: bool = True
+    # None: the kubelet's checkpoints (or its configuration) were not read: nobody can say
+    kubelet_restarts: bool | None = True
     kubelet_problem: str = ""
     kubelet_picks_up_without_restart: bool = False
     kubernetes: bool = False  # pods and the Node were considered
     running_containers: bool = False  # running containers were considered
     steps: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    # What should have been judged and could not be (the API server unreachable): a plan
-    # that cannot say is not safe.
+    # What the answer depends on and was not read ("pods: the API server is unreachable"): a
+    # plan that cannot say is not safe.
     unjudged: tuple[str, ...] = ()
     # What the Node's status.allocatable should show after the kubelet's restart: the
-    # capacity less its reservations (cores, bytes); empty without the Node.
-    allocatable_after: Mapping[str, float] = field(default_factory=dict)
+    # capacity less its reservations (milli-CPU, bytes); empty without the Node.
+    allocatable_after: Mapping[str, int] = field(default_factory=dict)
+    # The contract's frame (docs/plan.schema.json): set by whoever answers (plan/answer.py).
+    node: str = ""
+    time: float = 0.0
+    generation: str = ""
+    asked_generation: str = ""  # the generation the client echoed ("": none)
+    memory_devices: tuple[DeviceTake, ...] = ()
+    cpu_places: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    actions: tuple[Action, ...] = ()
+    inputs: Mapping[str, str] = field(default_factory=dict)  # input -> "read" or why not
+    gates: Mapping[str, bool | None] = field(default_factory=dict)
+    impossible: str = ""  # more than the machine has, or can have (with the most it can)
+    memory_move_bytes: int = 0  # in-use memory the taken blocks hold (migrated elsewhere)
+    memory_available_after: int | None = None  # MemAvailable less what is taken; None: unread
+    other_harm: tuple[str, ...] = ()  # the planner's other reasons (the memory that stays)
 
     @property
     def memory_bytes(self) -> int:
@@ -177,52 +291,96 @@ class Plan:
 
     @property
     def harm(self) -> tuple[str, ...]:
-        """Why the change would hurt, one short phrase each (empty: it would not)."""
-        out = list(self.unjudged)
+        """Why the change would hurt or cannot be done, one short phrase each."""
+        out = [self.impossible] if self.impossible else []
         if self.rejected_total:
-            out.append(f"{self.rejected_total} pod(s) rejected at the kubelet's next restart")
+            out.append(f"{plural(self.rejected_total, 'pod')} rejected at the kubelet's "
+                       "next restart")
         if self.stale_containers:
-            out.append(f"{len(self.stale_containers)} running container(s) left stale")
-        if not self.kubelet_restarts:
+            out.append(f"{plural(len(self.stale_containers), 'running container')} left "
+                       "stale")
+        if self.kubelet_restarts is False:
             out.append("the kubelet would not restart")
         if self.cpu_short:
-            out.append(f"{self.cpu_short} CPU(s) cannot be "
+            out.append(f"{plural(self.cpu_short, 'CPU')} cannot be "
                        f"{'taken' if self.change.cpus < 0 else 'added'} safely")
         if self.memory_short_bytes:
-            out.append(f"{self.memory_short_bytes} bytes of memory cannot be "
+            out.append(f"{size(self.memory_short_bytes)} bytes of memory cannot be "
                        f"{'taken' if self.change.memory < 0 else 'added'} as asked")
-        return tuple(out)
+        return tuple(out) + self.other_harm
+
+    @property
+    def verdict(self) -> str:
+        """harmful when it would hurt (whatever else is unknown), unknown when something it
+        depends on was not read, safe only when everything was read and nothing hurts."""
+        if self.harm:
+            return "harmful"
+        return "unknown" if self.unjudged or self.kubelet_restarts is None else "safe"
 
     @property
     def safe(self) -> bool:
-        return not self.harm
+        return self.verdict == "safe"
+
+    @property
+    def stale(self) -> bool | None:
+        """The node changed since the generation the client echoed (None: none echoed)."""
+        if not self.asked_generation:
+            return None
+        return self.asked_generation != self.generation
 
     def json(self) -> dict[str, Any]:
         return {
+            "schema": SCHEMA_ID,
+            "schema_version": SCHEMA_VERSION,
+            "node": self.node or None,
+            "time": _rfc3339(self.time),
+            "generation": self.generation,
+            "stale": self.stale,
+            "verdict": self.verdict,
             "safe": self.safe,
             "harm": list(self.harm),
-            "change": {"cpu": self.change.cpus, "memory_bytes": self.change.memory},
+            "unknown": list(self.unjudged)
+            + ([] if self.kubelet_restarts is not None else
+               [f"the kubelet's restart: {self.kubelet_problem}"]),
+            "inputs": dict(sorted(self.inputs.items())),
+            "change": {"cpu": self.change.cpus, "cpu_unit": self.change.cpu_unit,
+                       "memory_bytes": self.change.memory},
             "cpu": {"take": list(self.cpu_take), "add": list(self.cpu_add),
-                    "short": self.cpu_short},
+                    "short": self.cpu_short,
+                    "places": [dict(self.cpu_places[c]) for c in self.cpu_take + self.cpu_add
+                               if c in self.cpu_places]},
             "memory": {"take": list(self.memory_take), "add": list(self.memory_add),
+                       "devices": [d.json() for d in self.memory_devices],
                        "bytes": self.memory_bytes, "block_size": self.block_size,
                        "blocks_needed": self.memory_blocks_needed,
-                       "short_bytes": self.memory_short_bytes},
-            "capacity_after": dict(self.capacity_after),
-            "allocatable_after": dict(self.allocatable_after),
-            "rejected_pods": [p.json() for p in self.rejected_pods],
-            "rejected_total": self.rejected_total,
-            "rejected_by_reason": {k: v for k, v in self.rejected_by_reason.items() if v},
-            "rejected_now": self.rejected_now,
+                       "short_bytes": self.memory_short_bytes,
+                       "move_bytes": self.memory_move_bytes,
+                       "available_after_bytes": self.memory_available_after},
+            "capacity_after": {"cpu": int(self.capacity_after.get("cpu", 0)),
+                               "memory_bytes": int(self.capacity_after.get("memory", 0))},
+            "allocatable_after": ({"cpu_millis": int(self.allocatable_after["cpu"]),
+                                   "memory_bytes": int(self.allocatable_after["memory"])}
+                                  if self.allocatable_after else None),
+            "pods": {"rejected": [p.json() for p in self.rejected_pods],
+                     "rejected_total": self.rejected_total,
+                     "rejected_by_reason": {k: v for k, v in
+                                            sorted(self.rejected_by_reason.items()) if v},
+                     "rejected_now": self.rejected_now},
             "stale_containers": [c.json() for c in self.stale_containers],
             "refusals": [r.json() for r in self.refusals],
             "refusals_total": self.refusals_total,
             "kubelet": {"restarts": self.kubelet_restarts,
                         "problem": self.kubelet_problem or None,
-                        "picks_up_without_restart": self.kubelet_picks_up_without_restart},
+                        "picks_up_without_restart": self.kubelet_picks_up_without_restart,
+                        "live_resize_gates": {g: self.gates.get(g) for g in LIVE_RESIZE_GATES}},
             "considered": {"kubernetes": self.kubernetes,
                            "running_containers": self.running_containers},
+            "actions": [a.json(i) for i, a in enumerate(self.actions, 1)],
             "steps": list(self.steps),
             "notes": list(self.notes),
-            "unjudged": list(self.unjudged),
         }
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")

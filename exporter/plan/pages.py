@@ -25,6 +25,7 @@ KPF_NOPAGE, KPF_PGTABLE = 1 << 20, 1 << 26
 KPF_RESERVED = 1 << 32
 
 MOVABLE_ZONE = "Movable"
+PAGE_SIZE = 4096
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.correlate.kubelet_view import cpu_list, cpu_manager_problem, memory_manager_problem
 from exporter.correlate.readmission_forecast import ReadmissionForecast
@@ -31,15 +32,19 @@ from exporter.events import (
     RunningContainers,
 )
 from exporter.plan.model import (
+    Action,
     BlockLike,
     Change,
+    DeviceTake,
     HardwareLike,
     Plan,
     Refusal,
     RejectedPod,
     StaleContainer,
+    plural,
+    size,
 )
-from exporter.plan.pages import MOVABLE_ZONE, count_pages
+from exporter.plan.pages import MOVABLE_ZONE, PAGE_SIZE, count_pages
 
 REFUSALS_LISTED = 32  # refusals named one by one; the rest counted
 STALE_LISTED = 50  # stale containers named one by one
@@ -65,9 +70,33 @@ class Inputs:
     cpu_checkpoint: CpuManagerCheckpoint | None = None
     memory_checkpoint: MemoryManagerCheckpoint | None = None
     kubelet_root: str = "/var/lib/kubelet"
-    # The kubelet resizes its Node without a restart (KEP-3953's NodeResourceHotPlug gate
-    # on, as its /metrics says); no released kubelet does.
+    # The kubelet resizes its Node without a restart (KEP-3953's gate on, under either of
+    # its names, as its /metrics says); no released kubelet does.
     kubelet_resizes: bool = False
+    # What was not read, by input name (INPUTS), with why ("not mounted: ..."); the planner
+    # names those the answer depends on as unjudged.
+    not_read: Mapping[str, str] = field(default_factory=dict)
+    # The kubelet's reservedSystemCPUs (its configuration); None: not read.
+    kubelet_reserved_cpus: frozenset[int] | None = None
+    # pod uid -> its controller's kind (ReplicaSet, DaemonSet, ...), for the rejected pods
+    pod_owners: Mapping[str, str] = field(default_factory=dict)
+    gates: Mapping[str, bool] = field(default_factory=dict)  # the kubelet's, as reported
+    # No kubelet was found on this host (no kubelet root, no kubepods cgroup, Kubernetes
+    # off): the pods and containers are none, not unread.
+    no_kubelet: bool = False
+
+
+DMA32_LIMIT = 1 << 32  # physical addresses below 4 GiB: ZONE_DMA and ZONE_DMA32 on x86-64
+
+# The inputs an answer can depend on (docs/plan.schema.json `inputs`)
+INPUTS = ("kernel", "memory_devices", "cpu_topology", "mem_available", "page_flags", "pods",
+          "running_containers", "cpu_manager_checkpoint", "memory_manager_checkpoint",
+          "kubelet_config")
+# Memory that must stay available after an offline, beyond what the pages moved take: the
+# larger of this and MARGIN_FRACTION of what stays (migration needs free pages, the kernel's
+# watermarks and the pods' working sets more).
+MARGIN_BYTES = 256 << 20
+MARGIN_FRACTION = 0.05
 
 
 class TooLarge(ValueError):
@@ -87,8 +116,20 @@ class BlockVerdict:
     in_use: int = 0  # pages to migrate (LRU), the fewer the better
 
 
-def judge_block(block: BlockLike, flags: Mapping[int, int] | None) -> BlockVerdict:
+UNREAD = ("pages_not_read", "zones_not_read")  # verdicts that say "not read", not "cannot"
+
+
+def judge_block(block: BlockLike, flags: Mapping[int, int] | None,
+                block_size: int = 0) -> BlockVerdict:
     zones = block.zones
+    if not zones:
+        return BlockVerdict(block.number, False, "", "zones_not_read",
+                            "its valid_zones could not be read: its zone is not known")
+    if {"DMA", "DMA32"} & set(zones) or (block_size and block.number * block_size
+                                         < DMA32_LIMIT):
+        return BlockVerdict(block.number, False, zones[0], "dma",
+                            "below 4 GiB (ZONE_DMA/DMA32): kept for devices that address "
+                            "32 bits, never taken")
     if len(zones) != 1 or zones[0] == "none":
         return BlockVerdict(block.number, False, "none", "spans_zones",
                             "spans more than one zone (valid_zones none): the kernel refuses "
@@ -127,20 +168,37 @@ def judge_blocks(hardware: HardwareLike, page_flags: PageFlags | None, budget: i
     out: list[BlockVerdict] = []
     ok = 0
     reads = 0
+    removable = _removable_blocks(hardware)
+    if hardware.devices is not None and any(d.removable and not d.partial
+                                            for d in hardware.devices.devices):
+        # A DIMM goes whole: one block found to go says nothing of the DIMM, so every block
+        # of a removable device is judged (boot memory without its flags: it never goes).
+        enough = None
     for block in _read_order(hardware.blocks):
         if enough is not None and ok >= enough and block.zones[:1] != (MOVABLE_ZONE,):
             break  # enough found, every movable block among them (they come first)
         flags = block.page_flags
-        single = len(block.zones) == 1 and block.zones[0] != "none"
+        single = len(block.zones) == 1 and block.zones[0] != "none" \
+            and (removable is None or block.number in removable) \
+            and block.number * hardware.block_size >= DMA32_LIMIT
         if (flags is None and page_flags is not None and single
                 and block.zones[0] != MOVABLE_ZONE and reads < budget
                 and (enough is None or ok < enough)):
             flags = page_flags(block.number)
             reads += 1
-        verdict = judge_block(block, flags)
+        verdict = judge_block(block, flags, hardware.block_size)
         ok += verdict.ok
         out.append(verdict)
     return out
+
+
+def _removable_blocks(hardware: HardwareLike) -> frozenset[int] | None:
+    """Blocks of a device a hypervisor can remove (None: the devices were not read). Page
+    flags are read for these only: boot memory is never taken."""
+    devices = hardware.devices
+    if devices is None:
+        return None
+    return frozenset(n for d in devices.devices if d.removable for n in d.blocks)
 
 
 def _take_order(verdicts: Iterable[BlockVerdict]) -> list[BlockVerdict]:
@@ -202,19 +260,6 @@ def after(snap: KernelSnapshot, cpus_off: Iterable[int] = (), cpus_on: Iterable[
         mem_total_bytes=max(0, snap.mem_total_bytes + size * (len(b_on) - len(b_off))))
 
 
-def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot
-                 ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, float]] | None:
-    """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
-    kubelet would offer); the forecast itself is left as it was."""
-    result, offered = forecast.result_on(hypo)
-    if result is None or offered is None:
-        return None
-    (milli, memory, _, _), _, _ = offered
-    return ([RejectedPod(r.namespace, r.name, r.reason) for r in result.rejected],
-            result.rejected_total, dict(result.by_reason),
-            {"cpu": milli / 1000, "memory": float(memory)})
-
-
 def _key(f: Finding) -> tuple[str, str, str, str]:
     return (f.kind, f.namespace, f.pod, f.container)
 
@@ -264,60 +309,156 @@ def stale_after(running: RunningPodsView | None, hypo: KernelSnapshot,
 
 def plan(change: Change, inputs: Inputs, page_flags: PageFlags | None = None,
          page_budget: int = 0, verdicts: list[BlockVerdict] | None = None) -> Plan:
-    """The plan for `change`. Raises TooLarge when the change is more than the machine has.
-    `page_flags` reads a block's kpageflags (at most `page_budget` blocks); `verdicts` are
-    block verdicts already made (judge_blocks), reused across plans."""
+    """The plan for `change`; a change past what the machine has (or can have) is a Plan that
+    says so (`impossible`). `page_flags` reads a block's kpageflags (at most `page_budget`
+    blocks); `verdicts` are block verdicts already made (judge_blocks), reused across plans."""
+    try:
+        return _plan(change, inputs, page_flags, page_budget, verdicts)
+    except TooLarge as e:
+        hw = inputs.hardware
+        return Plan(change, block_size=hw.block_size, impossible=str(e),
+                    inputs=_inputs_read(change, inputs),
+                    unjudged=tuple(_unjudged(change, inputs)))
+
+
+def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_budget: int,
+          verdicts: list[BlockVerdict] | None) -> Plan:
     snap = inputs.snapshot
     notes: list[str] = []
     refusals: list[Refusal] = []
-    cpus = _cpus_to_move(change, inputs, notes, refusals)
-    memory = _memory_to_move(change, inputs, page_flags, page_budget, verdicts, notes, refusals)
+    unjudged = _unjudged(change, inputs)
+    cpus = _cpus_to_move(change, inputs, notes, refusals, unjudged)
+    memory = _memory_to_move(change, inputs, page_flags, page_budget, verdicts, notes,
+                             refusals, unjudged)
 
     cpus_off, cpus_on = frozenset(cpus.take), frozenset(cpus.add)
     hypo = after(snap, cpus_off, cpus_on, memory.take, memory.add)
     if memory.not_present:
         hypo = dataclasses.replace(hypo, mem_total_bytes=hypo.mem_total_bytes
                                    + memory.not_present * memory.size)
-    capacity = {"cpu": float(len(hypo.cpus_online)), "memory": float(hypo.mem_total_bytes)}
+    capacity = {"cpu": len(hypo.cpus_online), "memory": hypo.mem_total_bytes}
 
     pods = _pods_after(inputs, hypo, notes)
     stale = stale_after(inputs.running, hypo, cpus_off, _exclusive_cpus(inputs))
     running = inputs.running is not None and inputs.running.scan is not None \
         and inputs.running.scan.cgroup_version > 0
-    if not running:
-        notes.append("running containers not judged: no kubepods cgroup scanned")
-    problem = _restart_problem(change, inputs, hypo, cpus_off | cpus_on, memory.take)
-
+    restarts, problem = _restart(change, inputs, hypo, cpus_off | cpus_on, memory.take)
+    places = inputs.hardware.cpu_places
     plan_ = Plan(change, tuple(cpus.take), tuple(cpus.add), cpus.short, tuple(memory.take),
                  tuple(memory.add), memory.needed, memory.short, memory.size, capacity,
                  tuple(pods.rejected), pods.rejected_total, pods.by_reason, pods.rejected_now,
                  tuple(stale[:STALE_LISTED]), tuple(refusals[:REFUSALS_LISTED]), len(refusals),
-                 not problem, problem,
+                 restarts, problem,
                  inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
-                 pods.kubernetes, running, (), tuple(notes),
-                 allocatable_after=pods.allocatable)
-    return dataclasses.replace(plan_, steps=tuple(steps(plan_, inputs)))
+                 pods.kubernetes, running, (), tuple(notes), tuple(dict.fromkeys(unjudged)),
+                 allocatable_after=pods.allocatable,
+                 memory_devices=tuple(memory.devices),
+                 cpu_places={c: places[c].json() for c in (*cpus.take, *cpus.add)
+                             if c in places},
+                 inputs=_inputs_read(change, inputs),
+                 gates=dict(inputs.gates), memory_move_bytes=memory.move_bytes,
+                 memory_available_after=memory.available_after,
+                 other_harm=tuple(memory.harm))
+    done = tuple(actions(plan_, inputs))
+    return dataclasses.replace(plan_, steps=tuple(a.says for a in done), actions=done)
+
+
+def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
+    """Which inputs the answer to `change` depends on."""
+    removing = change.cpus < 0 or change.memory < 0
+    cp = inputs.cpu_checkpoint
+    static = cp is not None and cp.present and not cp.error and cp.policy == "static"
+    return {"kernel": True, "memory_devices": change.memory != 0,
+            "cpu_topology": change.cpu_unit != "cpu",
+            "mem_available": change.memory < 0, "page_flags": change.memory < 0,
+            "pods": removing and not inputs.no_kubelet,
+            "running_containers": removing and not inputs.no_kubelet,
+            "cpu_manager_checkpoint": change.cpus != 0 and not inputs.no_kubelet,
+            "memory_manager_checkpoint": change.memory != 0 and not inputs.no_kubelet,
+            "kubelet_config": change.cpus < 0 and static}
+
+
+def missing(inputs: Inputs) -> dict[str, str]:
+    """Every input not read, with why: what the caller said, and what it handed in as None
+    beside a kubelet (never taken as "nothing there")."""
+    out = dict(inputs.not_read)
+    if not inputs.no_kubelet:
+        for name, value in (("pods", inputs.forecast), ("running_containers", inputs.running),
+                            ("cpu_manager_checkpoint", inputs.cpu_checkpoint),
+                            ("memory_manager_checkpoint", inputs.memory_checkpoint)):
+            if value is None:
+                out.setdefault(name, "not read")
+    if inputs.hardware.devices is None:
+        out.setdefault("memory_devices", "not read")
+    if inputs.hardware.mem_available is None:
+        out.setdefault("mem_available", "/proc/meminfo MemAvailable not read")
+    return out
+
+
+def _unjudged(change: Change, inputs: Inputs) -> list[str]:
+    """What the answer depends on and was not read, each with why."""
+    needs = _depends_on(change, inputs)
+    out = [f"{name.replace('_', ' ')}: {why}" for name, why in missing(inputs).items()
+           if needs.get(name, True)]
+    scan = inputs.running.scan if inputs.running is not None else None
+    if needs["running_containers"] and scan is not None and (scan.truncated or scan.skipped):
+        out.append("running containers: a partial scan ("
+                   + ", ".join(w for w in (
+                       "stopped at its budget" if scan.truncated else "",
+                       f"{plural(scan.skipped, 'container')} unreadable" if scan.skipped
+                       else "") if w)
+                   + f", {plural(len(scan.containers), 'container')} read): the others were "
+                   "not judged")
+    if needs["kubelet_config"] and inputs.kubelet_reserved_cpus is None \
+            and "kubelet_config" not in inputs.not_read:
+        out.append("kubelet config: its reservedSystemCPUs were not read (the static CPU "
+                   "manager refuses to start when one is offline)")
+    return out
+
+
+def _inputs_read(change: Change, inputs: Inputs) -> dict[str, str]:
+    needs, gone = _depends_on(change, inputs), missing(inputs)
+    return {name: gone.get(name, "read") if needs.get(name) else
+            "not needed" for name in INPUTS}
 
 
 @dataclass(frozen=True)
 class _CpusMoved:
     take: list[int]  # CPUs to offline
     add: list[int]  # CPU slots to online (present first)
-    short: int  # CPUs asked to leave that none can stand for
+    short: int  # CPUs (or cores, sockets) asked to leave that none can stand for
+
+
+def whole(places: Mapping[int, Any], unit: str) -> list[tuple[int, ...]]:
+    """The CPUs grouped by `unit` ("core": thread siblings; "socket": package), each group
+    sorted; CPUs whose place is unknown form no group."""
+    groups: dict[object, list[int]] = {}
+    for c, p in places.items():
+        if unit == "core" and p.core is not None and p.package is not None:
+            groups.setdefault((p.package, p.die, p.core), []).append(c)
+        elif unit == "socket" and p.package is not None:
+            groups.setdefault(p.package, []).append(c)
+    return [tuple(sorted(g)) for g in groups.values()]
 
 
 def _cpus_to_move(change: Change, inputs: Inputs, notes: list[str],
-                  refusals: list[Refusal]) -> _CpusMoved:
+                  refusals: list[Refusal], unjudged: list[str]) -> _CpusMoved:
     """Which CPUs leave or come for `change.cpus`; when too few can leave, why the others
     cannot (into `refusals`). Raises TooLarge past what the machine has."""
     snap = inputs.snapshot
     online = snap.cpus_online
+    unit = change.cpu_unit
+    if change.cpus < 0 and unit != "cpu":
+        return _whole_cpus_to_take(-change.cpus, unit, inputs, refusals, unjudged)
+    if change.cpus > 0 and unit != "cpu":
+        raise TooLarge(f"cpu {change.cpus:+d}{unit}: the kernel shows no topology for CPUs "
+                       "that are not online; add CPUs by number (cpu +N)")
     if change.cpus < 0:
         n = -change.cpus
         if n >= len(online):
             most = len(online) - 1
-            raise TooLarge(f"cpu {change.cpus}: the machine has {len(online)} CPU"
-                           f"{'s' if len(online) != 1 else ''} online and keeps at least one; "
+            raise TooLarge(f"cpu {change.cpus}: the machine has {plural(len(online), 'CPU')} "
+                           "online and keeps at least one; "
                            + (f"take at most {most} (cpu -{most})" if most else
                               "no CPU can be taken now"))
         candidates, cpu_refusals = cpu_candidates(inputs)
@@ -328,9 +469,10 @@ def _cpus_to_move(change: Change, inputs: Inputs, notes: list[str],
     if change.cpus > 0:
         slots = sorted(snap.cpus_possible - online)
         if change.cpus > len(slots):
-            raise TooLarge(f"cpu +{change.cpus}: the kernel has room for {len(slots)} more "
-                           f"CPU(s) (cpus possible {len(snap.cpus_possible)}, online "
-                           f"{len(online)}); add at most {len(slots)}")
+            raise TooLarge(f"cpu +{change.cpus}: the kernel has room for "
+                           f"{plural(len(slots), 'more CPU', 'more CPUs')} (cpus possible "
+                           f"{len(snap.cpus_possible)}, online {len(online)}); add at most "
+                           f"{len(slots)}")
         present = [c for c in slots if c in snap.cpus_present]
         add = (present + [c for c in slots if c not in snap.cpus_present])[:change.cpus]
         missing = [c for c in add if c not in snap.cpus_present]
@@ -341,65 +483,206 @@ def _cpus_to_move(change: Change, inputs: Inputs, notes: list[str],
     return _CpusMoved([], [], 0)
 
 
+def _whole_cpus_to_take(n: int, unit: str, inputs: Inputs, refusals: list[Refusal],
+                        unjudged: list[str]) -> _CpusMoved:
+    """`n` whole cores or sockets: groups whose every CPU is online and can be offlined,
+    unpinned first, the highest numbers first."""
+    online = inputs.snapshot.cpus_online
+    places = {c: p for c, p in inputs.hardware.cpu_places.items() if c in online}
+    if not places:
+        unjudged.append("cpu topology: not read (/sys/devices/system/cpu/cpuN/topology)")
+        return _CpusMoved([], [], n)
+    groups = whole(places, unit)
+    if n >= len(groups):
+        raise TooLarge(f"cpu -{n}{unit}: the machine has {plural(len(groups), unit)} online "
+                       f"and keeps at least one; take at most {len(groups) - 1}")
+    pinned = _pinned_cpus(inputs.running, _exclusive_cpus(inputs), online)
+    hot = inputs.hardware.cpus_hotpluggable
+    good = [g for g in groups if set(g) <= hot]
+    for g in groups:
+        if not set(g) <= hot:
+            for c in sorted(set(g) - hot):
+                refusals.append(Refusal("cpu", c, "no_online_file",
+                                        f"cpu{c} has no online file: its {unit} "
+                                        f"({cpu_list(frozenset(g))}) cannot go whole"))
+    good.sort(key=lambda g: (len(set(g) & pinned), -max(g)))
+    take = good[:n]
+    return _CpusMoved([c for g in take for c in sorted(g, reverse=True)], [], n - len(take))
+
+
 @dataclass(frozen=True)
 class _MemoryMoved:
     take: list[int]  # memory blocks to offline
     add: list[int]  # offline blocks to online
     needed: int  # blocks the change is
-    short: int  # bytes asked to leave that no block can stand for
+    short: int  # bytes asked to leave that no device can stand for
     size: int  # bytes per block
     not_present: int  # blocks to add that the hypervisor must plug first
+    devices: list[DeviceTake] = field(default_factory=list)
+    move_bytes: int = 0
+    available_after: int | None = None
+    harm: list[str] = field(default_factory=list)
 
 
 def _memory_to_move(change: Change, inputs: Inputs, page_flags: PageFlags | None,
                     page_budget: int, verdicts: list[BlockVerdict] | None, notes: list[str],
-                    refusals: list[Refusal]) -> _MemoryMoved:
-    """Which memory blocks leave or come for `change.memory`, in whole blocks; when too few
-    can leave, why the others cannot (into `refusals`). Raises TooLarge past what the machine
+                    refusals: list[Refusal], unjudged: list[str]) -> _MemoryMoved:
+    """Which memory leaves or comes for `change.memory`, in whole blocks of removable devices;
+    when too little can leave, why (into `refusals`). Raises TooLarge past what the machine
     has."""
     snap, hw = inputs.snapshot, inputs.hardware
-    size = hw.block_size or snap.memory_block_size
+    size_ = hw.block_size
     needed = 0
     if change.memory:
-        if size <= 0:
-            raise TooLarge("memory: this kernel has no memory hotplug (no "
+        if size_ <= 0:
+            raise TooLarge("memory: this kernel shows no memory hotplug (no valid "
                            "/sys/devices/system/memory/block_size_bytes)")
-        needed = math.ceil(abs(change.memory) / size)
-        if needed * size != abs(change.memory):
-            notes.append(f"memory moves in blocks of {size} bytes: {abs(change.memory)} bytes "
-                         f"is {needed} block(s), {needed * size} bytes")
+        needed = math.ceil(abs(change.memory) / size_)
+        if needed * size_ != abs(change.memory):
+            notes.append(f"memory moves in blocks of {size(size_)}: {size(abs(change.memory))}"
+                         f" is {plural(needed, 'block')}, {size(needed * size_)}")
     if change.memory < 0:
-        if needed * size >= snap.mem_total_bytes:
-            raise TooLarge(f"memory {change.memory}: the machine has {snap.mem_total_bytes} "
-                           f"bytes; take less (a multiple of the {size}-byte block)")
+        if needed * size_ >= snap.mem_total_bytes:
+            raise TooLarge(f"memory -{size(abs(change.memory))}: the machine has "
+                           f"{size(snap.mem_total_bytes)} bytes; take less (a multiple of "
+                           f"the {size(size_)} block)")
         if verdicts is None:
             verdicts = judge_blocks(hw, page_flags, page_budget, enough=needed)
-        ordered = _take_order(verdicts)
-        take = [v.number for v in ordered[:needed]]
-        short = (needed - len(take)) * size
-        if short:
-            bad = [v for v in verdicts if not v.ok]
-            refusals += [Refusal("memory", v.number, v.reason, v.detail) for v in bad]
-            counts: dict[str, int] = {}
-            for v in bad:
-                counts[v.reason] = counts.get(v.reason, 0) + 1
-            notes.append(f"only {len(ordered)} of {len(verdicts)} online blocks can be "
-                         "expected to go: " + ", ".join(f"{n} {r.replace('_', ' ')}"
-                                                          for r, n in sorted(counts.items())))
-        return _MemoryMoved(take, [], needed, short, size, 0)
+        return _memory_to_take(needed, size_, inputs, verdicts, notes, refusals, unjudged)
     if change.memory > 0:
-        add = sorted(snap.memory_blocks_offline)[:needed]
-        if len(add) < needed:
-            notes.append(f"{needed - len(add)} block(s) not present: the hypervisor must "
-                         "add them first (a DIMM, virtio-mem); they then appear offline, or "
-                         f"online as auto_online_blocks says ({hw.auto_online or 'unknown'})")
-        zones = {z for b in hw.blocks if b.number in set(add) for z in b.zones[:1]}
-        if hw.auto_online in ("online", "online_kernel") or zones - {MOVABLE_ZONE}:
-            notes.append("online hot-added memory as online_movable (echo online_movable > "
-                         ".../memoryN/state, or auto_online_blocks=online_movable): memory "
-                         "onlined into a kernel zone may never leave again")
-        return _MemoryMoved([], add, needed, 0, size, needed - len(add))
-    return _MemoryMoved([], [], needed, 0, size, 0)
+        return _memory_to_add(needed, size_, inputs, notes, unjudged)
+    return _MemoryMoved([], [], needed, 0, size_, 0)
+
+
+def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[BlockVerdict],
+                    notes: list[str], refusals: list[Refusal],
+                    unjudged: list[str]) -> _MemoryMoved:
+    """Whole DIMMs (every online block of one can go) and blocks of virtio-mem devices, the
+    fewest pages to move first; boot memory and DMA never."""
+    hw = inputs.hardware
+    devices = hw.devices
+    if devices is None:  # named by missing()
+        return _MemoryMoved([], [], needed, 0, size_, 0)
+    online = inputs.snapshot.memory_blocks_online
+    by_block = {v.number: v for v in verdicts}
+    units: list[tuple[int, int, Any, list[int]]] = []  # (pages to move, -start, device, blocks)
+    why: list[Refusal] = []  # named when the change cannot be met
+    maybe = 0  # blocks that could go if what was not read allowed it
+    for d in devices.devices:
+        mine = [b for b in d.blocks if b in online]
+        if not d.removable:
+            if mine:
+                why.append(Refusal(
+                    "memory", mine[0], "boot_memory",
+                    f"{plural(len(mine), 'block')} ({size(len(mine) * size_)}) of boot memory "
+                    f"(memory{mine[0]}-memory{mine[-1]}): offlining it shrinks the node but "
+                    "no hypervisor can unplug it"))
+            continue
+        judged = [by_block.get(b) for b in mine]
+        bad = [v if v is not None else BlockVerdict(b, False, "", "pages_not_read",
+                                                    "not judged: enough found before it")
+               for b, v in zip(mine, judged) if v is None or not v.ok]
+        if d.partial:
+            for v in judged:
+                if v is not None and v.ok:
+                    units.append((v.in_use, -v.number, d, [v.number]))
+            maybe += sum(1 for v in bad if v.reason in UNREAD)
+            why += [Refusal("memory", v.number, v.reason, v.detail) for v in bad
+                    if v.reason not in UNREAD]
+        elif not bad and mine:
+            units.append((sum(v.in_use for v in judged if v is not None), -d.start, d, mine))
+        elif mine:
+            if all(v.reason in UNREAD for v in bad):
+                maybe += len(mine)
+            why.append(Refusal(
+                "memory", bad[0].number, "device_kept",
+                f"{d.id} (a DIMM, {size(len(d.blocks) * size_)}) is kept by "
+                + ", ".join(f"memory{v.number} ({v.detail})" for v in bad[:4])
+                + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")))
+    want = needed
+    chosen: list[tuple[int, int, Any, list[int]]] = []
+    units.sort(key=lambda u: (u[0], u[1]))
+    while want > 0 and units:
+        # The cheapest unit that covers what is left, else the largest, then again.
+        fits = [u for u in units if len(u[3]) >= want]
+        u = fits[0] if fits else max(units, key=lambda u: (len(u[3]), -u[0]))
+        units.remove(u)
+        chosen.append(u)
+        want -= len(u[3])
+    take = sorted((b for u in chosen for b in u[3]), reverse=True)
+    takes: dict[str, DeviceTake] = {}
+    for _, _, d, blocks in chosen:
+        old = takes.get(d.id)
+        blocks_ = tuple(sorted((*(old.blocks if old else ()), *blocks)))
+        takes[d.id] = DeviceTake(d.id, d.kind, blocks_, len(blocks_) * size_, True, (),
+                                 d.slot, d.start, d.acpi_path)
+    if len(take) > needed:
+        notes.append(f"the devices that cover {size(needed * size_)} give "
+                     f"{size(len(take) * size_)}: a DIMM goes whole")
+    short = max(0, needed - len(take))
+    if short and maybe:
+        unjudged.append(f"page flags: {plural(maybe, 'block')} of removable devices not read "
+                        "(the page-flag budget, or their zone unreadable): whether "
+                        f"{size(short * size_)} more can go is not known")
+        short = 0
+    out = _MemoryMoved(take, [], needed, short * size_, size_, 0, list(takes.values()))
+    if short:
+        refusals += why
+        notes.append(f"only {size(len(take) * size_)} of removable memory can be expected to "
+                     f"go; {size(short * size_)} cannot")
+    return _room(out, inputs, by_block, unjudged)
+
+
+def _room(moved: _MemoryMoved, inputs: Inputs, by_block: Mapping[int, BlockVerdict],
+          unjudged: list[str]) -> _MemoryMoved:
+    """The pages in the blocks taken move elsewhere: what stays must hold them and keep a
+    margin (MemAvailable less what is taken)."""
+    if not moved.take:
+        return moved
+    taken = len(moved.take) * moved.size
+    move = sum(by_block[b].in_use for b in moved.take if b in by_block) * PAGE_SIZE
+    available = inputs.hardware.mem_available
+    if available is None:  # named by missing()
+        return dataclasses.replace(moved, move_bytes=move)
+    after_ = available - taken
+    stays = inputs.snapshot.mem_total_bytes - taken
+    margin = max(MARGIN_BYTES, int(stays * MARGIN_FRACTION))
+    harm = []
+    if after_ < margin:
+        harm.append(f"the memory that stays cannot hold what moves: MemAvailable "
+                    f"{size(available)} less the {size(taken)} taken leaves "
+                    f"{size(max(after_, 0))}, under the {size(margin)} margin (offlining "
+                    "would stall or wake the OOM killer)")
+    return dataclasses.replace(moved, move_bytes=move, available_after=after_, harm=harm)
+
+
+def _memory_to_add(needed: int, size_: int, inputs: Inputs, notes: list[str],
+                   unjudged: list[str]) -> _MemoryMoved:
+    """Offline blocks first, then virtio-mem devices' unplugged region; past that only the
+    hypervisor knows (DIMM slots, maxmem)."""
+    snap, hw = inputs.snapshot, inputs.hardware
+    add = sorted(snap.memory_blocks_offline)[:needed]
+    missing = needed - len(add)
+    if missing:
+        room = 0
+        if hw.devices is not None:
+            room = sum(max(0, d.size - d.plugged) for d in hw.devices.devices if d.partial)
+        if missing * size_ > room:
+            unjudged.append(
+                f"memory to add: {size(missing * size_)} is not present"
+                + (f" ({size(room)} fits in virtio-mem devices)" if room else "")
+                + ": the kernel cannot see how much the hypervisor can add (free DIMM "
+                "slots, maxmem); ask it")
+        notes.append(f"{plural(missing, 'block')} not present: the hypervisor must add them "
+                     "first (a DIMM, or a virtio-mem device's requested size); they then "
+                     f"appear offline, or online as auto_online_blocks says "
+                     f"({hw.auto_online or 'unknown'})")
+    zones = {z for b in hw.blocks if b.number in set(add) for z in b.zones[:1]}
+    if hw.auto_online in ("online", "online_kernel") or zones - {MOVABLE_ZONE}:
+        notes.append("online hot-added memory as online_movable (echo online_movable > "
+                     ".../memoryN/state, or auto_online_blocks=online_movable): memory "
+                     "onlined into a kernel zone may never leave again")
+    return _MemoryMoved([], add, needed, 0, size_, missing)
 
 
 @dataclass(frozen=True)
@@ -407,93 +690,190 @@ class _PodsAfter:
     rejected: list[RejectedPod]
     rejected_total: int
     by_reason: dict[str, int]
-    allocatable: dict[str, float]  # what a restarted kubelet would offer
+    allocatable: dict[str, int]  # what a restarted kubelet would offer (milli-CPU, bytes)
     rejected_now: int  # what a restart before the change would reject
     kubernetes: bool  # the pods were judged (a Node status read)
+
+
+def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot,
+                 owners: Mapping[str, str]
+                 ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, int]] | None:
+    """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
+    kubelet would offer); the forecast itself is left as it was."""
+    result, offered = forecast.result_on(hypo)
+    if result is None or offered is None:
+        return None
+    (milli, memory, _, _), _, _ = offered
+    return ([RejectedPod(r.namespace, r.name, r.reason, r.uid, owners.get(r.uid, ""))
+             for r in result.rejected],
+            result.rejected_total, dict(result.by_reason),
+            {"cpu": int(milli), "memory": int(memory)})
 
 
 def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _PodsAfter:
     """What a kubelet restart would reject on the machine after the change (and now)."""
     forecast, snap = inputs.forecast, inputs.snapshot
     if forecast is None:
-        notes.append("pods not judged: Kubernetes is off (pass --kubeconfig, or run in the "
-                     "cluster)")
         return _PodsAfter([], 0, {}, {}, 0, False)
-    now = _forecast_at(forecast, snap)
-    later = _forecast_at(forecast, hypo)
+    now = _forecast_at(forecast, snap, inputs.pod_owners)
+    later = _forecast_at(forecast, hypo, inputs.pod_owners)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
     kubernetes = forecast.allocatable() is not None
-    if not kubernetes:
-        notes.append("pods not judged: no Node status read")
     return _PodsAfter(rejected, rejected_total, by_reason, allocatable,
                       now[1] if now is not None else 0, kubernetes)
 
 
-def _restart_problem(change: Change, inputs: Inputs, hypo: KernelSnapshot,
-                     cpus_moved: frozenset[int], memory_taken: list[int]) -> str:
-    """Why a kubelet restart after the change would fail on its checkpoints ("" if not)."""
-    problem = ""
-    if inputs.cpu_checkpoint is not None and cpus_moved:
-        problem = cpu_manager_problem(inputs.cpu_checkpoint, hypo.cpus_online) or ""
-    if not problem and inputs.memory_checkpoint is not None and (memory_taken or change.memory):
-        problem = memory_manager_problem(inputs.memory_checkpoint, hypo) or ""
-    return problem
+def _restart(change: Change, inputs: Inputs, hypo: KernelSnapshot,
+             cpus_moved: frozenset[int], memory_taken: list[int]) -> tuple[bool | None, str]:
+    """Would a kubelet restart after the change start (True), fail on its checkpoints or
+    configuration (False, why), or can nobody say (None, why)?"""
+    cp, gone = inputs.cpu_checkpoint, missing(inputs)
+    if cpus_moved and gone.get("cpu_manager_checkpoint") and not inputs.no_kubelet:
+        return None, ("its CPU manager checkpoint was not read ("
+                      + gone["cpu_manager_checkpoint"] + ")")
+    if cp is not None and cpus_moved:
+        problem = cpu_manager_problem(cp, hypo.cpus_online)
+        if problem:
+            return False, problem
+        static = cp.present and not cp.error and cp.policy == "static"
+        reserved = inputs.kubelet_reserved_cpus
+        if static and reserved is not None and reserved - hypo.cpus_online:
+            return False, (f"its reservedSystemCPUs name {cpu_list(reserved - hypo.cpus_online)}"
+                           ", which would be offline")
+    if (memory_taken or change.memory) and gone.get("memory_manager_checkpoint") \
+            and not inputs.no_kubelet:
+        return None, ("its memory manager checkpoint was not read ("
+                      + gone["memory_manager_checkpoint"] + ")")
+    if inputs.memory_checkpoint is not None and (memory_taken or change.memory):
+        problem = memory_manager_problem(inputs.memory_checkpoint, hypo)
+        if problem:
+            return False, problem
+    return True, ""
 
 
 def steps(p: Plan, inputs: Inputs) -> list[str]:
-    """The safe order: what must move first, then the memory (which can be refused: nothing
-    has changed yet when it is), then the CPUs, then the kubelet."""
-    out: list[str] = []
+    """The actions in words, in their order (one source: actions())."""
+    return [a.says for a in actions(p, inputs)]
+
+
+CAPACITY_WAIT = 300  # seconds an orchestrator waits for the Node's capacity at most
+
+
+def actions(p: Plan, inputs: Inputs) -> list[Action]:
+    """The safe order, machine-readable: cordon; move what must move first; then the memory
+    (which can be refused: nothing has changed yet when it is), then the CPUs, each write
+    with the write that undoes it; the hypervisor; the kubelet; wait until the Node shows the
+    capacity; uncordon. Undo: the rollbacks of the writes done, newest first, then uncordon."""
+    out: list[Action] = []
     cp = inputs.cpu_checkpoint
     static = cp is not None and cp.present and not cp.error and cp.policy == "static"
     removing = bool(p.cpu_take or p.memory_take)
+    kube = p.kubernetes
+    if removing and kube:
+        out.append(Action("cordon", says="cordon the Node so nothing new is scheduled on it "
+                          "while it shrinks"))
     if p.rejected_pods:
         names = ", ".join(f"{r.namespace}/{r.name}" for r in p.rejected_pods[:8])
         more = p.rejected_total - min(8, len(p.rejected_pods))
-        out.append(f"move away the pods the kubelet would reject ({names}"
-                   f"{f' and {more} more' if more else ''}): drain them or lower their requests")
-    pinned = sorted({f"{c.namespace}/{c.pod}" for c in p.stale_containers
+        out.append(Action("evict", detail={"pods": [
+            {"namespace": r.namespace, "name": r.name, "uid": r.uid} for r in p.rejected_pods]},
+            says=f"move away the pods the kubelet would reject ({names}"
+                 f"{f' and {more} more' if more else ''}): drain them or lower their requests"))
+    pinned = sorted({(c.namespace, c.pod) for c in p.stale_containers
                      if c.kind == "cpuset_exclusive"})
     if pinned:
-        out.append(f"move away the pods pinned to the CPUs that go ({', '.join(pinned[:8])})")
-    for what in sorted({c.kind for c in p.stale_containers} - {"cpuset_exclusive"}):
-        out.append(f"after the change, re-create the pods whose containers would be stale "
-                   f"({what})")
-    if p.memory_take:
-        out.append("offline the memory blocks one at a time, largest number first, before any "
-                   "CPU (a refused block changes nothing): echo offline > "
-                   "/sys/devices/system/memory/memoryN/state for N in "
-                   + " ".join(str(n) for n in sorted(p.memory_take, reverse=True)[:16])
-                   + (" ..." if len(p.memory_take) > 16 else "")
-                   + "; if one is refused (EBUSY), online the ones already taken and plan "
-                   "again; then let the hypervisor unplug them")
+        out.append(Action("evict", detail={"pods": [{"namespace": ns, "name": n, "uid": ""}
+                                                    for ns, n in pinned]},
+                          says="move away the pods pinned to the CPUs that go ("
+                          + ", ".join(f"{ns}/{n}" for ns, n in pinned[:8]) + ")"))
+    mem = "/sys/devices/system/memory"
+    for n in p.memory_take:  # largest number first, as memory.take lists them
+        zone = "online_movable"
+        out.append(Action("write", f"{mem}/memory{n}/state", "offline",
+                          ((f"{mem}/memory{n}/state", zone),),
+                          says=f"offline memory{n} (echo offline > {mem}/memory{n}/state); "
+                          "if the kernel refuses (EBUSY, EINVAL) or it takes longer than "
+                          "the deadline, roll back: online the blocks already taken"))
+    for d in p.memory_devices:
+        detail: dict[str, Any] = {"resource": "memory", "device": d.json()}
+        if d.kind == "virtio-mem":
+            detail["requested_size_less_bytes"] = d.bytes
+            says = (f"lower virtio-mem device {d.id}'s requested size by {size(d.bytes)} "
+                    "(its driver unplugs the offline blocks)")
+        else:
+            says = (f"remove the DIMM {d.id}" + (f" (slot {d.slot})" if d.slot is not None
+                                                 else "") + f", {size(d.bytes)}, from the "
+                    "hypervisor (QEMU: device_del of the pc-dimm in that slot)")
+        out.append(Action("hypervisor_remove", detail=detail, says=says))
     if p.cpu_take and static:
-        out.append("stop the kubelet before the CPUs go (its static CPU manager checkpoint "
-                   "names them)")
-    if p.cpu_take:
-        out.append("offline the CPUs, then let the hypervisor unplug them: " + "; ".join(
-            f"echo 0 > /sys/devices/system/cpu/cpu{c}/online" for c in p.cpu_take))
-    if p.memory_add or p.change.memory > 0:
-        out.append("let the hypervisor add the memory, then online the new blocks as "
-                   "online_movable")
-    if p.cpu_add or p.change.cpus > 0:
+        out.append(Action("stop_kubelet", says="stop the kubelet before the CPUs go (its "
+                          "static CPU manager checkpoint names them)"))
+    for c in p.cpu_take:
+        out.append(Action("write", f"/sys/devices/system/cpu/cpu{c}/online", "0",
+                          ((f"/sys/devices/system/cpu/cpu{c}/online", "1"),),
+                          says=f"offline cpu{c} (echo 0 > /sys/devices/system/cpu/cpu{c}/"
+                          "online)"))
+    for c in p.cpu_take:
+        place = p.cpu_places.get(c, {})
+        out.append(Action("hypervisor_remove", detail={"resource": "cpu", "cpu": {
+            "cpu": c, **{k: place.get(k) for k in ("socket", "die", "core", "thread",
+                                                  "apic_id")}}},
+            says=f"remove cpu{c} from the hypervisor (QEMU: device_del of the CPU device "
+                 f"with socket-id {place.get('socket')}, core-id {place.get('core')}, "
+                 f"thread-id {place.get('thread')})"))
+    if p.change.memory > 0:
+        if p.memory_blocks_needed > len(p.memory_add):
+            out.append(Action("hypervisor_add", detail={
+                "resource": "memory",
+                "bytes": (p.memory_blocks_needed - len(p.memory_add)) * p.block_size},
+                says="let the hypervisor add the memory (a DIMM, or a virtio-mem device's "
+                     "requested size)"))
+        for n in p.memory_add:
+            out.append(Action("write", f"{mem}/memory{n}/state", "online_movable",
+                              ((f"{mem}/memory{n}/state", "offline"),),
+                              says=f"online memory{n} as online_movable, so it can leave "
+                              "again"))
+    if p.change.cpus > 0:
         if static:
-            out.append("stop the kubelet before the CPUs come (its static CPU manager "
-                       "checkpoint lacks them)")
-        out.append("online the CPUs: " + "; ".join(
-            f"echo 1 > /sys/devices/system/cpu/cpu{c}/online" for c in p.cpu_add))
+            out.append(Action("stop_kubelet", says="stop the kubelet before the CPUs come "
+                              "(its static CPU manager checkpoint lacks them)"))
+        missing = [c for c in p.cpu_add if c not in inputs.snapshot.cpus_present]
+        if missing:
+            out.append(Action("hypervisor_add", detail={"resource": "cpu",
+                                                        "cpus": len(missing)},
+                              says=f"let the hypervisor add {plural(len(missing), 'CPU')}"))
+        for c in p.cpu_add:
+            out.append(Action("write", f"/sys/devices/system/cpu/cpu{c}/online", "1",
+                              ((f"/sys/devices/system/cpu/cpu{c}/online", "0"),),
+                              says=f"online cpu{c} (echo 1 > /sys/devices/system/cpu/cpu{c}/"
+                              "online)"))
+    changed = removing or p.cpu_add or p.memory_add or p.change.cpus > 0 \
+        or p.change.memory > 0
     if static and (p.cpu_take or p.cpu_add):
-        out.append(f"delete {cp.path if cp is not None else inputs.kubelet_root} and start the "
-                   "kubelet: it writes a new checkpoint for the CPUs online")
-    elif not p.kubelet_restarts:
-        out.append(f"the kubelet would not restart ({p.kubelet_problem}): stop it, delete the "
-                   "checkpoint it names and start it")
+        path = cp.path if cp is not None else inputs.kubelet_root
+        out.append(Action("delete", path, says=f"delete {path}: the kubelet writes a new "
+                          "checkpoint for the CPUs online"))
+        out.append(Action("start_kubelet", says="start the kubelet"))
+    elif p.kubelet_restarts is False:
+        out.append(Action("restart_kubelet", detail={"problem": p.kubelet_problem},
+                          says=f"the kubelet would not restart ({p.kubelet_problem}): stop "
+                          "it, delete the checkpoint it names and start it"))
     elif p.kubelet_picks_up_without_restart:
-        out.append("nothing more: the kubelet resizes its Node without a restart")
-    elif removing or p.cpu_add or p.memory_add or p.change.cpus > 0 or p.change.memory > 0:
-        out.append("restart the kubelet so the Node shows the new capacity (it reads the "
-                   "machine once, at start), then check that no pod was rejected")
+        pass
+    elif changed and not inputs.no_kubelet:
+        out.append(Action("restart_kubelet", says="restart the kubelet so the Node shows the "
+                          "new capacity (it reads the machine once, at start)"))
+    if changed and kube:
+        cap = p.capacity_after
+        out.append(Action("wait_for_capacity", detail={
+            "cpu": int(cap.get("cpu", 0)), "memory_bytes": int(cap.get("memory", 0)),
+            "timeout_seconds": CAPACITY_WAIT},
+            says=f"wait until the Node's status.capacity shows {cap.get('cpu', 0)} CPU and "
+                 f"{size(int(cap.get('memory', 0)))} of memory (at most {CAPACITY_WAIT} s), "
+                 "then check that no pod was rejected"))
+    if removing and kube:
+        out.append(Action("uncordon", says="uncordon the Node"))
     return out
 
 
@@ -501,15 +881,13 @@ def steps(p: Plan, inputs: Inputs) -> list[str]:
 
 
 def _harmless(change: Change, inputs: Inputs, verdicts: list[BlockVerdict]) -> bool:
-    """No pod rejected, no container left stale, no refusal expected. The kubelet's
-    checkpoints are not counted: they block a restart until deleted (a step of the
-    procedure), not the capacity."""
-    try:
-        p = plan(change, inputs, verdicts=verdicts)
-    except TooLarge:
-        return False
-    return not (p.rejected_total > p.rejected_now or p.stale_containers or p.cpu_short
-                or p.memory_short_bytes)
+    """The plan's own verdict, safe, but for pods a restart would reject already (not the
+    change's doing): no pod rejected, no container left stale, no refusal expected, the
+    kubelet restarts on its checkpoints, and everything it depends on was read."""
+    p = plan(change, inputs, verdicts=verdicts)
+    if p.rejected_total and p.rejected_total <= p.rejected_now:
+        p = dataclasses.replace(p, rejected_total=0)
+    return p.safe
 
 
 def _most(limit: int, ok: Callable[[int], bool]) -> int:

@@ -84,3 +84,30 @@ def _plan_changes_nothing() -> None:
     assert sorted((p.name, (p / "state").read_text()) for p in MEM.glob("memory[0-9]*")) \
         == before
     assert Path("/sys/devices/system/cpu/online").read_text() == cpus
+
+
+def test_this_machines_memory_devices_and_cpu_topology_are_read_as_the_kernel_shows_them():
+    """The devices cover every block once; a block is a DIMM's exactly when the kernel links
+    it to an ACPI memory device; the CPU topology agrees with /proc/cpuinfo."""
+    from exporter.sources.kernel.cpu_topology import read_topology
+    from exporter.sources.kernel.memory_devices import read_devices
+    if not MEM.exists():
+        pytest.skip("no memory hotplug in sysfs")
+    with kernel.hotplug_lock():
+        hw = read_hardware()
+        found = read_devices([b.number for b in hw.blocks], hw.block_size)
+        online = SysfsReader().read(0.0).cpus_online
+        places = read_topology(online)
+    owned = [n for d in found.devices for n in d.blocks]
+    assert sorted(owned) == sorted(b.number for b in hw.blocks)
+    for b in hw.blocks:
+        link = MEM / f"memory{b.number}" / "firmware_node"
+        in_dimm = link.exists() and os.path.basename(os.readlink(link)).startswith("PNP0C80")
+        assert (found.block_device.get(b.number, "").startswith("PNP0C80")) == in_dimm
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    for c in online:
+        p = places[c]
+        assert p.package == int((Path(f"/sys/devices/system/cpu/cpu{c}/topology/"
+                                      "physical_package_id")).read_text())
+        assert c in p.siblings and p.core is not None and p.node is not None
+        assert f"apicid\t\t: {p.apic_id}\n" in cpuinfo

@@ -24,8 +24,9 @@ from exporter.plan.pages import (
     KPF_SLAB,
     count_pages,
 )
-from exporter.plan.planner import Inputs, TooLarge, judge_block, plan
+from exporter.plan.planner import Inputs, judge_block, plan
 from exporter.sources.kernel.memory_blocks import HotplugHardware, MemoryBlock
+from exporter.sources.kernel.memory_devices import MemoryDevice, MemoryDevices
 from testkit.forecast import GiB, MiB, T, forecaster, node, pod, snapshot
 
 BLOCK = 128 * MiB
@@ -43,16 +44,44 @@ def block(n: int, zone: str = "Normal", *, online: bool = True, **kinds: int) ->
     return MemoryBlock(n, online, (zone,), True, flags)
 
 
-def hardware(*blocks: MemoryBlock, hotpluggable=frozenset({1})) -> HotplugHardware:
-    return HotplugHardware(hotpluggable, BLOCK, tuple(blocks), "offline")
+def devices(numbers, dimms=None) -> MemoryDevices:
+    """Blocks below 4 GiB are boot memory, `dimms` (id -> block range) DIMMs, the rest one
+    virtio-mem device (which gives blocks one at a time)."""
+    dimms, numbers = dimms or {}, sorted(numbers)
+    out, owner = [], {}
+    for name, r in dimms.items():
+        mine = tuple(n for n in numbers if n in r)
+        out.append(MemoryDevice(name, "dimm", mine, r.start * BLOCK, len(r) * BLOCK,
+                                len(r) * BLOCK, slot=len(out)))
+        owner.update({n: name for n in mine})
+    rest = [n for n in numbers if n not in owner]
+    virtio = tuple(n for n in rest if n * BLOCK >= 4 * GiB)
+    if virtio:
+        out.append(MemoryDevice("virtio0", "virtio-mem", virtio, 4 * GiB, 64 * GiB,
+                                len(virtio) * BLOCK))
+        owner.update({n: "virtio0" for n in virtio})
+    boot = tuple(n for n in rest if n * BLOCK < 4 * GiB)
+    if boot:
+        out.append(MemoryDevice("boot", "boot", boot, 0, len(boot) * BLOCK, len(boot) * BLOCK))
+    return MemoryDevices(tuple(out), owner, {}, BLOCK)
+
+
+def hardware(*blocks: MemoryBlock, hotpluggable=frozenset({1}), dimms=None,
+             available: int | None = 6 * GiB, auto_online="offline") -> HotplugHardware:
+    return HotplugHardware(hotpluggable, BLOCK, tuple(blocks), auto_online,
+                           devices=devices([b.number for b in blocks], dimms),
+                           mem_available=available)
 
 
 def inputs(hw: HotplugHardware, cpus: int = 2, memory: int = 8 * GiB, **kw) -> Inputs:
+    """A host with no kubelet (nothing of Kubernetes to read) unless `kw` says otherwise."""
     snap = snapshot(cpus, memory)
     online = frozenset(b.number for b in hw.blocks if b.online)
     offline = frozenset(b.number for b in hw.blocks if not b.online)
     from dataclasses import replace
     snap = replace(snap, memory_blocks_online=online, memory_blocks_offline=offline)
+    kw.setdefault("no_kubelet", not {"forecast", "running", "cpu_checkpoint",
+                                     "memory_checkpoint"} & set(kw))
     return Inputs(snap, hw, **kw)
 
 
@@ -89,17 +118,19 @@ def test_page_kinds_are_counted_by_flag():
 
 
 @pytest.mark.parametrize("b, ok, reason", [
-    (block(5, "Movable"), True, ""),
-    (MemoryBlock(5, True, ("none",)), False, "spans_zones"),
-    (MemoryBlock(5, True, ("DMA", "DMA32")), False, "spans_zones"),
-    (block(5), False, "pages_not_read"),
-    (block(5, lru=100), True, ""),
-    (block(5, pgtable=1), False, "unmovable_pages"),
-    (block(5, other=PAGES), False, "unmovable_pages"),
-    (block(5, hole=10), False, "holes"),
+    (block(50, "Movable"), True, ""),
+    (MemoryBlock(50, True, ("none",)), False, "spans_zones"),
+    (MemoryBlock(50, True, ("DMA", "DMA32")), False, "dma"),
+    (block(5, "Movable"), False, "dma"),  # below 4 GiB, whatever its zone
+    (MemoryBlock(50, True, ()), False, "zones_not_read"),  # not "spans zones"
+    (block(50), False, "pages_not_read"),
+    (block(50, lru=100), True, ""),
+    (block(50, pgtable=1), False, "unmovable_pages"),
+    (block(50, other=PAGES), False, "unmovable_pages"),
+    (block(50, hole=10), False, "holes"),
 ])
 def test_a_block_is_judged_by_its_zone_and_pages(b, ok, reason):
-    verdict = judge_block(b, b.page_flags)
+    verdict = judge_block(b, b.page_flags, BLOCK)
     assert (verdict.ok, verdict.reason) == (ok, reason)
 
 
@@ -108,18 +139,46 @@ def test_memory_is_taken_movable_first_then_the_least_used_and_never_unmovable()
                   block(42, slab=1), block(60, "Movable"), MemoryBlock(0, True, ("none",)))
     p = plan(Change(0, -3 * BLOCK), inputs(hw))
     assert p.memory_take == (60, 41, 40)
-    assert p.memory_bytes == 3 * BLOCK and p.safe
+    assert p.memory_bytes == 3 * BLOCK and p.safe and p.verdict == "safe"
     assert p.capacity_after["memory"] == 8 * GiB - 3 * BLOCK
-    # One more is DMA32, then nothing can go: short, with the kernel's reasons.
+    assert p.memory_move_bytes == 510 * 4096
+    # Boot memory (below 4 GiB, DMA32 or not) is never taken: short, with the reasons.
     p = plan(Change(0, -6 * BLOCK), inputs(hw))
-    assert p.memory_take == (60, 41, 40, 1)
-    assert p.memory_short_bytes == 2 * BLOCK and not p.safe
+    assert p.memory_take == (60, 41, 40)
+    assert p.memory_short_bytes == 3 * BLOCK and p.verdict == "harmful"
     assert {(r.unit, r.reason) for r in p.refusals} == {(42, "unmovable_pages"),
-                                                       (0, "spans_zones")}
+                                                       (0, "boot_memory")}
+
+
+def test_a_dimm_goes_whole_or_the_answer_names_the_blocks_that_keep_it():
+    dimms = {"PNP0C80:00": range(40, 44), "PNP0C80:01": range(48, 52)}
+    hw = hardware(*(block(n, lru=1) for n in range(40, 44)), block(48, "Movable"),
+                  block(49, "Movable"), block(50, pgtable=3), block(51, "Movable"),
+                  dimms=dimms)
+    p = plan(Change(0, -BLOCK), inputs(hw))  # one block asked: the whole DIMM it is in
+    assert p.memory_take == (43, 42, 41, 40) and p.safe
+    assert [(d.id, d.blocks, d.bytes, d.whole) for d in p.memory_devices] == \
+        [("PNP0C80:00", (40, 41, 42, 43), 4 * BLOCK, True)]
+    assert any("a DIMM goes whole" in n for n in p.notes)
+    p = plan(Change(0, -6 * BLOCK), inputs(hw))
+    assert p.memory_take == (43, 42, 41, 40) and p.memory_short_bytes == 2 * BLOCK
+    kept = [r for r in p.refusals if r.reason == "device_kept"]
+    assert [(r.unit, "PNP0C80:01" in r.detail, "memory50" in r.detail) for r in kept] == \
+        [(50, True, True)]
+
+
+def test_pages_to_move_must_fit_in_what_stays():
+    hw = hardware(*(block(n, "Movable") for n in range(40, 48)), available=1 * GiB)
+    p = plan(Change(0, -4 * BLOCK), inputs(hw))  # 512 MiB of 1 GiB: the margin holds
+    assert p.safe and p.memory_available_after == GiB - 4 * BLOCK
+    p = plan(Change(0, -7 * BLOCK), inputs(hw))
+    assert p.verdict == "harmful" and "cannot hold what moves" in p.harm[0]
+    p = plan(Change(0, -BLOCK), inputs(hardware(block(40, "Movable"), available=None)))
+    assert p.verdict == "unknown" and any("MemAvailable" in u for u in p.unjudged)
 
 
 def test_page_flags_are_read_only_until_enough_blocks_can_go_and_within_the_budget():
-    hw = hardware(*(block(n) for n in range(10, 20)))
+    hw = hardware(*(block(n) for n in range(110, 120)))
     read: list[int] = []
 
     def flags(n: int):
@@ -127,35 +186,44 @@ def test_page_flags_are_read_only_until_enough_blocks_can_go_and_within_the_budg
         return Counter({KPF_BUDDY: PAGES}) if n % 2 else Counter({KPF_SLAB: PAGES})
 
     p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=100)
-    assert p.memory_take == (19, 17) and read == [19, 18, 17]
+    assert p.memory_take == (119, 117) and read == [119, 118, 117]
     read.clear()
+    # The budget ends before enough is found: the rest is "not read", never "cannot".
     p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=2)
-    assert read == [19, 18] and p.memory_take == (19,) and p.memory_short_bytes == BLOCK
+    assert read == [119, 118] and p.memory_take == (119,) and p.memory_short_bytes == 0
+    assert p.verdict == "unknown" and any("page flags" in u for u in p.unjudged)
 
 
 def test_a_size_that_is_not_whole_blocks_takes_whole_blocks_and_says_so():
-    p = plan(Change(0, -BLOCK - 1), inputs(hardware(block(7, "Movable"), block(8, "Movable"))))
+    p = plan(Change(0, -BLOCK - 1), inputs(hardware(block(107, "Movable"),
+                                                    block(108, "Movable"))))
     assert p.memory_blocks_needed == 2 and p.memory_bytes == 2 * BLOCK
     assert any("blocks of" in n for n in p.notes)
 
 
-def test_more_than_the_machine_is_refused_with_the_most():
-    with pytest.raises(TooLarge, match="take at most 1"):
-        plan(Change(-2, 0), inputs(hardware()))
-    with pytest.raises(TooLarge, match="the machine has"):
-        plan(Change(0, -8 * GiB), inputs(hardware()))
+def test_more_than_the_machine_is_harmful_with_the_most():
+    p = plan(Change(-2, 0), inputs(hardware()))
+    assert p.verdict == "harmful" and "take at most 1" in p.harm[0]
+    p = plan(Change(0, -8 * GiB), inputs(hardware()))
+    assert p.verdict == "harmful" and "the machine has 8Gi" in p.impossible
 
 
 def test_a_memory_hot_add_onlines_offline_blocks_and_advises_movable():
-    hw = HotplugHardware(frozenset({1}), BLOCK, (block(70, "Normal", online=False),
-                                                 block(71, "Normal", online=False)), "online")
-    p = plan(Change(0, 3 * BLOCK), inputs(hw))
+    hw = hardware(block(70, "Normal", online=False), block(71, "Normal", online=False),
+                  auto_online="online")
+    p = plan(Change(0, 2 * BLOCK), inputs(hw, no_kubelet=False, not_read={}))
     assert p.memory_add == (70, 71)
-    assert p.capacity_after["memory"] == 8 * GiB + 3 * BLOCK
+    assert p.capacity_after["memory"] == 8 * GiB + 2 * BLOCK
     assert any("online_movable" in n for n in p.notes)
-    assert any("hypervisor must add" in n for n in p.notes)
     assert not p.kubelet_picks_up_without_restart
     assert any("restart the kubelet" in s for s in p.steps)
+    assert [(a.do, a.path, a.value) for a in p.actions if a.do == "write"] == [
+        ("write", "/sys/devices/system/memory/memory70/state", "online_movable"),
+        ("write", "/sys/devices/system/memory/memory71/state", "online_movable")]
+    # More than is present: only the hypervisor knows whether it can add it. Not safe.
+    p = plan(Change(0, 1 << 40), inputs(hw))
+    assert any("hypervisor must add" in n for n in p.notes)
+    assert p.verdict == "unknown" and any("cannot see how much" in u for u in p.unjudged)
 
 
 # ---------------------------------------------------------------- CPUs
@@ -202,10 +270,10 @@ def test_an_exclusively_pinned_cpu_is_taken_last_and_named_when_it_must_go():
 
 
 def test_limits_above_the_new_capacity_are_stale_and_existing_findings_are_not_the_changes():
-    hw = hardware(block(9, "Movable"), hotpluggable=frozenset({1, 2, 3}))
+    hw = hardware(block(90, "Movable"), hotpluggable=frozenset({1, 2, 3}))
     snap = snapshot(4, memory=8 * GiB, possible=4)
     from dataclasses import replace
-    snap = replace(snap, memory_blocks_online=frozenset({9}))
+    snap = replace(snap, memory_blocks_online=frozenset({90}))
     big = ContainerCgroup("uid-a", "a" * 64, "burstable", cpu_limit=4.0,
                           memory_limit=8 * GiB - 64 * MiB)
     old = ContainerCgroup("uid-b", "b" * 64, "burstable", cpu_limit=5.0)  # stale already
@@ -234,7 +302,7 @@ def test_a_burstable_oom_score_from_the_old_memory_is_stale_after_a_memory_chang
 
 
 def test_a_static_memory_manager_will_not_restart_on_other_memory():
-    hw = hardware(block(9, "Movable"))
+    hw = hardware(block(90, "Movable"))
     mp = MemoryManagerCheckpoint(T, "/var/lib/kubelet/memory_manager_state", True, "Static",
                                  {"memory": 8 * GiB})
     p = plan(Change(0, -BLOCK), inputs(hw, memory_checkpoint=mp))
@@ -252,6 +320,7 @@ def test_the_forecast_runs_on_the_hypothetical_kernel_and_is_given_back():
     p = plan(Change(-1, 0), ins)
     assert [(r.name, r.reason) for r in p.rejected_pods] == [("a", "OutOfcpu"),
                                                              ("b", "OutOfcpu")]
-    assert p.rejected_now == 0 and p.harm[0].startswith("2 pod(s) rejected")
+    assert p.rejected_now == 0 and p.harm[0].startswith("2 pods rejected")
+    assert all(r.uid for r in p.rejected_pods)
     assert f.result() is not None and f.result().rejected_total == 0  # the real kernel again
     assert plan(Change(1, 0), Inputs(snapshot(1), hardware(), forecast=f)).cpu_add == (1,)

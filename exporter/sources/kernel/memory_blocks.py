@@ -18,14 +18,21 @@ import os
 import stat
 from array import array
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.sources.kernel.cpu_topology import CpuPlace, read_topology
+from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
 from exporter.untrusted import read_text
 
 PAGE_SIZE = 4096
 KPAGEFLAGS_BLOCKS_MAX = 64  # blocks whose page flags one call reads at most (16 MiB at 128 MiB)
 _BLOCKS_MAX = 65536  # memory blocks read at most (8 TiB of 128 MiB blocks)
+# block_size_bytes is a power of two: 128 MiB to 2 GiB on x86-64, 256 MiB on s390 and
+# POWER, up to 1 GiB on arm64. Anything outside 1 MiB..64 GiB is not a block size (2^56 made
+# the page-flag read ask for 2^47 pages at once).
+BLOCK_SIZE_MIN, BLOCK_SIZE_MAX = 1 << 20, 1 << 36
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,10 @@ class HotplugHardware:
     auto_online: str = ""  # auto_online_blocks: what a hot-added block becomes
     online_policy: str = ""  # memory_hotplug.online_policy (contig-zones, auto-movable)
     truncated: bool = False  # more blocks than _BLOCKS_MAX: the rest not read
+    devices: MemoryDevices | None = None  # None: not read (read_hardware without procfs)
+    cpu_places: Mapping[int, CpuPlace] = field(default_factory=dict)
+    mem_available: int | None = None  # /proc/meminfo MemAvailable, bytes; None: not read
+    not_read: tuple[str, ...] = ()  # what could not be read, each with why
 
 
 def _text(path: str) -> str | None:
@@ -57,33 +68,65 @@ def _text(path: str) -> str | None:
         return None
 
 
-def read_cpus_hotpluggable(sysfs: str = "/sys") -> frozenset[int]:
+def read_cpus(sysfs: str = "/sys") -> tuple[frozenset[int], frozenset[int]]:
+    """(every cpuN sysfs shows, those with an `online` file)."""
     root = os.path.join(sysfs, "devices/system/cpu")
-    out = set()
+    every, out = set(), set()
     try:
         entries = list(os.scandir(root))
     except OSError:
-        return frozenset()
+        return frozenset(), frozenset()
     for entry in entries:
         name = entry.name
-        if name.startswith("cpu") and name[3:].isdigit() and \
-                os.path.exists(os.path.join(entry.path, "online")):
-            out.add(int(name[3:]))
-    return frozenset(out)
+        if name.startswith("cpu") and name[3:].isdigit() and len(name) < 10:
+            every.add(int(name[3:]))
+            if os.path.exists(os.path.join(entry.path, "online")):
+                out.add(int(name[3:]))
+    return frozenset(every), frozenset(out)
 
 
-def read_hardware(sysfs: str = "/sys") -> HotplugHardware:
-    """CPUs and memory blocks now. Never raises for what the tree holds: a block whose files
-    vanish or do not parse is left out."""
-    cpus = read_cpus_hotpluggable(sysfs)
-    mem = os.path.join(sysfs, "devices/system/memory")
-    size_text = _text(os.path.join(mem, "block_size_bytes"))
+
+def block_size_of(text: str | None) -> tuple[int, str]:
+    """(block size, "") from block_size_bytes' text, or (0, why it is not one)."""
+    if not text:
+        return 0, ""
     try:
-        size = int(size_text, 16) if size_text else 0
+        size = int(text, 16)
     except ValueError:
-        size = 0
+        return 0, f"block_size_bytes {text[:40]!r} is not a hexadecimal number"
+    if not BLOCK_SIZE_MIN <= size <= BLOCK_SIZE_MAX or size & (size - 1):
+        return 0, (f"block_size_bytes {text[:40]!r} is not a memory block size (a power of "
+                   f"two from {BLOCK_SIZE_MIN} to {BLOCK_SIZE_MAX} bytes)")
+    return size, ""
+
+
+def mem_available(procfs: str) -> int | None:
+    """/proc/meminfo's MemAvailable in bytes, None when it cannot be read."""
+    text = _text(os.path.join(procfs, "meminfo"))
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key == "MemAvailable" and parts and parts[0].isdigit() and len(parts[0]) < 16:
+            return int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return None
+
+
+def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHardware:
+    """CPUs and memory blocks now; with `procfs`, also the removable devices, the CPUs'
+    topology and MemAvailable. Never raises for what the tree holds: a block whose state
+    cannot be read is named in `not_read` and left out."""
+    every, cpus = read_cpus(sysfs)
+    places = read_topology(every, sysfs, procfs) if procfs is not None else {}
+    available = mem_available(procfs) if procfs is not None else None
+    not_read = [] if procfs is None or available is not None else \
+        ["MemAvailable (/proc/meminfo)"]
+    mem = os.path.join(sysfs, "devices/system/memory")
+    size, bad = block_size_of(_text(os.path.join(mem, "block_size_bytes")))
+    if bad:
+        not_read.append(bad)
     if size <= 0:
-        return HotplugHardware(cpus, 0, ())
+        return HotplugHardware(cpus, 0, (), cpu_places=places, mem_available=available,
+                               not_read=tuple(not_read))
     numbers: list[int] = []
     try:
         for entry in os.scandir(mem):
@@ -94,19 +137,36 @@ def read_hardware(sysfs: str = "/sys") -> HotplugHardware:
     numbers.sort()
     truncated = len(numbers) > _BLOCKS_MAX
     blocks = []
+    unread: list[int] = []
     for n in numbers[:_BLOCKS_MAX]:
         base = os.path.join(mem, f"memory{n}")
         state = _text(os.path.join(base, "state"))
         if state is None:
+            unread.append(n)
             continue
         zones = _text(os.path.join(base, "valid_zones"))
         removable = _text(os.path.join(base, "removable"))
         blocks.append(MemoryBlock(n, state == "online", tuple(zones.split()) if zones else (),
                                   None if removable is None else removable == "1"))
+    if unread:
+        not_read.append(f"the state of memory block(s) {_numbers(unread)} (not a readable "
+                        "file): left out")
+    if truncated:
+        not_read.append(f"memory blocks past the first {_BLOCKS_MAX}")
+    devices = None
+    if procfs is not None:
+        devices = read_devices([b.number for b in blocks], size, sysfs, procfs)
+        not_read += devices.not_read
     params = os.path.join(sysfs, "module/memory_hotplug/parameters")
     return HotplugHardware(cpus, size, tuple(blocks),
                            _text(os.path.join(mem, "auto_online_blocks")) or "",
-                           _text(os.path.join(params, "online_policy")) or "", truncated)
+                           _text(os.path.join(params, "online_policy")) or "", truncated,
+                           devices, places, available, tuple(not_read))
+
+
+def _numbers(ns: list[int], most: int = 8) -> str:
+    return " ".join(map(str, ns[:most])) + (f" and {len(ns) - most} more" if len(ns) > most
+                                            else "")
 
 
 class PageFlagsReader:
