@@ -1,26 +1,26 @@
 #!/usr/bin/env python3
-"""A reference client for node-resize-exporter's `GET /plan`, written the way an orchestrator
-would use it before it takes CPUs or memory away from a node: ask, act in the order given,
-verify, roll back. Python 3.9+ standard library only: copy it into your own code.
+"""A reference client for node-resize-exporter's `GET /plan` (docs/plan.schema.json), written
+the way an orchestrator would use it before it takes CPUs or memory away from a node: ask, act
+in the order given, verify, roll back. Python 3.9+ standard library only: copy it.
 
     python3 orchestrator.py --url https://NODE:9862 --token-file TOKEN --ca-file CA --memory -1Gi
     python3 orchestrator.py ... --cpu -1 --act     # on the node, as root: do the node's steps
 
 The rules it keeps (README, "Integrating an orchestrator"):
 
-1. Ask, and check the answer's schema id and major version before reading anything else.
-2. Act only when `safe` is true. false (it would hurt) and null (it could not tell: something it
-   depends on was not read) are both "no"; the reasons are in the answer.
-3. Understand every action before doing the first: an action of an unknown kind stops the
-   plan before anything has changed.
-4. Right before acting, ask again with the generation the plan was answered at: a node that
-   changed since (a CPU or DIMM came or went, pods moved) makes the plan stale; ask anew.
-5. Do the actions in the order given, each a single write (memory offlines bounded in time: a
-   block whose pages cannot move makes the kernel loop until the writer gets a signal), and
-   verify each (read the file back). At the first failure undo what was done, newest first,
-   with each action's own rollback, and stop.
-6. Only then let the hypervisor take the devices the plan named (a DIMM by its id, a vCPU by
-   its socket/core/thread), and wait until the node shows the capacity the plan said.
+1. Check the answer's `schema` and `schema_version` before reading anything else.
+2. Act only when `verdict` is "safe". "harmful" (it would hurt, or cannot be done) and
+   "unknown" (something it depends on was not read) are both "no"; `harm`/`unknown` say why.
+3. Understand every action before doing the first: an action this client cannot carry out
+   stops the plan before anything has changed.
+4. Right before acting, ask again echoing the answer's `generation`: `stale` true means the
+   node changed since (a CPU or DIMM came or went, pods moved): ask anew.
+5. Do the actions in `order`, each write a single write(2) bounded in time (an offline whose
+   pages cannot move loops in the kernel until the writer gets a signal), and read each file
+   back. At the first failure do the rollback writes of the writes done, newest first (those
+   the hypervisor has not yet taken away), then uncordon, and stop.
+6. The hypervisor's steps come where the plan puts them: after the node has let go of what
+   they remove (a DIMM by its slot, a vCPU by its socket/die/core/thread).
 """
 from __future__ import annotations
 
@@ -32,30 +32,32 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
-SCHEMA_ID = "node-resize-exporter/plan"
-SCHEMA_MAJOR = 1  # this client understands 1.x answers
+SCHEMA_ID = "urn:node-resize-exporter:plan"
+SCHEMA_VERSIONS = (2,)  # the versions this client understands (a new version: keys changed)
 WRITE_DEADLINE = 30.0  # seconds a single sysfs write may take before the writer is killed
+ONLINE_VALUES = ("online", "online_movable", "online_kernel")  # all read back as "online"
 
 
 class PlanError(Exception):
-    """The answer cannot be acted on: wrong schema, malformed, or refused by the server."""
+    """The answer cannot be acted on: another schema, malformed, refused by the server."""
 
 
 class NotSafe(PlanError):
-    """The plan says the change would hurt (safe false) or it could not tell (safe null)."""
+    """The verdict is "harmful" or "unknown"."""
 
-    def __init__(self, answer: Dict[str, Any]):
+    def __init__(self, answer: "Answer"):
         self.answer = answer
-        safe = answer.get("safe")
-        why = answer.get("harm") or answer.get("unknown") or answer.get("unjudged") or []
-        super().__init__(f"plan is {'unknown' if safe is None else 'not safe'}: "
-                         + "; ".join(str(w) for w in why))
+        body = answer.body
+        why = body.get("harm") if body.get("verdict") == "harmful" else body.get("unknown")
+        super().__init__(f"verdict {body.get('verdict')!r}: "
+                         + "; ".join(str(w) for w in (why or [])))
 
 
 class Stale(PlanError):
@@ -63,14 +65,14 @@ class Stale(PlanError):
 
 
 class StepFailed(Exception):
-    """An action failed; what had been done was rolled back (see `rolled_back`)."""
+    """An action failed; the writes done were rolled back (see `rolled_back`)."""
 
-    def __init__(self, action: "Action", cause: BaseException,
-                 rolled_back: List["Action"], rollback_errors: List[str]):
+    def __init__(self, action: "Action", cause: BaseException, rolled_back: List["Action"],
+                 rollback_errors: List[str]):
         self.action, self.cause = action, cause
         self.rolled_back, self.rollback_errors = rolled_back, rollback_errors
-        super().__init__(f"step {action.index} ({action.describe()}) failed: {cause}; "
-                         f"rolled back {len(rolled_back)} step(s)"
+        super().__init__(f"step {action.order} ({action.describe()}) failed: {cause}; "
+                         f"rolled back {len(rolled_back)} write(s)"
                          + (f", rollback errors: {rollback_errors}" if rollback_errors else ""))
 
 
@@ -79,54 +81,87 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Action:
-    """One ordered, machine-readable step of a plan."""
+    """One step of `actions`, in `order`."""
 
-    index: int
-    kind: str  # "write", "cordon", "wait_capacity", "unplug_memory", "unplug_cpu", ...
-    path: str = ""  # write: the file
-    value: str = ""  # write: what to write
-    expect: str = ""  # write: what the file reads afterwards ("" = value)
-    rollback: Optional["Action"] = None
+    order: int
+    do: str  # cordon, evict, write, hypervisor_remove, ... (docs/plan.schema.json)
+    path: str = ""
+    value: str = ""
+    rollback: Tuple["Action", ...] = ()  # the writes that undo this one
     raw: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
-        if self.kind == "write":
+        if self.do == "write":
             return f"echo {self.value} > {self.path}"
-        return f"{self.kind} {json.dumps({k: v for k, v in self.raw.items() if k != 'rollback'})}"
+        rest = {k: v for k, v in self.raw.items() if k not in ("order", "do", "rollback")}
+        return f"{self.do} {json.dumps(rest, sort_keys=True)}" if rest else self.do
 
 
-def _action(index: int, raw: Any) -> Action:
-    if not isinstance(raw, dict) or not isinstance(raw.get("kind", raw.get("action")), str):
-        raise PlanError(f"action {index} is not an object with a kind: {raw!r:.200}")
-    kind = raw.get("kind", raw.get("action"))
-    back = raw.get("rollback")
-    rollback = _action(index, back) if isinstance(back, dict) else None
-    path, value = raw.get("path", ""), raw.get("value", "")
-    if kind == "write" and not (isinstance(path, str) and path.startswith("/sys/")
-                                and isinstance(value, str)):
-        raise PlanError(f"action {index}: a write outside /sys or without a value: {raw!r:.200}")
-    return Action(index, kind, str(path), str(value), str(raw.get("expect", "") or ""),
+def _write(order: int, raw: Any) -> Action:
+    if not (isinstance(raw, dict) and raw.get("do") == "write"
+            and isinstance(raw.get("path"), str) and raw["path"].startswith("/sys/")
+            and ".." not in raw["path"] and isinstance(raw.get("value"), str)):
+        raise PlanError(f"action {order}: a write outside /sys or without a value: {raw!r:.200}")
+    return Action(order, "write", raw["path"], raw["value"], raw=raw)
+
+
+def _action(raw: Any) -> Action:
+    if not isinstance(raw, dict) or not isinstance(raw.get("do"), str) \
+            or not isinstance(raw.get("order"), int):
+        raise PlanError(f"an action without order and do: {raw!r:.200}")
+    order = raw["order"]
+    back = raw.get("rollback", [])
+    if not isinstance(back, list):
+        raise PlanError(f"action {order}: rollback is not a list")
+    rollback = tuple(_write(order, b) for b in back)
+    if raw["do"] == "write":
+        return Action(order, "write", _write(order, raw).path, raw["value"], rollback, raw)
+    if raw["do"] == "delete" and not (isinstance(raw.get("path"), str)
+                                      and raw["path"].startswith("/var/lib/kubelet/")):
+        raise PlanError(f"action {order}: a delete outside /var/lib/kubelet: {raw!r:.200}")
+    return Action(order, raw["do"], str(raw.get("path", "")), str(raw.get("value", "")),
                   rollback, raw)
 
 
-def check_schema(answer: Any) -> Dict[str, Any]:
-    """The answer, if this client understands it (schema id and major version)."""
-    if not isinstance(answer, dict):
-        raise PlanError("the answer is not a JSON object")
-    schema, version = answer.get("schema"), str(answer.get("schema_version", ""))
-    if schema != SCHEMA_ID:
-        raise PlanError(f"schema {schema!r}, this client speaks {SCHEMA_ID!r}")
-    major = version.split(".")[0]
-    if not major.isdigit() or int(major) != SCHEMA_MAJOR:
-        raise PlanError(f"schema version {version!r}, this client speaks {SCHEMA_MAJOR}.x")
-    return answer
-
-
-def actions(answer: Dict[str, Any]) -> List[Action]:
-    raw = answer.get("actions")
+def actions(body: Dict[str, Any]) -> List[Action]:
+    raw = body.get("actions")
     if not isinstance(raw, list):
         raise PlanError("the answer has no list of actions")
-    return [_action(i, a) for i, a in enumerate(raw, 1)]
+    steps = [_action(a) for a in raw]
+    if [a.order for a in steps] != list(range(1, len(steps) + 1)):
+        raise PlanError(f"actions not in order 1..{len(steps)}: {[a.order for a in steps]}")
+    return steps
+
+
+def check_schema(body: Any) -> Dict[str, Any]:
+    """The answer, if this client understands it (schema id and version)."""
+    if not isinstance(body, dict):
+        raise PlanError("the answer is not a JSON object")
+    if body.get("schema") != SCHEMA_ID:
+        raise PlanError(f"schema {body.get('schema')!r}, this client speaks {SCHEMA_ID!r}")
+    if body.get("schema_version") not in SCHEMA_VERSIONS:
+        raise PlanError(f"schema_version {body.get('schema_version')!r}, this client speaks "
+                        f"{', '.join(map(str, SCHEMA_VERSIONS))}")
+    return body
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer and the question it answers (to ask again with its generation)."""
+
+    body: Dict[str, Any]
+    question: Dict[str, str]
+
+    @property
+    def generation(self) -> str:
+        return str(self.body.get("generation", ""))
+
+    @property
+    def safe(self) -> bool:
+        return self.body.get("verdict") == "safe" and self.body.get("safe") is True
+
+    def actions(self) -> List[Action]:
+        return actions(self.body)
 
 
 # ---------------------------------------------------------------- asking
@@ -203,21 +238,24 @@ class PlanClient:
                 return status, {"error": body.decode(errors="replace")[:500]}
         raise PlanError(f"GET {path}: still busy after {self.tries} tries")
 
-    def ask(self, cpu: Optional[str] = None, memory: Optional[str] = None,
-            **extra: str) -> Dict[str, Any]:
-        """The plan for a change (cpu "-1", memory "-1Gi"), schema checked."""
-        query = {k: v for k, v in (("cpu", cpu), ("memory", memory), *extra.items())
-                 if v is not None}
-        status, body = self.get(query)
-        if status != 200:
-            raise PlanError(f"GET /plan {query}: HTTP {status}: {body.get('error', body)}")
-        return check_schema(body)
+    def ask(self, cpu: Optional[str] = None, memory: Optional[str] = None) -> Answer:
+        """The plan for a change (cpu "-1", "-1core"; memory "-1Gi"), schema checked."""
+        question = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+        status, body = self.get(question)
+        if status != 200:  # 400: the question is malformed, and the body says the fix
+            raise PlanError(f"GET /plan {question}: HTTP {status}: {body.get('error', body)}")
+        return Answer(check_schema(body), question)
 
-    def is_current(self, answer: Dict[str, Any]) -> bool:
-        """Is the node still as it was when `answer` was given? (the generation, echoed)"""
-        query = dict(answer.get("question") or {})
-        fresh = self.ask(**{k: str(v) for k, v in query.items()})
-        return bool(fresh.get("generation") == answer.get("generation"))
+    def is_current(self, answer: Answer) -> bool:
+        """Has the node stayed as it was when `answer` was given? (its generation, echoed)"""
+        status, body = self.get({**answer.question, "generation": answer.generation})
+        if status != 200:
+            raise PlanError(f"GET /plan with generation: HTTP {status}: "
+                            f"{body.get('error', body)}")
+        stale = check_schema(body).get("stale")
+        if not isinstance(stale, bool):
+            raise PlanError(f"the echoed generation was not judged (stale {stale!r})")
+        return not stale
 
 
 # ---------------------------------------------------------------- acting
@@ -231,10 +269,7 @@ class Node(Protocol):
     def read(self, path: str) -> str: ...
 
 
-class Hypervisor(Protocol):
-    """The hypervisor's side: remove a device once the node has let go of it."""
-
-    def unplug(self, action: Action) -> None: ...
+Handler = Callable[[Action], None]
 
 
 class LocalNode:
@@ -276,80 +311,168 @@ class LocalNode:
         with open(path) as f:
             return f.read().strip()
 
+    def handlers(self) -> Dict[str, Handler]:
+        """The kubelet's steps, on a systemd node."""
+        def systemctl(verb: str) -> Handler:
+            return lambda a: subprocess.run(["systemctl", verb, "kubelet"], check=True,
+                                            timeout=120)
+
+        def delete(a: Action) -> None:
+            try:
+                os.unlink(a.path)
+            except FileNotFoundError:
+                pass
+
+        return {"stop_kubelet": systemctl("stop"), "start_kubelet": systemctl("start"),
+                "restart_kubelet": systemctl("restart"), "delete": delete}
+
+
+class KubeApi:
+    """The Kubernetes side (cordon, evict, wait_for_capacity, uncordon) with the pod's own
+    service account: `patch` on nodes, `create` on pods/eviction, `get` on nodes."""
+
+    SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+    def __init__(self, node: str, url: str = "", token_file: str = SA + "/token",
+                 ca_file: str = SA + "/ca.crt", timeout: float = 30.0):
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        self.url = url or f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+        self.node, self.token_file, self.timeout = node, token_file, timeout
+        self.context = ssl.create_default_context(cafile=ca_file)
+
+    def call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+             content_type: str = "application/json") -> Dict[str, Any]:
+        parts = urllib.parse.urlsplit(self.url)
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port or 443,
+                                           timeout=self.timeout, context=self.context)
+        with open(self.token_file) as f:
+            headers = {"Authorization": f"Bearer {f.read().strip()}",
+                       "Content-Type": content_type, "Accept": "application/json"}
+        try:
+            conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+            r = conn.getresponse()
+            data = r.read()
+        finally:
+            conn.close()
+        if r.status >= 300:  # 429 on an eviction: a PodDisruptionBudget says not now
+            raise OSError(errno.EIO, f"{method} {path}: HTTP {r.status}: {data[:300]!r}")
+        return dict(json.loads(data or b"{}"))
+
+    def cordon(self, unschedulable: bool) -> None:
+        self.call("PATCH", f"/api/v1/nodes/{self.node}", {"spec": {"unschedulable":
+                                                                  unschedulable}},
+                  "application/merge-patch+json")
+
+    def evict(self, action: Action) -> None:
+        for pod in action.raw.get("pods", []):
+            ns, name = pod["namespace"], pod["name"]
+            self.call("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                      {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": name, "namespace": ns}})
+
+    def wait_for_capacity(self, action: Action) -> None:
+        want = (int(action.raw["cpu"]), int(action.raw["memory_bytes"]))
+        end = time.monotonic() + float(action.raw.get("timeout_seconds", 300))
+        seen: Tuple[int, int] = (0, 0)
+        while time.monotonic() < end:
+            cap = self.call("GET", f"/api/v1/nodes/{self.node}").get("status", {}).get(
+                "capacity", {})
+            seen = (quantity(cap.get("cpu", "0")), quantity(cap.get("memory", "0")))
+            if seen == want:
+                return
+            time.sleep(2)
+        raise OSError(errno.ETIMEDOUT, f"Node capacity {seen}, not {want}")
+
+    def handlers(self) -> Dict[str, Handler]:
+        return {"cordon": lambda a: self.cordon(True), "uncordon": lambda a: self.cordon(False),
+                "evict": self.evict, "wait_for_capacity": self.wait_for_capacity}
+
+
+_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10 ** 3,
+           "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "": 1}
+
+
+def quantity(text: str) -> int:
+    """A Kubernetes quantity as the kubelet writes capacity ("4", "16393832Ki")."""
+    num = text.rstrip("KMGTik")
+    return int(num) * _SUFFIX[text[len(num):]]
+
 
 @dataclass
 class Outcome:
     done: List[Action] = field(default_factory=list)
-    unplugged: List[Action] = field(default_factory=list)
-
-
-Handler = Callable[[Action], None]
 
 
 class Executor:
-    """Carries out a plan's actions in order, verifying each, rolling back on failure."""
+    """Carries out a plan's actions in order, verifying each write, rolling back on failure.
 
-    def __init__(self, node: Node, hypervisor: Optional[Hypervisor] = None,
-                 handlers: Optional[Dict[str, Handler]] = None,
+    `handlers` carry out what is not a write: hypervisor_remove/hypervisor_add (yours),
+    cordon/evict/wait_for_capacity/uncordon (KubeApi), the kubelet's steps and delete
+    (LocalNode.handlers()). An action with no handler stops the plan before it starts."""
+
+    def __init__(self, node: Node, handlers: Optional[Dict[str, Handler]] = None,
                  log: Callable[[str], None] = lambda line: None):
         self.node = node
-        self.hypervisor = hypervisor
         self.log = log
-        self.handlers: Dict[str, Handler] = {"write": self._write}
-        if hypervisor is not None:
-            self.handlers.update({"unplug_memory": hypervisor.unplug,
-                                  "unplug_cpu": hypervisor.unplug})
-        self.handlers.update(handlers or {})
+        self.handlers: Dict[str, Handler] = {"write": self._write, **(handlers or {})}
 
     def _write(self, action: Action) -> None:
         self.node.write(action.path, action.value)
         seen = self.node.read(action.path)
-        want = action.expect or action.value
+        want = "online" if action.value in ONLINE_VALUES else action.value
         if seen != want:
             raise OSError(errno.EIO, f"reads {seen!r} after the write, not {want!r}",
                           action.path)
 
     def check(self, steps: Sequence[Action]) -> None:
-        unknown = sorted({a.kind for a in steps if a.kind not in self.handlers})
+        unknown = sorted({a.do for a in steps if a.do not in self.handlers})
         if unknown:
-            raise PlanError(f"action kind(s) this client does not carry out: {unknown}; "
+            raise PlanError(f"actions this client does not carry out: {unknown}; "
                             "nothing was done")
 
     def run(self, steps: Sequence[Action]) -> Outcome:
         self.check(steps)
         out = Outcome()
+        committed = 0  # writes before a hypervisor step that succeeded are not undone
         for action in steps:
-            self.log(f"step {action.index}: {action.describe()}")
+            self.log(f"step {action.order}: {action.describe()}")
             try:
-                self.handlers[action.kind](action)
+                self.handlers[action.do](action)
             except Exception as e:
-                rolled, errors = self.roll_back(out.done)
+                rolled, errors = self.roll_back(out.done[committed:])
+                if any(a.do == "cordon" for a in out.done) and "uncordon" in self.handlers:
+                    try:
+                        self.handlers["uncordon"](Action(0, "uncordon"))
+                    except Exception as u:
+                        errors.append(f"uncordon: {u}")
                 raise StepFailed(action, e, rolled, errors) from e
             out.done.append(action)
+            if action.do in ("hypervisor_remove", "hypervisor_add"):
+                committed = len(out.done)
         return out
 
     def roll_back(self, done: Sequence[Action]) -> Tuple[List[Action], List[str]]:
-        rolled, errors = [], []
+        rolled: List[Action] = []
+        errors: List[str] = []
         for action in reversed(done):
-            if action.rollback is None:
-                continue
-            self.log(f"undo step {action.index}: {action.rollback.describe()}")
-            try:
-                self.handlers[action.rollback.kind](action.rollback)
-                rolled.append(action)
-            except Exception as e:  # keep undoing the rest; report every failure
-                errors.append(f"step {action.index}: {e}")
+            for undo in action.rollback:
+                self.log(f"undo step {action.order}: {undo.describe()}")
+                try:
+                    self._write(undo)
+                    rolled.append(undo)
+                except Exception as e:  # keep undoing the rest; report every failure
+                    errors.append(f"step {action.order}: {e}")
         return rolled, errors
 
 
-def carry_out(client: PlanClient, answer: Dict[str, Any], executor: Executor) -> Outcome:
+def carry_out(client: PlanClient, answer: Answer, executor: Executor) -> Outcome:
     """The whole protocol for one answer: safe, understood, current, then the actions."""
-    if answer.get("safe") is not True:
+    if not answer.safe:
         raise NotSafe(answer)
-    steps = actions(answer)
+    steps = answer.actions()
     executor.check(steps)
     if not client.is_current(answer):
-        raise Stale(f"the node changed since generation {answer.get('generation')!r}: ask again")
+        raise Stale(f"the node changed since generation {answer.generation}: ask again")
     return executor.run(steps)
 
 
@@ -357,35 +480,38 @@ def carry_out(client: PlanClient, answer: Dict[str, Any], executor: Executor) ->
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--url", required=True, help="the node's exporter, e.g. https://NODE:9862")
     p.add_argument("--token-file", help="a bearer token (a projected, audience-bound one)")
     p.add_argument("--ca-file", help="the CA that signed the exporter's certificate")
     p.add_argument("--server-name", help="the name the certificate must carry, when it is not "
                                          "the host in --url")
-    p.add_argument("--cpu", help="CPUs to take away, e.g. -1")
+    p.add_argument("--cpu", help="CPUs to take away, e.g. -1 or -1core")
     p.add_argument("--memory", help="memory to take away, e.g. -1Gi")
     p.add_argument("--act", action="store_true",
-                   help="carry out the node's steps here (root, on the node); the hypervisor's "
-                        "steps are printed for you to do")
+                   help="carry out the plan here (root, on the node, in a pod whose service "
+                        "account may cordon and evict); the hypervisor's steps are printed "
+                        "and waited for (Enter)")
     args = p.parse_args(argv)
     if not (args.cpu or args.memory):
         p.error("give --cpu and/or --memory")
-    client = PlanClient(args.url, args.token_file, args.ca_file, args.server_name)
     try:
+        client = PlanClient(args.url, args.token_file, args.ca_file, args.server_name)
         answer = client.ask(cpu=args.cpu, memory=args.memory)
-        steps = actions(answer)
-        for a in steps:
-            print(f"{a.index}. {a.describe()}")
+        print(f"verdict {answer.body.get('verdict')} (generation {answer.generation})")
+        for a in answer.actions():
+            print(f"{a.order}. {a.describe()}")
         if not args.act:
-            return 0 if answer.get("safe") is True else 1
+            return 0 if answer.safe else 1
 
-        def later(action: Action) -> None:
-            print(f"now the hypervisor's turn: {action.describe()}")
+        def by_hand(action: Action) -> None:
+            input(f"now the hypervisor: {action.describe()}; Enter when done ")
 
-        executor = Executor(LocalNode(), handlers={"unplug_memory": later, "unplug_cpu": later},
-                            log=print)
-        carry_out(client, answer, executor)
+        node = LocalNode()
+        handlers = {**node.handlers(), "hypervisor_remove": by_hand, "hypervisor_add": by_hand}
+        if answer.body.get("node"):
+            handlers.update(KubeApi(str(answer.body["node"])).handlers())
+        carry_out(client, answer, Executor(node, handlers, log=print))
     except (PlanError, StepFailed, OSError) as e:
         print(f"orchestrator: {e}", file=sys.stderr)
         return 3 if isinstance(e, (NotSafe, Stale)) else 1

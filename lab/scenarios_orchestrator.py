@@ -30,15 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from examples.orchestrator import (
-    Action,
-    Executor,
-    PlanClient,
-    Stale,
-    StepFailed,
-    actions,
-    carry_out,
-)
+from examples.orchestrator import Action, Executor, PlanClient, Stale, StepFailed, carry_out
 from lab.control import GUEST_PYTHON, LabGuest
 from lab.qemu import GiB
 from lab.qmp import CpuSlot
@@ -139,10 +131,11 @@ class QMPHypervisor:
         self.removed: list[str] = []
 
     def unplug(self, action: Action) -> None:
+        """hypervisor_remove: the DIMM in the plan's slot, or the vCPU at its topology."""
         qmp = self.run.lab.guest.qmp
         assert qmp is not None
         target = device_of(action)
-        if action.kind == "unplug_memory":
+        if action.raw.get("resource") == "memory":
             dimm = qemu_dimm_id(qmp.memory_devices(), target)
             qmp.remove_dimm(dimm, timeout=self.run.budget(90))
             self.removed.append(dimm)
@@ -156,15 +149,15 @@ class QMPHypervisor:
 
 
 def device_of(action: Action) -> dict:
-    """What an unplug action names (a memory device, or a CPU with its topology)."""
+    """What a hypervisor_remove names: a memory `device`, or a `cpu` with its topology."""
     for key in ("device", "cpu"):
         if isinstance(action.raw.get(key), dict):
             return dict(action.raw[key])
-    return dict(action.raw)
+    raise ScenarioFailed(f"a hypervisor_remove naming neither device nor cpu: {action.raw}")
 
 
 def offlined_paths(steps: list[Action]) -> list[str]:
-    return [a.path for a in steps if a.kind == "write" and a.value in ("offline", "0")]
+    return [a.path for a in steps if a.do == "write" and a.value in ("offline", "0")]
 
 
 def blocks_of(paths: list[str]) -> set[str]:
@@ -177,7 +170,7 @@ def client(run: LabRun) -> PlanClient:
 
 def executor(run: LabRun) -> tuple[Executor, AgentNode, QMPHypervisor]:
     node, hv = AgentNode(run.lab), QMPHypervisor(run)
-    return Executor(node, hv), node, hv
+    return Executor(node, {"hypervisor_remove": hv.unplug}), node, hv
 
 
 # ---------------------------------------------------------------- (d), (a), (b): memory
@@ -245,8 +238,8 @@ def orchestrator_stale_plan(run: LabRun, out: Outcome) -> None:
     o.dimm_blocks = _hot_add_movable_dimm(run)
     c = client(run)
     early = c.ask(memory="-1Gi")
-    steps = actions(early)
-    check(early.get("safe") is True, f"the plan for the movable DIMM is not safe: {early}")
+    steps = early.actions()
+    check(early.safe, f"the plan for the movable DIMM is not safe: {early.body}")
     check(blocks_of(offlined_paths(steps)) == o.dimm_blocks,
           f"the plan offlines {sorted(blocks_of(offlined_paths(steps)))}, not the DIMM's "
           f"{sorted(o.dimm_blocks)}")
@@ -266,7 +259,7 @@ def orchestrator_stale_plan(run: LabRun, out: Outcome) -> None:
                   f"{block_range({f'memory{n}' for n in o.pinned_blocks})} online_kernel, "
                   f"{o.pinned.get('bytes', 0) >> 20} MiB of pipe buffers pinned "
                   f"(in-use non-LRU pages per block {o.pinned.get('pinned')})")
-    out.exporter = (f"generation {early.get('generation')!r}: current before the hot-add "
+    out.exporter = (f"generation {early.generation}: current before the hot-add "
                     f"{current_before}, stale after it {stale}; client writes {len(node.writes)}")
     check(current_before, "the plan was already stale before anything changed")
     check(stale, "the client acted on a plan answered before the DIMM hot-add")
@@ -297,7 +290,8 @@ def orchestrator_movable_dimm(run: LabRun, out: Outcome) -> None:
     out.kernel = (f"client offlined {', '.join(offlined)} in that order; device_del "
                   f"{hv.removed}; MemTotal {before_state['mem_total_kb']} -> "
                   f"{after_state['mem_total_kb']} kB")
-    out.exporter = (f"{len(done.done)} actions done; offline success +{d_tx:.0f}; episodes "
+    out.exporter = (f"{len(done.done)} actions done ({', '.join(a.do for a in done.done)}); "
+                    f"offline success +{d_tx:.0f}; episodes "
                     f"hold the offline of {block_range(recorded & o.dimm_blocks) or 'none'}")
     check(set(offlined) == o.dimm_blocks, f"offlined {offlined}, not {sorted(o.dimm_blocks)}")
     check(hv.removed == [MOVABLE_DIMM], f"device_del of {hv.removed}, not {MOVABLE_DIMM}")
@@ -317,15 +311,14 @@ def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
         mem_before = lab.mem_total_bytes()
         before = run.counts()
         answer = client(run).ask(memory="-1Gi")
-        offered = blocks_of(offlined_paths(actions(answer)))
-        refused = {f"memory{r.get('unit')}" for r in answer.get("refusals", [])
+        offered = blocks_of(offlined_paths(answer.actions()))
+        refused = {f"memory{r.get('unit')}" for r in answer.body.get("refusals", [])
                    if r.get("resource") == "memory" and r.get("reason") == "unmovable_pages"}
         busy = {f"memory{n}" for n, count in o.pinned["pinned"].items() if int(count)}
         # Tried anyway, in the plan's words, the highest block first (so that some blocks are
         # offline when the kernel refuses one, and the rollback has work to do).
         tried = [Action(i, "write", f"{MEM}/{b}/state", "offline",
-                        rollback=Action(i, "write", f"{MEM}/{b}/state", "online_kernel",
-                                        expect="online"))
+                        (Action(i, "write", f"{MEM}/{b}/state", "online_kernel"),))
                  for i, b in enumerate(sorted(names, key=lambda b: -int(b[6:])), 1)]
         ex, node, _ = executor(run)
         failed: StepFailed | None = None
@@ -351,7 +344,7 @@ def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
                     f"(unmovable_pages); offline failed +{d_failed:.0f}")
     check(not (offered & names), f"the plan offers {sorted(offered & names)} of the pinned DIMM")
     check(bool(busy & refused), f"the plan does not refuse the pinned block(s) {sorted(busy)} "
-          f"for unmovable pages: refusals {answer.get('refusals')}")
+          f"for unmovable pages: refusals {answer.body.get('refusals')}")
     check(failed is not None and getattr(cause, "errno", None) == errno.EBUSY,
           f"the kernel did not refuse with EBUSY: {failed}")
     assert failed is not None
@@ -397,9 +390,9 @@ def orchestrator_cpu(run: LabRun, out: Outcome) -> None:
     before = run.counts()
     c = client(run)
     answer = c.ask(cpu="-1")
-    steps = actions(answer)
-    unplug = [a for a in steps if a.kind == "unplug_cpu"]
-    check(len(unplug) == 1, f"the plan for cpu -1 has {len(unplug)} unplug_cpu actions: {steps}")
+    steps = answer.actions()
+    unplug = [a for a in steps if a.do == "hypervisor_remove" and a.raw.get("resource") == "cpu"]
+    check(len(unplug) == 1, f"the plan for cpu -1 removes {len(unplug)} vCPUs: {steps}")
     place = device_of(unplug[0])
     ex, node, hv = executor(run)
     carry_out(c, answer, ex)

@@ -1,6 +1,8 @@
-"""examples/orchestrator.py, the reference client: ask over real HTTP, act in order, verify,
-roll back. The node's side is an in-memory sysfs that can refuse a write (the kernel's EBUSY);
-the lab (lab/scenarios_orchestrator.py) runs the same client against a real guest kernel."""
+"""examples/orchestrator.py, the reference client: ask over real HTTP (and verified TLS), act
+in order, verify, roll back. The answers it is served are the planner's own, framed as GET
+/plan frames them (exporter/plan/answer.py) and valid against docs/plan.schema.json; the
+node's side is an in-memory sysfs that can refuse a write (the kernel's EBUSY). The lab
+(lab/scenarios_orchestrator.py) runs the same client against a real guest kernel and QEMU."""
 from __future__ import annotations
 
 import datetime
@@ -11,9 +13,12 @@ import os
 import ssl
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+import jsonschema
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -21,22 +26,45 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from examples import orchestrator as orch
+from exporter.plan.answer import answer as frame
+from exporter.plan.model import Change
+from exporter.sources.kernel.cpu_topology import CpuPlace
+from testkit.forecast import T, forecaster, node, pod, snapshot
+from tests.unit.test_plan import BLOCK, block, hardware, inputs
 
-BLOCK = "/sys/devices/system/memory/memory{}/state"
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs/plan.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+MEM = "/sys/devices/system/memory/memory{}/state"
+CPU = "/sys/devices/system/cpu/cpu{}/online"
 
 
-def offline(n: int, back: str = "online_movable") -> dict:
-    return {"kind": "write", "path": BLOCK.format(n), "value": "offline",
-            "rollback": {"kind": "write", "path": BLOCK.format(n), "value": back,
-                         "expect": "online"}}
+def real(change: Change, kube: bool = False, generation: str = "", **edits: object) -> dict:
+    """The planner's answer for `change` on a host with a DIMM (memory40-43) and two cores of
+    two threads (cpu0-3), with Kubernetes (a Node and a pod) or without, as JSON."""
+    hw = hardware(*(block(n, lru=5) for n in range(40, 44)),
+                  dimms={"PNP0C80:00": range(40, 44)}, hotpluggable=frozenset({1, 2, 3}))
+    hw = replace(hw, cpu_places={c: CpuPlace(c, 0, 0, c // 2, c % 2,
+                                             (c - c % 2, c - c % 2 + 1), 0, c)
+                                 for c in range(4)})
+    kw = {"forecast": forecaster(node(cpu="4", allocatable_cpu="4"), snapshot(4),
+                                 [pod("a", {"cpu": "500m"})])} if kube else {}
+    got = frame(change, inputs(hw, cpus=4, **kw), node="vm", now=T,
+                asked_generation=generation).json()
+    got.update(edits)
+    VALIDATOR.validate(got)
+    return got
 
 
-def answer(safe: object = True, generation: str = "g1", steps: list | None = None,
-           **extra: object) -> dict:
-    return {"schema": orch.SCHEMA_ID, "schema_version": "1.0", "node": "n1",
-            "time": "2026-11-27T22:00:00Z", "generation": generation, "safe": safe,
-            "question": {"memory": "-256Mi"}, "harm": [] if safe else ["a reason"],
-            "actions": steps if steps is not None else [offline(40), offline(41)], **extra}
+MEMORY = Change(0, -4 * BLOCK)  # the DIMM, whole: 4 writes and a hypervisor_remove
+
+
+def answer(harmful: bool = False, stale: bool | None = None, **edits: object) -> dict:
+    got = real(MEMORY, generation="" if stale is None else "0" * 16, **edits)
+    if stale is not None:
+        got["stale"] = stale
+    if harmful:
+        got.update(verdict="harmful", safe=False, harm=["a reason"])
+    return got
 
 
 class Plans:
@@ -88,11 +116,13 @@ def plans():
     p.close()
 
 
-class MemNode:
-    """sysfs in memory: memory block state files that go offline unless told to refuse."""
 
-    def __init__(self, blocks: range, refuse: int | None = None):
-        self.files = {BLOCK.format(n): "online" for n in blocks}
+class MemNode:
+    """sysfs in memory: block state and CPU online files, refusing what it is told to."""
+
+    def __init__(self, refuse: str | None = None):
+        self.files = {**{MEM.format(n): "online" for n in range(40, 44)},
+                      **{CPU.format(c): "1" for c in range(1, 4)}}
         self.refuse = refuse
         self.writes: list[tuple[str, str]] = []
 
@@ -100,109 +130,187 @@ class MemNode:
         self.writes.append((path, value))
         if path not in self.files:
             raise OSError(errno.ENOENT, "no such file", path)
-        if value == "offline" and self.refuse is not None and path == BLOCK.format(self.refuse):
+        if path == self.refuse and value in ("offline", "0"):
             raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), path)
-        self.files[path] = "offline" if value == "offline" else "online"
+        self.files[path] = "online" if value.startswith("online") else value
 
     def read(self, path: str) -> str:
         return self.files[path]
 
 
+class Hypervisor:
+    def __init__(self, fail: bool = False):
+        self.removed: list[dict] = []
+        self.fail = fail
+
+    def remove(self, action: orch.Action) -> None:
+        if self.fail:
+            raise RuntimeError("device_del: the guest did not eject it")
+        self.removed.append(action.raw.get("device") or action.raw.get("cpu"))
+
+
+def executor(node: MemNode, hv: Hypervisor | None = None, **handlers) -> orch.Executor:
+    hv = hv or Hypervisor()
+    return orch.Executor(node, {"hypervisor_remove": hv.remove, **handlers})
+
+
 def test_a_safe_current_plan_is_carried_out_in_order_and_verified(plans):
     plans.reply(answer())  # the plan
-    plans.reply(answer())  # asked again before acting: the same generation
+    plans.reply(answer(stale=False))  # asked again with its generation: unchanged
     client = orch.PlanClient(plans.url)
-    node = MemNode(range(40, 42))
-    got = client.ask(memory="-256Mi")
-    out = orch.carry_out(client, got, orch.Executor(node))
-    assert node.writes == [(BLOCK.format(40), "offline"), (BLOCK.format(41), "offline")]
-    assert [a.index for a in out.done] == [1, 2]
-    assert set(node.files.values()) == {"offline"}
-    assert plans.asked[0][0] == {"memory": "-256Mi"}
+    node, hv = MemNode(), Hypervisor()
+    got = client.ask(memory="-512Mi")
+    out = orch.carry_out(client, got, executor(node, hv))
+    take = got.body["memory"]["take"]
+    assert node.writes == [(MEM.format(n), "offline") for n in take]
+    assert sorted(take) == [40, 41, 42, 43]
+    assert [d["id"] for d in hv.removed] == ["PNP0C80:00"]
+    assert [a.do for a in out.done] == ["write"] * 4 + ["hypervisor_remove"]
+    assert plans.asked[0][0] == {"memory": "-512Mi"}
+    assert plans.asked[1][0] == {"memory": "-512Mi", "generation": got.generation}
 
 
-def test_a_refused_step_rolls_back_what_was_done_newest_first(plans):
-    plans.reply(answer(steps=[offline(40), offline(41), offline(42)]))
+def test_a_refused_write_rolls_back_the_writes_done_newest_first(plans):
     plans.reply(answer())
+    plans.reply(answer(stale=False))
     client = orch.PlanClient(plans.url)
-    node = MemNode(range(40, 43), refuse=42)
+    got = client.ask(memory="-512Mi")
+    take = got.body["memory"]["take"]
+    node, hv = MemNode(refuse=MEM.format(take[2])), Hypervisor()
     with pytest.raises(orch.StepFailed) as failed:
-        orch.carry_out(client, client.ask(memory="-256Mi"), orch.Executor(node))
-    assert failed.value.action.index == 3
+        orch.carry_out(client, got, executor(node, hv))
+    assert failed.value.action.order == 3
     assert isinstance(failed.value.cause, OSError) and failed.value.cause.errno == errno.EBUSY
-    assert [a.index for a in failed.value.rolled_back] == [2, 1]
-    assert node.writes[3:] == [(BLOCK.format(41), "online_movable"),
-                               (BLOCK.format(40), "online_movable")]
-    assert set(node.files.values()) == {"online"}
+    assert node.writes[3:] == [(MEM.format(take[1]), "online_movable"),
+                               (MEM.format(take[0]), "online_movable")]
+    assert set(node.files.values()) == {"online", "1"} and hv.removed == []
+
+
+def test_a_failed_hypervisor_step_puts_the_blocks_back(plans):
+    plans.reply(answer())
+    plans.reply(answer(stale=False))
+    client = orch.PlanClient(plans.url)
+    node = MemNode()
+    with pytest.raises(orch.StepFailed, match="did not eject"):
+        orch.carry_out(client, client.ask(memory="-512Mi"), executor(node, Hypervisor(True)))
+    assert len(node.writes) == 8 and set(node.files.values()) == {"online", "1"}
 
 
 def test_a_write_the_file_does_not_show_is_a_failure_and_rolled_back(plans):
     class Sticky(MemNode):
         def write(self, path: str, value: str) -> None:
             super().write(path, value)
-            if path == BLOCK.format(41):
+            if len(self.writes) == 2:
                 self.files[path] = "online"  # the kernel said yes, the file says otherwise
 
     plans.reply(answer())
-    plans.reply(answer())
+    plans.reply(answer(stale=False))
     client = orch.PlanClient(plans.url)
-    node = Sticky(range(40, 42))
+    node = Sticky()
     with pytest.raises(orch.StepFailed, match="reads 'online' after the write"):
-        orch.carry_out(client, client.ask(memory="-256Mi"), orch.Executor(node))
-    assert node.files[BLOCK.format(40)] == "online"
+        orch.carry_out(client, client.ask(memory="-512Mi"), executor(node))
+    assert set(node.files.values()) == {"online", "1"}
 
 
-@pytest.mark.parametrize("safe", [False, None])
-def test_not_safe_or_unknown_is_never_acted_on(plans, safe):
-    plans.reply(answer(safe=safe))
+def test_with_kubernetes_a_failure_uncordons_after_the_rollback(plans):
+    """cpu -1 on a Node: cordon, offline a CPU, hypervisor_remove, ..., uncordon; the offline
+    refused: nothing to roll back, the Node uncordoned, nothing after the failure done. (The
+    actions are the planner's; the verdict is set safe: this host has no checkpoints to read.)"""
+    body = real(Change(-1, 0), kube=True, verdict="safe", safe=True, unknown=[])
+    dos = [a["do"] for a in body["actions"]]
+    assert dos[0] == "cordon" and dos[-2:] == ["wait_for_capacity", "uncordon"]
+    plans.reply(body)
+    plans.reply({**body, "stale": False})
     client = orch.PlanClient(plans.url)
-    node = MemNode(range(40, 42))
-    with pytest.raises(orch.NotSafe, match="unknown" if safe is None else "not safe"):
-        orch.carry_out(client, client.ask(memory="-256Mi"), orch.Executor(node))
-    assert node.writes == [] and len(plans.asked) == 1
+    got = client.ask(cpu="-1")
+    taken = got.body["cpu"]["take"][0]
+    calls: list[str] = []
+    kube = {do: (lambda a, do=do: calls.append(do)) for do in
+            ("cordon", "uncordon", "wait_for_capacity", "restart_kubelet")}
+    node = MemNode(refuse=CPU.format(taken))
+    with pytest.raises(orch.StepFailed):
+        orch.carry_out(client, got, executor(node, **kube))
+    assert calls == ["cordon", "uncordon"] and node.files[CPU.format(taken)] == "1"
+
+
+def test_a_harmful_or_unknown_verdict_is_never_acted_on(plans):
+    client = orch.PlanClient(plans.url)
+    for body in (answer(harmful=True), real(Change(0, -64 * BLOCK))):  # more than there is
+        plans.reply(body)
+        node = MemNode()
+        with pytest.raises(orch.NotSafe, match="harmful"):
+            orch.carry_out(client, client.ask(memory="-512Mi"), executor(node))
+        assert node.writes == []
+    plans.reply(answer(verdict="unknown", safe=False, unknown=["pods: not listed yet"]))
+    with pytest.raises(orch.NotSafe, match="unknown.*pods: not listed yet"):
+        orch.carry_out(client, client.ask(memory="-512Mi"), executor(MemNode()))
+    assert len(plans.asked) == 3  # never asked again: nothing to act on
 
 
 def test_a_plan_answered_before_the_node_changed_is_stale_and_nothing_is_done(plans):
-    plans.reply(answer(generation="g1"))
-    plans.reply(answer(generation="g2"))  # a DIMM came in between
+    plans.reply(answer())
+    plans.reply(answer(stale=True))  # a DIMM came in between
     client = orch.PlanClient(plans.url)
-    node = MemNode(range(40, 42))
-    with pytest.raises(orch.Stale, match="g1"):
-        orch.carry_out(client, client.ask(memory="-256Mi"), orch.Executor(node))
+    node = MemNode()
+    got = client.ask(memory="-512Mi")
+    with pytest.raises(orch.Stale, match=got.generation):
+        orch.carry_out(client, got, executor(node))
     assert node.writes == []
 
 
-def test_an_action_of_unknown_kind_stops_the_plan_before_anything_changes(plans):
-    plans.reply(answer(steps=[offline(40), {"kind": "reboot_the_node"}]))
+def test_an_echo_the_server_does_not_judge_is_not_taken_as_current(plans):
+    plans.reply(answer())
+    plans.reply(answer())  # stale null: the generation was not looked at
     client = orch.PlanClient(plans.url)
-    node = MemNode(range(40, 41))
-    with pytest.raises(orch.PlanError, match="reboot_the_node"):
-        orch.carry_out(client, client.ask(memory="-256Mi"), orch.Executor(node))
+    with pytest.raises(orch.PlanError, match="not judged"):
+        orch.carry_out(client, client.ask(memory="-512Mi"), executor(MemNode()))
+
+
+def test_an_action_the_client_cannot_do_stops_the_plan_before_anything_changes(plans):
+    plans.reply(answer())
+    client = orch.PlanClient(plans.url)
+    node = MemNode()
+    with pytest.raises(orch.PlanError, match="hypervisor_remove"):
+        orch.carry_out(client, client.ask(memory="-512Mi"), orch.Executor(node))
     assert node.writes == [] and len(plans.asked) == 1
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"schema": "someone-else/plan", "schema_version": "1.0"}, "schema 'someone-else/plan'"),
-    ({"schema": orch.SCHEMA_ID, "schema_version": "2.0"}, "version '2.0'"),
-    ({"schema": orch.SCHEMA_ID}, "version ''"),
+@pytest.mark.parametrize("edit,match", [
+    ({"schema": "someone-else/plan"}, "schema 'someone-else/plan'"),
+    ({"schema_version": 3}, "schema_version 3"),
+    ({"schema_version": "2"}, "schema_version '2'"),
 ])
-def test_an_answer_in_another_schema_is_refused(plans, bad, match):
-    plans.reply(bad)
+def test_an_answer_in_another_schema_is_refused(plans, edit, match):
+    plans.reply({**answer(), **edit})
     with pytest.raises(orch.PlanError, match=match):
         orch.PlanClient(plans.url).ask(cpu="-1")
 
 
-def test_a_write_outside_sys_is_refused_as_malformed():
-    with pytest.raises(orch.PlanError, match="outside /sys"):
-        orch.actions(answer(steps=[{"kind": "write", "path": "/etc/passwd", "value": "x"}]))
+@pytest.mark.parametrize("bad,match", [
+    ({"order": 1, "do": "write", "path": "/etc/passwd", "value": "x", "rollback": []},
+     "outside /sys"),
+    ({"order": 1, "do": "write", "path": "/sys/../etc/passwd", "value": "x", "rollback": []},
+     "outside /sys"),
+    ({"order": 1, "do": "delete", "path": "/etc/shadow", "rollback": []}, "outside /var/lib"),
+    ({"order": 2, "do": "cordon", "rollback": []}, "not in order"),
+])
+def test_a_malformed_action_is_refused(bad, match):
+    with pytest.raises(orch.PlanError, match=match):
+        orch.actions({"actions": [bad]})
 
 
 def test_429_is_waited_out_with_retry_after(plans):
     plans.reply({"error": "busy"}, 429, **{"Retry-After": "1"})
     plans.reply(answer())
     t0 = time.monotonic()
-    assert orch.PlanClient(plans.url).ask(memory="-256Mi")["generation"] == "g1"
+    assert orch.PlanClient(plans.url).ask(memory="-512Mi").body["verdict"] == "safe"
     assert time.monotonic() - t0 >= 0.9 and len(plans.asked) == 2
+
+
+def test_a_400_is_a_plan_error_with_the_servers_reason(plans):
+    plans.reply({"error": "cpu '1.5': a whole number of CPUs"}, 400)
+    with pytest.raises(orch.PlanError, match="HTTP 400: cpu '1.5'"):
+        orch.PlanClient(plans.url).ask(cpu="1.5")
 
 
 def test_a_token_is_never_sent_over_plain_http(tmp_path):
@@ -210,6 +318,12 @@ def test_a_token_is_never_sent_over_plain_http(tmp_path):
     token.write_text("secret")
     with pytest.raises(orch.PlanError, match="https only"):
         orch.PlanClient("http://127.0.0.1:9862", token_file=str(token))
+
+
+@pytest.mark.parametrize("text,value", [("4", 4), ("16393832Ki", 16393832 << 10),
+                                        ("1Gi", 1 << 30), ("2k", 2000)])
+def test_quantity_reads_capacity_as_the_kubelet_writes_it(text, value):
+    assert orch.quantity(text) == value
 
 
 # ---------------------------------------------------------------- TLS: the certificate's SANs
@@ -295,12 +409,6 @@ def test_a_certificate_from_another_ca_gets_no_token(tmp_path):
     finally:
         plans.close()
     assert plans.asked == []
-
-
-def test_a_400_is_a_plan_error_with_the_servers_reason(plans):
-    plans.reply({"error": "cpu '1.5': a whole number of CPUs"}, 400)
-    with pytest.raises(orch.PlanError, match="HTTP 400: cpu '1.5'"):
-        orch.PlanClient(plans.url).ask(cpu="1.5")
 
 
 # ---------------------------------------------------------------- LocalNode: real files
