@@ -383,10 +383,11 @@ def serve(options: Options) -> int:
     running = RunningPodsSink.attach(agent)
     plan = PlanSink.attach(agent, SharedViews.of(agent, running),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
-                           KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet")
+                           KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet",
+                           kubernetes=decisions.kubernetes, node=decisions.node)
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
-                             agent.state_version, plan=plan.http)
+                             agent.state_version, plan=plan.endpoint())
     except StartupError as e:
         agent.close_sources()
         return _fail(str(e))
@@ -394,6 +395,7 @@ def serve(options: Options) -> int:
     events = collect(options, decisions, agent, metrics, built.metrics, journal, traces,
                      running)
     metrics.register(plan)
+    plan.start()  # the gauges' thread: after the privilege drop, as every thread
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: _stop(stop, agent))

@@ -251,6 +251,9 @@ class PodStatus:
     admission_requests: Mapping[Resource, float] | None = None
     exclusive_cpus: int = 0
     created: float | None = None
+    # The kind of its controller (ReplicaSet, DaemonSet, StatefulSet, Job, ...), "" when none
+    # or not known: the plan names it beside each pod it would hurt.
+    owner_kind: str = ""
 
 
 @dataclass(frozen=True)

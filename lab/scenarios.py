@@ -365,6 +365,14 @@ def plan_movable_dimm(run: LabRun, out: Outcome) -> None:
     c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
                                                  zone="Movable") == len(run.dimm_blocks),
                         "the DIMM's blocks as hot-added into Movable")
+    # The gauge is worked out by the plan sink's thread after its inputs change (about a
+    # second): a scrape reads the last value.
+    try:
+        c = run.wait_counts(lambda c: (c.scrape.value(
+            "node_resize_unpluggable", None, resource="memory", unit="byte") or 0) >= GiB,
+            "unpluggable memory of at least the DIMM", timeout=15)
+    except ScenarioFailed:
+        pass  # the check below says what it read
     can = c.scrape.value("node_resize_unpluggable", None, resource="memory", unit="byte")
     out.kernel = f"{block_range(run.dimm_blocks)} online_movable"
     out.exporter = (f"plan -1Gi takes {block_range(taken) if taken else 'nothing'}, safe "

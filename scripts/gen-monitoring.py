@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
-"""Generates every monitoring file from one small source, with the site's parameters.
+"""Generates every monitoring file from the monitoring mixin (mixin/), with the site's parameters.
 
-Source (edit these):   alerts/src/rules.yml, dashboards/src/*.yml
-Generated (never edit): alerts/node-resize-exporter.rules.yml, alerts/alertmanager-inhibit.yml,
-                        dashboards/*.json, deploy/prometheusrule.yaml,
+Source (edit these):   mixin/ (config.libsonnet's _config; rules/, alerts/, dashboards/, lib/),
+                       evaluated with go-jsonnet (PyPI's gojsonnet, in the test extra)
+Generated (never edit): alerts/node-resize-exporter.rules.yml (every group, for a plain
+                        Prometheus), alerts/alertmanager-inhibit.yml, dashboards/*.json,
+                        deploy/prometheusrule.yaml (the per-node groups),
+                        deploy/prometheusrule-global.yaml (the groups for the global ruler,
+                        among them the absent guard: its own object),
+                        alerts/kube-prometheus-stack-values.yaml (the same groups as Helm values
+                        for kube-prometheus-stack's additionalPrometheusRulesMap: they load
+                        whatever label our objects carry),
                         deploy/components/dashboards/dashboards.yaml (the dashboards as
                         ConfigMaps for Grafana's dashboard sidecar, kube-prometheus-stack's)
 
-Parameters (the defaults produce the committed files):
-  --job-selector 'job="node-resize-exporter"'   selects the exporter's series in the rules; in the
-                                                dashboards the default of their `job` variable
-                                                (= or =~ only: the variable lists the jobs)
-  --cluster-label cluster                       kept by every rule and alert, a dashboard
-                                                variable; '' for a single-cluster Prometheus
+Parameters (the defaults produce the committed files; each sets one _config field):
+  --job-selector 'job="node-resize-exporter"'   jobSelector: the exporter's series in the rules;
+                                                in the dashboards the default of their `job`
+                                                variable (= or =~ only: the variable lists jobs)
+  --cluster-label cluster                       clusterLabel: kept by every rule and alert, a
+                                                dashboard variable; '' for one cluster
+  --namespace-label namespace                   namespaceLabel: the exporter's namespace, kept
+                                                by every alert; '' aggregates it away
+  --namespace node-resize-exporter              exporterNamespace: the fleet-wide alerts' label
   --runbook-url 'https://.../runbooks.md#{anchor}'   {anchor}: the alert name in lower case
   --grafana-url ''                              prefix of every alert's dashboard_url; empty: a
                                                 path (/d/nre-node-detail/...) that a notification
                                                 template prefixes with the Grafana address
-  --multi-cluster                               show the dashboards' cluster variable (hidden by
-                                                default: one cluster has nothing to choose)
+  --multi-cluster                               show the dashboards' cluster variable
 
-Why a Python script rather than a jsonnet monitoring-mixin: the project is Python and already
-depends on PyYAML; jsonnet would add a toolchain (go-jsonnet, jsonnet-bundler, vendored
-grafonnet) to CI and to every contributor, for two dashboards and one rule file. The output is
-the same plain YAML/JSON a mixin renders, so a jsonnet user can still import it.
+A jsonnet user imports mixin/mixin.libsonnet instead and overrides _config there.
 
 Usage: scripts/gen-monitoring.py                  rewrite the committed files
        scripts/gen-monitoring.py --check          exit 1 with a diff when any is out of date
@@ -41,15 +47,13 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_dashboards import FLEET_OVERVIEW_PATH, NODE_DETAIL_PATH, _expand, dashboard  # noqa: E402  (gen_dashboards.py)
-
 REPO = Path(__file__).resolve().parent.parent
-RULES_SRC = REPO / "alerts" / "src" / "rules.yml"
-DASHBOARDS_SRC = REPO / "dashboards" / "src"
+MIXIN = REPO / "mixin"
 RULES_OUT = "alerts/node-resize-exporter.rules.yml"
 INHIBIT_OUT = "alerts/alertmanager-inhibit.yml"
+KPS_VALUES_OUT = "alerts/kube-prometheus-stack-values.yaml"
 PROMETHEUSRULE_OUT = "deploy/prometheusrule.yaml"
+PROMETHEUSRULE_GLOBAL_OUT = "deploy/prometheusrule-global.yaml"
 DASHBOARDS_CONFIGMAPS_OUT = "deploy/components/dashboards/dashboards.yaml"
 # What Grafana's dashboard sidecar (grafana chart, as kube-prometheus-stack configures it)
 # looks for: ConfigMaps labelled grafana_dashboard (kube-prometheus-stack: value "1", in every
@@ -57,6 +61,7 @@ DASHBOARDS_CONFIGMAPS_OUT = "deploy/components/dashboards/dashboards.yaml"
 # names it (with provider.foldersFromFilesStructure).
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
 FOLDER_ANNOTATION = {"grafana_folder": "Node resize"}
+LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
 
 
 @dataclass(frozen=True)
@@ -67,10 +72,14 @@ class Params:
                         "docs/runbooks.md#{anchor}")
     grafana_url: str = ""
     multi_cluster: bool = False
+    namespace_label: str = "namespace"
+    namespace: str = "node-resize-exporter"
 
     def check(self) -> None:
-        if self.cluster_label and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
-            raise SystemExit(f"--cluster-label {self.cluster_label!r} is not a label name")
+        for option, label in (("--cluster-label", self.cluster_label),
+                              ("--namespace-label", self.namespace_label)):
+            if label and not re.fullmatch(LABEL_NAME, label):
+                raise SystemExit(f"{option} {label!r} is not a label name")
         if self.job_selector and not re.fullmatch(r'\s*\w+\s*(=|=~)\s*"[^"]*"\s*',
                                                   self.job_selector):
             raise SystemExit(f"--job-selector {self.job_selector!r}: expected one = or =~ "
@@ -81,29 +90,36 @@ class Params:
         if self.grafana_url and not re.fullmatch(r"https?://[^\s?#]+[^/\s?#]", self.grafana_url):
             raise SystemExit(f"--grafana-url {self.grafana_url!r}: expected Grafana's base URL "
                              "such as https://grafana.example (no trailing slash), or empty")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace):
+            raise SystemExit(f"--namespace {self.namespace!r} is not a namespace name")
 
-    @property
-    def by(self) -> str:
-        return f"{self.cluster_label}, node" if self.cluster_label else "node"
-
-    def dashboard_url(self) -> str:
-        """An alert's dashboard_url: the node-detail dashboard on the alert's node (and
-        cluster). Every alert is about one node; the time range is Grafana's default."""
-        # The dashboards' variable is `cluster` whatever the label is called.
-        params = [f"var-cluster={{{{ $labels.{self.cluster_label} }}}}"] if self.cluster_label \
-            else []
-        params.append("var-node={{ $labels.node }}")
-        return f"{self.grafana_url}{NODE_DETAIL_PATH}?{'&'.join(params)}"
-
-    def fleet_dashboard_url(self) -> str:
-        """A fleet-wide alert's dashboard_url: the fleet overview (of the alert's cluster)."""
-        params = [f"var-cluster={{{{ $labels.{self.cluster_label} }}}}"] if self.cluster_label \
-            else []
-        query = f"?{'&'.join(params)}" if params else ""
-        return f"{self.grafana_url}{FLEET_OVERVIEW_PATH}{query}"
+    def config(self) -> dict:
+        """The mixin's _config fields these parameters set."""
+        return {"jobSelector": self.job_selector, "clusterLabel": self.cluster_label,
+                "namespaceLabel": self.namespace_label, "exporterNamespace": self.namespace,
+                "runbookURLPattern": self.runbook_url.replace("%", "%%")
+                .replace("{anchor}", "%s"),
+                "grafanaURL": self.grafana_url, "showMultiCluster": self.multi_cluster}
 
 
-HEADER = ("# GENERATED by scripts/gen-monitoring.py from {src}: do not edit; change the source "
+def evaluate(p: Params = Params(), expr: str = "") -> dict:
+    """The mixin with p's _config, as JSON: `expr` (jsonnet, `mixin` in scope) or its rules,
+    alerts, dashboards, inhibit rules and global group suffix."""
+    import _gojsonnet  # gojsonnet (test extra): only the generator needs it
+
+    snippet = ("local mixin = (import 'mixin.libsonnet') + { _config+:: std.extVar('config') };\n"
+               + (expr or "{ rules: mixin.prometheusRules, alerts: mixin.prometheusAlerts, "
+                  "dashboards: mixin.grafanaDashboards, alertmanager: mixin.alertmanagerConfig, "
+                  "globalSuffix: mixin._config.globalGroupSuffix }"))
+    try:
+        text = _gojsonnet.evaluate_snippet("gen-monitoring", snippet, jpathdir=[str(MIXIN)],
+                                           ext_codes={"config": json.dumps(p.config())})
+    except RuntimeError as err:
+        raise SystemExit(f"mixin/: {err}") from None
+    return json.loads(text)
+
+
+HEADER = ("# GENERATED by scripts/gen-monitoring.py from mixin/: do not edit; change the mixin "
           "and re-run it.\n")
 
 
@@ -125,136 +141,41 @@ def _yaml(data) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1_000_000, allow_unicode=True)
 
 
-# ---------------------------------------------------------------- rules
+# jsonnet sorts an object's fields; a rule reads best in Prometheus's documented order.
+RULE_ORDER = ("record", "alert", "expr", "for", "labels", "annotations")
+ANNOTATION_ORDER = ("summary", "description", "runbook_url", "dashboard_url")
 
 
-def _node_query(p: Params, template: str, *extra: tuple[str, str]) -> str:
-    """A Go-template `query` argument about the alert's node: `template` with {sel} replaced by
-    the job, cluster and node matchers (plus `extra`: (label, template field) pairs, matched
-    equal to the alert's own label)."""
-    matchers = [p.job_selector] if p.job_selector else []
-    args = []
-    if p.cluster_label:
-        matchers.append(f'{p.cluster_label}="%s"')
-        args.append(f"$labels.{p.cluster_label}")
-    matchers.append('node="%s"')
-    args.append("$labels.node")
-    for label, field in extra:
-        matchers.append(f'{label}="%s"')
-        args.append(field)
-    return f"(printf `{template.format(sel=','.join(matchers))}` {' '.join(args)})"
+def _ordered(d: dict, order: tuple[str, ...]) -> dict:
+    return {**{k: d[k] for k in order if k in d}, **{k: v for k, v in d.items() if k not in order}}
 
 
-def _blocked_query(p: Params) -> str:
-    """The capacity alerts' `query`: restart_blocked of the node."""
-    return _node_query(p, "node_resize_kubelet_restart_blocked{{{sel}}} == 1")
-
-
-def _forecast_query(p: Params) -> str:
-    """NodeResizeCapacityStale's `query`: the reasons a restart of the node would reject pods."""
-    return _node_query(p, "node_resize_readmission_forecast_rejected_pods{{{sel}}} > 0")
-
-
-def _forecast_pods_query(p: Params) -> str:
-    """NodeResizeRestartWouldRejectPods's `query`: the first five pods named for its reason."""
-    return _node_query(p, "topk(5, node_resize_readmission_forecast_rejected{{{sel}}})",
-                       ("reason", "$labels.reason"))
-
-
-def _fleet_wide(rule: dict) -> bool:
-    """An alert about the whole job (an absent() rule): no node to open a dashboard on."""
-    return "absent(" in rule["expr"]
-
-
-def rules(p: Params) -> dict:
-    text = _expand(
-        RULES_SRC.read_text(),
-        {"job": p.job_selector, "by": p.by, "blocked": _blocked_query(p),
-         "forecast": _forecast_query(p), "forecast_pods": _forecast_pods_query(p)},
-        str(RULES_SRC),
-    )
-    data = yaml.safe_load(text)
-    for group in data["groups"]:
+def _groups(groups: list[dict]) -> list[dict]:
+    out = []
+    for group in groups:
+        rules = []
         for rule in group["rules"]:
-            if "alert" in rule:
-                rule["annotations"]["runbook_url"] = p.runbook_url.format(
-                    anchor=rule["alert"].lower()
-                )
-                rule["annotations"]["dashboard_url"] = (
-                    p.fleet_dashboard_url() if _fleet_wide(rule) else p.dashboard_url())
-            for key in ("expr", *rule.get("annotations", {})):
-                target = rule if key == "expr" else rule["annotations"]
-                # Folded source lines leave trailing blanks; keep the output tidy.
-                target[key] = "\n".join(line.rstrip() for line in target[key].splitlines()) + (
-                    "\n" if key == "expr" and "\n" in target[key].strip() else ""
-                )
-                if key != "expr":
-                    target[key] = target[key].strip()
-    return data
+            rule = _ordered(rule, RULE_ORDER)
+            if "annotations" in rule:
+                rule["annotations"] = _ordered(rule["annotations"], ANNOTATION_ORDER)
+            rules.append(rule)
+        out.append(_ordered({**group, "rules": rules}, ("name", "rules")))
+    return out
 
 
-def inhibit_rules(p: Params) -> dict:
-    """An Alertmanager configuration whose inhibit_rules are the point (route and receiver are
-    placeholders so `amtool check-config` accepts it as it is)."""
-    equal = [p.cluster_label, "node"] if p.cluster_label else ["node"]
-    return {
-        "route": {"receiver": "default", "group_by": ["alertname", *equal, "resource"]},
-        "receivers": [{"name": "default"}],
-        "inhibit_rules": [
-            # Nothing the exporter says about a node it cannot be scraped on is current.
-            {
-                "source_matchers": ['alertname="NodeResizeExporterDown"'],
-                "target_matchers": [
-                    'alertname=~"NodeResize.+"',
-                    'alertname!="NodeResizeExporterDown"',
-                ],
-                "equal": equal,
-            },
-            # Without the Node watch the kubelet side of every judgement is stale.
-            {
-                "source_matchers": [
-                    'alertname="NodeResizeExporterSourceDown"',
-                    'source=~"kube_node|kube_pods"',
-                ],
-                "target_matchers": [
-                    'alertname=~"NodeResize(CapacityStale|CapacityStranded|'
-                    'ReadmissionRejectedPods|PodresourcesOfflineCPUs)"'
-                ],
-                "equal": equal,
-            },
-            # A node whose capacity is stale: its informational notices are the same story and
-            # wait until the warning is handled.
-            {
-                "source_matchers": ['alertname="NodeResizeCapacityStale"'],
-                "target_matchers": ['alertname=~"NodeResize.+"', 'severity="info"'],
-                "equal": equal,
-            },
-            # A CPU the kubelet offers although it is offline, on a node whose CPU capacity is
-            # stale, is that same cause (the rule already says so; this covers evaluation skew).
-            {
-                "source_matchers": ['alertname="NodeResizeCapacityStale"', 'resource="cpu"'],
-                "target_matchers": ['alertname="NodeResizePodresourcesOfflineCPUs"'],
-                "equal": equal,
-            },
-        ],
-    }
-
-
-def prometheusrule(data: dict) -> dict:
-    return {
+def prometheusrule(name: str, groups: list[dict], comment: str) -> str:
+    return comment + _yaml({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {
-            "name": "node-resize-exporter",
+            "name": name,
             "labels": {
                 "app.kubernetes.io/name": "node-resize-exporter",
                 "app.kubernetes.io/component": "alerting",
             },
         },
-        "spec": {"groups": data["groups"]},
-    }
-
-
+        "spec": {"groups": groups},
+    })
 
 
 def dashboard_configmaps(boards: dict[str, str]) -> str:
@@ -283,23 +204,42 @@ def dashboard_configmaps(boards: dict[str, str]) -> str:
 def render(p: Params = Params()) -> dict[str, str]:
     """Relative path -> file text, for every generated file."""
     p.check()
-    data = rules(p)
-    rel_src = RULES_SRC.relative_to(REPO)
+    mixin = evaluate(p)
+    groups = _groups(mixin["rules"]["groups"] + mixin["alerts"]["groups"])
+    is_global = [g["name"].endswith(mixin["globalSuffix"]) for g in groups]
+    local = [g for g, glob in zip(groups, is_global) if not glob]
+    fleet = [g for g, glob in zip(groups, is_global) if glob]
     out = {
-        RULES_OUT: HEADER.format(src=rel_src) + _yaml(data),
-        INHIBIT_OUT: HEADER.format(src="scripts/gen-monitoring.py")
+        RULES_OUT: HEADER + _yaml({"groups": groups}),
+        INHIBIT_OUT: HEADER
         + "# Example Alertmanager inhibit rules for the NodeResize* alerts: copy inhibit_rules\n"
         "# into your configuration (route and receiver here are placeholders).\n"
-        + _yaml(inhibit_rules(p)),
-        PROMETHEUSRULE_OUT: HEADER.format(src=rel_src) + _yaml(prometheusrule(data)),
+        + _yaml(_ordered({**mixin["alertmanager"], "inhibit_rules": [
+            _ordered(r, ("source_matchers", "target_matchers", "equal"))
+            for r in mixin["alertmanager"]["inhibit_rules"]]}, ("route", "receivers"))),
+        PROMETHEUSRULE_OUT: prometheusrule(
+            "node-resize-exporter", local, HEADER
+            + "# The per-node groups: correct on the one Prometheus (or shard) that scrapes the "
+            "node.\n"),
+        PROMETHEUSRULE_GLOBAL_OUT: prometheusrule(
+            "node-resize-exporter-global", fleet, HEADER
+            + "# The groups that read more than one target (the absent guard, the join with the\n"
+            "# kubelet's series): for the global ruler where scrapes are sharded. Its own object,\n"
+            "# so the absent guard loads even where the main object is not selected (or use\n"
+            f"# {KPS_VALUES_OUT}).\n"),
+        KPS_VALUES_OUT: HEADER
+        + "# The global groups (the absent guard among them) as kube-prometheus-stack values: the\n"
+        "# chart labels this rule object with its own release, so its Prometheus loads it\n"
+        "# whatever label deploy/ sets. helm upgrade ... -f this file (merge by hand if your\n"
+        "# values already have additionalPrometheusRulesMap); then drop\n"
+        f"# {PROMETHEUSRULE_GLOBAL_OUT} from your deploy, or the alerts fire twice.\n"
+        + _yaml({"additionalPrometheusRulesMap": {"node-resize-exporter-global":
+                                                  {"groups": fleet}}}),
     }
-    boards = {}
-    for src in sorted(DASHBOARDS_SRC.glob("*.yml")):
-        spec = yaml.safe_load(src.read_text())
-        board = dashboard(spec, p, str(src.relative_to(REPO)))
-        boards[f"{src.stem}.json"] = json.dumps(board, indent=2) + "\n"
+    boards = {name: json.dumps(board, indent=2) + "\n"
+              for name, board in sorted(mixin["dashboards"].items())}
     out.update({f"dashboards/{name}": text for name, text in boards.items()})
-    out[DASHBOARDS_CONFIGMAPS_OUT] = HEADER.format(src="dashboards/src/*.yml") + (
+    out[DASHBOARDS_CONFIGMAPS_OUT] = HEADER + (
         "# Grafana's dashboard sidecar loads these: deploy/components/dashboards.\n---\n"
         + dashboard_configmaps(boards))
     return out
@@ -312,38 +252,30 @@ def check(files: dict[str, str], root: Path) -> list[str]:
         path = root / rel
         current = path.read_text() if path.exists() else ""
         if current != wanted:
-            diffs.append(
-                "".join(
-                    difflib.unified_diff(
-                        current.splitlines(keepends=True),
-                        wanted.splitlines(keepends=True),
-                        rel,
-                        f"{rel} (generated)",
-                    )
-                )
-            )
+            diffs.append("".join(difflib.unified_diff(
+                current.splitlines(keepends=True), wanted.splitlines(keepends=True),
+                rel, f"{rel} (generated)")))
     return diffs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a file is out of date")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write under this directory instead of the repository",
-    )
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write under this directory instead of the repository")
     defaults = Params()
     parser.add_argument("--job-selector", default=defaults.job_selector)
     parser.add_argument("--cluster-label", default=defaults.cluster_label)
+    parser.add_argument("--namespace-label", default=defaults.namespace_label)
+    parser.add_argument("--namespace", default=defaults.namespace)
     parser.add_argument("--runbook-url", default=defaults.runbook_url)
     parser.add_argument("--grafana-url", default=defaults.grafana_url)
     parser.add_argument("--multi-cluster", action="store_true",
                         help="show the dashboards' cluster variable")
     args = parser.parse_args(argv)
     files = render(Params(args.job_selector, args.cluster_label, args.runbook_url,
-                          args.grafana_url, args.multi_cluster))
+                          args.grafana_url, args.multi_cluster, args.namespace_label,
+                          args.namespace))
     root = args.out or REPO
     if args.check:
         diffs = check(files, root)

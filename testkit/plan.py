@@ -8,7 +8,13 @@ from pathlib import Path
 from exporter.agent import Agent
 from exporter.clock import FakeClock
 from exporter.correlate.correlator import Correlator
-from exporter.events import Event, SourceStatus
+from exporter.events import (
+    CpuManagerCheckpoint,
+    Event,
+    MemoryManagerCheckpoint,
+    RunningContainers,
+    SourceStatus,
+)
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from testkit.correlator import config
@@ -19,8 +25,13 @@ BLOCK = 128 * 2**20
 
 def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
               blocks: dict[int, tuple[str, str]] | None = None,
-              mem_total_kb: int = 24684084, auto_online: str = "offline") -> tuple[str, str]:
-    """(sysfs, procfs) roots. `blocks`: number -> (state, valid_zones)."""
+              mem_total_kb: int = 24684084, auto_online: str = "offline",
+              virtio_mem: range | None = None,
+              dimms: dict[str, range] | None = None) -> tuple[str, str]:
+    """(sysfs, procfs) roots. `blocks`: number -> (state, valid_zones). The blocks in
+    `virtio_mem` are a virtio-mem device's (virtio0: its region in /proc/iomem, all plugged),
+    those of each `dimms` range an ACPI memory device's (the kernel's firmware_node links);
+    the others are boot memory, which no plan takes."""
     sys_root, proc_root = root / "sys", root / "proc"
     cpu = sys_root / "devices/system/cpu"
     cpu.mkdir(parents=True)
@@ -43,19 +54,44 @@ def fake_host(root: Path, *, cpus: int = 2, offline: tuple[int, ...] = (),
         (d / "state").write_text(state + "\n")
         (d / "valid_zones").write_text(zones + "\n")
         (d / "removable").write_text("1\n")
+    for name, r in (dimms or {}).items():
+        acpi = sys_root / f"devices/LNXSYSTM:00/LNXSYBUS:00/PNP0A06:00/{name}"
+        acpi.mkdir(parents=True)
+        (acpi / "path").write_text(f"\\_SB_.MHPC.MP{int(name[-2:], 16):02X}\n")
+        (sys_root / "bus/acpi/devices").mkdir(parents=True, exist_ok=True)
+        (sys_root / "bus/acpi/devices" / name).symlink_to(acpi)
+        for n in r:
+            if (mem / f"memory{n}").is_dir():
+                (mem / f"memory{n}" / "firmware_node").symlink_to(acpi)
+    iomem = "00100000-bfffffff : System RAM\n"
+    if virtio_mem is not None:
+        start, end = virtio_mem.start * BLOCK, virtio_mem.stop * BLOCK - 1
+        iomem += f"{start:x}-{end:x} : virtio0\n  {start:x}-{end:x} : System RAM (virtio_mem)\n"
     proc_root.mkdir()
-    (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nSwapTotal: 0 kB\n")
+    (proc_root / "meminfo").write_text(f"MemTotal: {mem_total_kb} kB\nMemAvailable: "
+                                       f"{mem_total_kb * 3 // 4} kB\nSwapTotal: 0 kB\n")
+    (proc_root / "iomem").write_text(iomem)
     return str(sys_root), str(proc_root)
 
 
-def plan_agent(sysfs: str, procfs: str) -> tuple[Agent, PlanSink]:
+def plan_agent(sysfs: str, procfs: str, *, kubernetes: bool = True) -> tuple[Agent, PlanSink]:
     """An agent without sources and its plan sink, wired as exporter/app.py serve wires them:
-    the plan reads the Correlator's forecast and the running-pods sink's view."""
+    the plan reads the Correlator's forecast and the running-pods sink's view. The gauges'
+    thread is not started: a test calls sink.refresh() where the thread would run."""
     clock = FakeClock(T)
-    agent = Agent(Correlator(config(kubernetes=True), clock), [], [], clock)
+    agent = Agent(Correlator(config(kubernetes=kubernetes), clock), [], [], clock)
     running = RunningPodsSink.attach(agent)
-    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs)
+    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs,
+                          kubernetes=kubernetes)
     return agent, sink
+
+
+def kubelet_read(agent: Agent, containers: tuple = ()) -> None:
+    """What the kubelet's sources report on a node with no checkpoint files (read: none) and
+    the running containers scanned (`containers`), so a plan has read all it depends on."""
+    handle(agent, CpuManagerCheckpoint(T, "/var/lib/kubelet/cpu_manager_state", False),
+           MemoryManagerCheckpoint(T, "/var/lib/kubelet/memory_manager_state", False),
+           RunningContainers(T, 2, tuple(containers)))
 
 
 def pods_listed(agent: Agent) -> None:

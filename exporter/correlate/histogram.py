@@ -8,7 +8,7 @@ no observation is not rendered (docs/metrics.md: a node that never resized shows
 Each boundary set has at most 10 buckets (+Inf included), placed around what real kernels and
 kubelets were measured to take, so that every bucket separates cases someone tells apart. The
 alerts, their tests and the dashboards read some `le` values (noted below): change them there
-too (alerts/src/rules.yml, dashboards/src/*.yml, scripts/gen-monitoring.py).
+too (mixin/: its alerts and dashboards, scripts/gen-monitoring.py).
 """
 from __future__ import annotations
 

@@ -38,17 +38,21 @@ the API server does not know of are not seen; pods deleted or created meanwhile 
 answer; pods created in the same second are ordered here by name; the kubelet's
 configuration may change with the restart (the reservations are the old ones).
 
-Pure: events in, a Forecast out; no I/O, no clock (each Forecast is dated by its inputs).
-Cheap: on the correlator's per-event path an input is only noted (a reference); when a result
-is asked for (a scrape, an episode's resync) the pods noted since are applied, kept with their
-requests as integers (milli-CPU, bytes) in readmission order (insertion by bisection) with
-running totals; when everything fits (the common case) the answer is O(1), otherwise one pass
-over the pods; nothing is recomputed when no input changed (bench/forecast.py).
+A store and a pure judge. `judge(pods, kernel, node, static)` is the verdict, pure: today's,
+the one an episode keeps and a plan's on a hypothetical kernel are three calls with three
+kernels, nothing saved or restored. ReadmissionForecast is the store the Correlator feeds:
+on its per-event path an input is only noted (a reference); when a result or a view is asked
+for (a scrape, an episode's resync) the pods noted since are applied, kept with their
+requests as integers (milli-CPU, bytes) in readmission order (insertion by bisection, one
+sort after a list) with running totals; `view()` hands them out as one immutable value in
+O(1) (the list is copied when it next changes), so a scrape or a plan judges with no lock
+held. When everything fits (the common case) the answer is O(1), otherwise one pass over the
+pods; nothing is judged again while no input changed (bench/forecast.py).
 """
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import ceil, isfinite
 
@@ -66,6 +70,7 @@ REASON_RESOURCE: Mapping[str, str] = {
     CPU_MANAGER: "cpu",
 }
 _PENDING_MAX = 4096  # pod events noted before they are applied without being asked
+_RESORT_AT = 64  # pods changed at once past which the order is sorted again, not bisected
 LISTED_MAX = 20  # rejected pods named one by one (metrics, journal); the rest are counted
 
 _ORDERED = ((Resource.CPU, OUT_OF_CPU), (Resource.MEMORY, OUT_OF_MEMORY),
@@ -134,38 +139,198 @@ def _need(requests: Mapping[Resource, float]) -> tuple[int, int, int, int] | Non
         return None
 
 
+# ---------------------------------------------------------------- the pure judge
+
+
+@dataclass(frozen=True)
+class Pods:
+    """The pods a forecast keeps, as one immutable value: in readmission order, their requests
+    summed, how many were left out, and the newest input the store took (wall seconds)."""
+
+    order: Sequence[_Pod] = ()
+    sums: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    skipped: int = 0
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What the kubelet would find at a restart: online CPUs, MemTotal, hugepages by size."""
+
+    cpus: int
+    memory: int
+    hugepages: Mapping[Resource, int]
+
+    @classmethod
+    def of(cls, snap: KernelSnapshot) -> "Kernel":
+        return cls(len(snap.cpus_online), snap.mem_total_bytes, snap.hugepages_bytes)
+
+
+Offered = tuple[tuple[int, int, int, int], int | None, int]
+
+
+def offered(kernel: Kernel | None, node: NodeStatus | None) -> Offered | None:
+    """What a restarted kubelet would offer: (milli-CPU, memory, hugepages-2Mi and -1Gi
+    bytes), maxPods (None: unbounded), and whole CPUs its static CPU manager could pin; None
+    without a kernel or a Node."""
+    if kernel is None or node is None:
+        return None
+    capacity = {Resource.CPU: float(kernel.cpus), Resource.MEMORY: float(kernel.memory)}
+    for size in (Resource.HUGEPAGES_2MI, Resource.HUGEPAGES_1GI):
+        if size in kernel.hugepages:
+            capacity[size] = float(kernel.hugepages[size])
+        elif size in node.capacity:  # the kernel did not say: the Node's own figure
+            capacity[size] = float(node.capacity[size])
+    out = []
+    reserved_cpu = 0.0
+    for resource, _ in _ORDERED:
+        reserved = float(node.capacity.get(resource, 0.0)) - \
+            float(node.allocatable.get(resource, node.capacity.get(resource, 0.0)))
+        reserved = max(0.0, reserved) if isfinite(reserved) else 0.0
+        if resource is Resource.CPU:
+            reserved_cpu = reserved
+        value = max(0.0, capacity.get(resource, 0.0) - reserved)
+        out.append(_milli(value) if resource is Resource.CPU else _bytes(value))
+    pool = max(0, kernel.cpus - ceil(round(reserved_cpu, 3)))  # numReservedCPUs, rounded up
+    return (out[0], out[1], out[2], out[3]), node.max_pods, pool
+
+
+def possible_reasons(kernel: Kernel | None, node: NodeStatus | None,
+                     static: bool) -> tuple[str, ...]:
+    """The reasons a restart could give on this node, for gauges initialised at 0: pods,
+    cpu and memory always; a hugepage size the kernel or the Node has; the CPU manager's
+    when its policy is static."""
+    out = [OUT_OF_PODS, OUT_OF_CPU, OUT_OF_MEMORY]
+    for resource, reason in _ORDERED[2:]:
+        if (kernel is not None and kernel.hugepages.get(resource, 0) > 0) or \
+                (node is not None and float(node.capacity.get(resource, 0.0)) > 0):
+            out.append(reason)
+    if static:
+        out.append(CPU_MANAGER)
+    return tuple(out)
+
+
+def judge(pods: Pods, kernel: Kernel | None, node: NodeStatus | None,
+          static: bool) -> Forecast | None:
+    """What a kubelet restart would do with `pods` on `kernel`, given the Node's reservations
+    and maxPods and whether the CPU manager's policy is static. Pure: the same inputs, the same
+    Forecast; None without a kernel or a Node."""
+    offer = offered(kernel, node)
+    if offer is None:
+        return None
+    (a_cpu, a_mem, a_hp2, a_hp1), max_pods, pool = offer
+    by_reason = dict.fromkeys(possible_reasons(kernel, node, static), 0)
+    count = len(pods.order)
+    cpu, mem, hp2, hp1, exclusive = pods.sums
+    if ((max_pods is None or count <= max_pods) and cpu <= a_cpu and mem <= a_mem
+            and hp2 <= a_hp2 and hp1 <= a_hp1 and (not static or exclusive <= pool)):
+        # Everything fits together, so each pod fits at its turn: nobody is rejected.
+        return Forecast(pods.time, count, 0, by_reason, (), pods.skipped)
+    # One pass in readmission order, what is left of each resource kept as a number
+    # (never below 0, so a request of 0 always fits, as in fitsRequest).
+    room = count if max_pods is None else max_pods
+    free_cpu, free_mem, free_hp2, free_hp1, free_x = a_cpu, a_mem, a_hp2, a_hp1, pool
+    rejected: list[ForecastRejection] = []
+    total = 0
+    for _, namespace, name, uid, cpu, mem, hp2, hp1, exclusive in pods.order:
+        if exclusive and static and exclusive > free_x:
+            reason = CPU_MANAGER
+        elif room <= 0:
+            reason = OUT_OF_PODS
+        elif cpu > free_cpu:
+            reason = OUT_OF_CPU
+        elif mem > free_mem:
+            reason = OUT_OF_MEMORY
+        elif hp2 > free_hp2:
+            reason = OUT_OF_HUGEPAGES_2MI
+        elif hp1 > free_hp1:
+            reason = OUT_OF_HUGEPAGES_1GI
+        else:
+            room -= 1
+            free_cpu -= cpu
+            free_mem -= mem
+            free_hp2 -= hp2
+            free_hp1 -= hp1
+            if static:
+                free_x -= exclusive
+            continue
+        total += 1
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if len(rejected) < LISTED_MAX:
+            rejected.append(ForecastRejection(namespace, name, uid, reason))
+    return Forecast(pods.time, count, total, by_reason, tuple(rejected), pods.skipped)
+
+
+@dataclass(frozen=True)
+class ForecastView:
+    """The forecast's inputs at one moment, immutable: taken under the lock the store is
+    written under (ReadmissionForecast.view, O(1)), judged anywhere after with no lock."""
+
+    pods: Pods
+    kernel: Kernel | None
+    node: NodeStatus | None
+    static: bool
+    generation: int = 0  # the store's, when taken: a result kept for it is still true
+    cached: Forecast | None = None  # the store's result for these inputs, when it had one
+
+    @property
+    def node_seen(self) -> bool:
+        return self.node is not None
+
+    def result(self) -> Forecast | None:
+        """The Forecast on these inputs."""
+        if self.cached is not None:
+            return self.cached
+        return judge(self.pods, self.kernel, self.node, self.static)
+
+    def allocatable(self) -> Offered | None:
+        return offered(self.kernel, self.node)
+
+    def what_if(self, snap: KernelSnapshot) -> tuple[Forecast | None, Offered | None]:
+        """The Forecast and what a restarted kubelet would offer on the kernel `snap` (a
+        plan's hypothetical one) with these pods and this Node."""
+        kernel = Kernel.of(snap)
+        result = self.result() if kernel == self.kernel else \
+            judge(self.pods, kernel, self.node, self.static)
+        return result, offered(kernel, self.node)
+
+
+# ---------------------------------------------------------------- the store
+
+
 class ReadmissionForecast:
-    """Fed by the Correlator (snapshots, the Node, pods, relists, the CPU manager
-    checkpoint); `result()` is the Forecast for the inputs so far, or None before both a
-    kernel snapshot and a Node status have been seen."""
+    """The pods, Node, kernel and CPU manager policy the Correlator feeds it (snapshots, the
+    Node, pods, relists, the CPU manager checkpoint); `result()` is the Forecast for the inputs
+    so far (judge), or None before both a kernel snapshot and a Node status have been seen.
+    `view()` hands the inputs out as one immutable value, for a judge with no lock held."""
 
     def __init__(self) -> None:
         self._pods: dict[str, _Pod] = {}
         self._order: list[_Pod] = []  # the values of _pods, in readmission order
+        self._order_shared = False  # handed out in a view: copied before the next change
         self._sums = (0, 0, 0, 0, 0)  # the requests of every pod kept, summed (as in _Pod)
         self._skipped: set[str] = set()  # uids of pods whose requests are unusable
-        self._kernel: tuple[int, int, Mapping[Resource, int]] | None = None
+        self._kernel: Kernel | None = None
         self._node: NodeStatus | None = None
         self._static = False  # the CPU manager's policy is static
         # Inputs arrive on the correlator's per-event path and are only noted there (a
-        # reference each); they are applied when a result is asked for.
+        # reference each); they are applied when a result or a view is asked for.
         self._snap_in: KernelSnapshot | None = None
         self._node_in: NodeStatus | None = None
-        self._snap_before: KernelSnapshot | None = None  # the one before _snap_in
-        self._node_before: NodeStatus | None = None
         self._pods_in: dict[str, PodStatus] = {}  # the latest event of each pod, not applied
         self._time = 0.0
+        self._generation = 0  # bumped by every change of the inputs applied
         self._cached: Forecast | None = None
-        self._dirty = True
+        self._cached_generation = -1
         self.recomputed = 0  # how often result() did the work (tests, bench)
 
     # ------------------------------------------------------------ inputs (noted, not applied)
 
     def on_snapshot(self, snap: KernelSnapshot) -> None:
-        self._snap_before, self._snap_in = self._snap_in, snap
+        self._snap_in = snap
 
     def on_node(self, node: NodeStatus) -> None:
-        self._node_before, self._node_in = self._node_in, node
+        self._node_in = node
 
     def on_pod(self, pod: PodStatus) -> None:
         pending = self._pods_in
@@ -184,82 +349,92 @@ class ReadmissionForecast:
         self._apply_pods()
         gone = [uid for uid in self._pods if uid not in uids]
         gone_skipped = [uid for uid in self._skipped if uid not in uids]
-        for uid in gone:
-            self._remove(uid)
+        if len(gone) > _RESORT_AT:
+            self._pods = {uid: p for uid, p in self._pods.items() if uid in uids}
+            self._resort()
+        else:
+            for uid in gone:
+                self._remove(uid)
         self._skipped.difference_update(gone_skipped)
         if gone or gone_skipped:
             self._changed(when)
 
     # ------------------------------------------------------------ output
 
-    def result(self) -> Forecast | None:
+    def view(self, *, held: bool = True) -> ForecastView:
+        """The inputs as they stand, immutable (the pods' list is copied only when it next
+        changes): under the writer's lock this is all there is to do. `held=False`: the view is
+        dropped before the store changes again (its list need not be kept as it is)."""
         self._apply()
-        if self._dirty:
-            self._cached = self._compute()
-            self._dirty = False
-            self.recomputed += 1
-        return self._cached
+        self._order_shared = self._order_shared or held
+        pods = Pods(self._order, self._sums, len(self._skipped), self._time)
+        cached = self._cached if self._cached_generation == self._generation else None
+        return ForecastView(pods, self._kernel, self._node, self._static, self._generation,
+                            cached)
 
-    def result_before(self, event: object) -> Forecast | None:
-        """The Forecast as it was before `event`, when `event` is the latest kernel snapshot
-        or Node status noted (the one that resynced an episode); else result()."""
-        snap, node = self._snap_in, self._node_in
-        if event is None or (event is not snap and event is not node):
-            return self.result()
-        self.result()  # everything applied, the pods included
-        if event is snap:
-            self._snap_in = self._snap_before
-        else:
-            self._node_in = self._node_before
-        try:
-            self._apply()
-            return self._compute()
-        finally:
-            self._snap_in, self._node_in = snap, node
-            self._apply()
-            self._dirty = True  # the cached result is of the current inputs: recomputed
+    def keep(self, view: ForecastView, result: Forecast | None) -> None:
+        """Keep `result`, judged on `view` outside the lock, while the inputs are the same
+        (under the writer's lock): the next result() or view() need not judge again."""
+        if view.generation == self._generation and self._cached_generation != view.generation:
+            self._cached, self._cached_generation = result, view.generation
 
-    def result_on(self, snap: KernelSnapshot) -> tuple[
-            Forecast | None, tuple[tuple[int, int, int, int], int | None, int] | None]:
-        """result() and allocatable() on the kernel `snap` (a plan's hypothetical one) instead
-        of the one noted, the forecast left exactly as it was.
+    def result(self) -> Forecast | None:
+        view = self.view(held=False)
+        if view.cached is not None:
+            return view.cached
+        result = view.result()
+        self.recomputed += 1
+        self.keep(view, result)
+        return result
 
-        The planner asks this of the Correlator's own forecast (exporter/sinks/plan_collector.py),
-        between two of its events: the snapshot before the latest (result_before), the time and
-        the cached result must come back as they were, or a plan would show in an episode's
-        forecast and in the gauges."""
-        self.result()  # the pods noted applied for good: from here on only the kernel differs
-        saved = (self._snap_in, self._snap_before, self._kernel, self._cached, self._dirty,
-                 self._time)
-        self._snap_in = snap
-        try:
-            return self.result(), self.allocatable()  # the cached one when the kernel is the same
-        finally:
-            (self._snap_in, self._snap_before, self._kernel, self._cached, self._dirty,
-             self._time) = saved
+    def what_if(self, snap: KernelSnapshot) -> tuple[Forecast | None, Offered | None]:
+        """result() and allocatable() on the kernel `snap` instead of the one noted; nothing
+        of it is kept (a plan's hypothetical kernel)."""
+        return self.view(held=False).what_if(snap)
+
+    def allocatable(self) -> Offered | None:
+        """What a restarted kubelet would offer (`offered`) on the inputs so far."""
+        self._apply()
+        return offered(self._kernel, self._node)
+
+    def possible_reasons(self) -> tuple[str, ...]:
+        self._apply()
+        return possible_reasons(self._kernel, self._node, self._static)
 
     # ------------------------------------------------------------ applying the inputs
 
     def _apply(self) -> None:
         snap, node = self._snap_in, self._node_in
         if snap is not None:
-            kernel = (len(snap.cpus_online), snap.mem_total_bytes, snap.hugepages_bytes)
+            self._snap_in = None
+            kernel = Kernel.of(snap)
             if kernel != self._kernel:
                 self._kernel = kernel
                 self._changed(snap.time)
-        old = self._node
-        if node is not None and node is not old:
-            self._node = node
-            if (old is None or old.capacity != node.capacity
-                    or old.allocatable != node.allocatable or old.max_pods != node.max_pods):
-                self._changed(node.time)
+        if node is not None:
+            self._node_in = None
+            old = self._node
+            if node is not old:
+                self._node = node
+                if (old is None or old.capacity != node.capacity
+                        or old.allocatable != node.allocatable or old.max_pods != node.max_pods):
+                    self._changed(node.time)
         if self._pods_in:
             self._apply_pods()
 
     def _apply_pods(self) -> None:
         pending, self._pods_in = self._pods_in, {}
+        if len(pending) > _RESORT_AT:  # many (a list): one sort, not an insertion each
+            self._bulk = True
+            for pod in pending.values():
+                self._apply_pod(pod)
+            self._bulk = False
+            self._resort()
+            return
         for pod in pending.values():
             self._apply_pod(pod)
+
+    _bulk = False  # applying many pods: _order is rebuilt once after them (_resort)
 
     def _apply_pod(self, pod: PodStatus) -> None:
         uid = pod.uid
@@ -292,23 +467,43 @@ class ReadmissionForecast:
         self._skipped.discard(uid)
         self._remove(uid)
         self._pods[uid] = entry
-        bisect.insort(self._order, entry)
+        if not self._bulk:
+            bisect.insort(self._writable_order(), entry)
         self._sum(entry, 1)
         self._changed(pod.time)
 
     # ------------------------------------------------------------ internals
 
     def _changed(self, when: float) -> None:
-        self._dirty = True
+        self._generation += 1
         if isfinite(when) and when > self._time:
             self._time = when
+
+    def _writable_order(self) -> list[_Pod]:
+        if self._order_shared:  # a view holds this list: leave it as it was
+            self._order = list(self._order)
+            self._order_shared = False
+        return self._order
+
+    def _resort(self) -> None:
+        self._order = sorted(self._pods.values())
+        self._order_shared = False
+        cpu = mem = hp2 = hp1 = exclusive = 0
+        for entry in self._order:
+            cpu += entry[4]
+            mem += entry[5]
+            hp2 += entry[6]
+            hp1 += entry[7]
+            exclusive += entry[8]
+        self._sums = (cpu, mem, hp2, hp1, exclusive)
 
     def _remove(self, uid: str) -> bool:
         old = self._pods.pop(uid, None)
         if old is None:
             return False
-        order = self._order
-        del order[bisect.bisect_left(order, old)]
+        if not self._bulk:
+            order = self._writable_order()
+            del order[bisect.bisect_left(order, old)]
         self._sum(old, -1)
         return True
 
@@ -316,91 +511,3 @@ class ReadmissionForecast:
         cpu, mem, hp2, hp1, exclusive = self._sums
         self._sums = (cpu + sign * entry[4], mem + sign * entry[5], hp2 + sign * entry[6],
                       hp1 + sign * entry[7], exclusive + sign * entry[8])
-
-    def allocatable(self) -> tuple[tuple[int, int, int, int], int | None, int] | None:
-        """What a restarted kubelet would offer: (milli-CPU, memory, hugepages-2Mi and -1Gi
-        bytes), maxPods (None: unbounded), and whole CPUs its static CPU manager could pin."""
-        kernel, node = self._kernel, self._node
-        if kernel is None or node is None:
-            return None
-        cpus, memory, hugepages = kernel
-        capacity = {Resource.CPU: float(cpus), Resource.MEMORY: float(memory)}
-        for size in (Resource.HUGEPAGES_2MI, Resource.HUGEPAGES_1GI):
-            if size in hugepages:
-                capacity[size] = float(hugepages[size])
-            elif size in node.capacity:  # the kernel did not say: the Node's own figure
-                capacity[size] = float(node.capacity[size])
-        out = []
-        reserved_cpu = 0.0
-        for resource, _ in _ORDERED:
-            reserved = float(node.capacity.get(resource, 0.0)) - \
-                float(node.allocatable.get(resource, node.capacity.get(resource, 0.0)))
-            reserved = max(0.0, reserved) if isfinite(reserved) else 0.0
-            if resource is Resource.CPU:
-                reserved_cpu = reserved
-            value = max(0.0, capacity.get(resource, 0.0) - reserved)
-            out.append(_milli(value) if resource is Resource.CPU else _bytes(value))
-        pool = max(0, cpus - ceil(round(reserved_cpu, 3)))  # numReservedCPUs, rounded up
-        return (out[0], out[1], out[2], out[3]), node.max_pods, pool
-
-    def possible_reasons(self) -> tuple[str, ...]:
-        """The reasons a restart could give on this node, for gauges initialised at 0: pods,
-        cpu and memory always; a hugepage size the kernel or the Node has; the CPU manager's
-        when its policy is static."""
-        out = [OUT_OF_PODS, OUT_OF_CPU, OUT_OF_MEMORY]
-        kernel, node = self._kernel, self._node
-        for resource, reason in _ORDERED[2:]:
-            if (kernel is not None and kernel[2].get(resource, 0) > 0) or \
-                    (node is not None and float(node.capacity.get(resource, 0.0)) > 0):
-                out.append(reason)
-        if self._static:
-            out.append(CPU_MANAGER)
-        return tuple(out)
-
-    def _compute(self) -> Forecast | None:
-        offered = self.allocatable()
-        if offered is None:
-            return None
-        (a_cpu, a_mem, a_hp2, a_hp1), max_pods, pool = offered
-        by_reason = dict.fromkeys(self.possible_reasons(), 0)
-        pods = len(self._pods)
-        cpu, mem, hp2, hp1, exclusive = self._sums
-        static = self._static
-        if ((max_pods is None or pods <= max_pods) and cpu <= a_cpu and mem <= a_mem
-                and hp2 <= a_hp2 and hp1 <= a_hp1 and (not static or exclusive <= pool)):
-            # Everything fits together, so each pod fits at its turn: nobody is rejected.
-            return Forecast(self._time, pods, 0, by_reason, (), len(self._skipped))
-        # One pass in readmission order, what is left of each resource kept as a number
-        # (never below 0, so a request of 0 always fits, as in fitsRequest).
-        room = pods if max_pods is None else max_pods
-        free_cpu, free_mem, free_hp2, free_hp1, free_x = a_cpu, a_mem, a_hp2, a_hp1, pool
-        rejected: list[ForecastRejection] = []
-        total = 0
-        for _, namespace, name, uid, cpu, mem, hp2, hp1, exclusive in self._order:
-            if exclusive and static and exclusive > free_x:
-                reason = CPU_MANAGER
-            elif room <= 0:
-                reason = OUT_OF_PODS
-            elif cpu > free_cpu:
-                reason = OUT_OF_CPU
-            elif mem > free_mem:
-                reason = OUT_OF_MEMORY
-            elif hp2 > free_hp2:
-                reason = OUT_OF_HUGEPAGES_2MI
-            elif hp1 > free_hp1:
-                reason = OUT_OF_HUGEPAGES_1GI
-            else:
-                room -= 1
-                free_cpu -= cpu
-                free_mem -= mem
-                free_hp2 -= hp2
-                free_hp1 -= hp1
-                if static:
-                    free_x -= exclusive
-                continue
-            total += 1
-            by_reason[reason] = by_reason.get(reason, 0) + 1
-            if len(rejected) < LISTED_MAX:
-                rejected.append(ForecastRejection(namespace, name, uid, reason))
-        return Forecast(self._time, pods, total, by_reason, tuple(rejected),
-                        len(self._skipped))

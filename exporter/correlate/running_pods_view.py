@@ -28,6 +28,7 @@ more of the Pod than the watch converts.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -169,10 +170,15 @@ class RunningPodsView:
     # seconds re-judges nothing (4096 containers take ~0.1 s to judge on a loaded machine).
     _findings: list[Finding] | None = field(default=None, repr=False)
 
+    # Bumped by every event that changes the findings: a copy judged outside the keeper's
+    # lock hands its findings back only while the view is still the same (keep).
+    version: int = 0
+
     def handle(self, event: Event) -> None:
         if isinstance(event, (KernelSnapshot, RunningContainers, PodStatus, PodsRelisted,
                               CpuManagerCheckpoint)):
             self._findings = None
+            self.version += 1
         if isinstance(event, KernelSnapshot):
             last = self.snapshot
             if last is not None and last.mem_total_bytes != event.mem_total_bytes:
@@ -210,6 +216,25 @@ class RunningPodsView:
         seen = self._first_scores.get(cg.container_id)
         return seen is not None and seen[0] != cg.oom_score_adj \
             and seen[1] == self.capacity_changes
+
+    # ------------------------------------------------------------ copies
+
+    def copy(self) -> "RunningPodsView":
+        """A copy the view's later events do not change (taken under the keeper's lock, read
+        with none): the pods' map copied, the scan and the kernel shared (immutable)."""
+        return dataclasses.replace(self, pods=dict(self.pods), capacities=list(self.capacities))
+
+    def keep(self, judged: "RunningPodsView") -> None:
+        """The findings a copy worked out, kept while this view has not changed since."""
+        if judged.version == self.version and judged._findings is not None:
+            self._findings = judged._findings
+
+    def what_if(self, snapshot: KernelSnapshot,
+                scan: RunningContainers | None = None) -> "RunningPodsView":
+        """This view on another kernel (and, given, another scan): a new view to ask for
+        findings; this one is left as it was."""
+        return dataclasses.replace(self, snapshot=snapshot,
+                                   scan=self.scan if scan is None else scan, _findings=None)
 
     # ------------------------------------------------------------ values
 

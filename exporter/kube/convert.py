@@ -301,8 +301,20 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         exclusive_cpus=exclusive,
         created=_timestamp(meta.get("creationTimestamp"), f"{where} creationTimestamp",
                            problems),
+        owner_kind=_owner_kind(meta),
     )
     return Converted(event, problems)
+
+
+def _owner_kind(meta: Mapping[str, Any]) -> str:
+    """The kind of the pod's controller (its ownerReference with controller: true), "" when
+    none: what an orchestrator weighs before evicting it (a bare pod does not come back)."""
+    for ref in _list(meta.get("ownerReferences")):
+        ref = _dict(ref)
+        if ref.get("controller") is True:
+            kind = _str(ref.get("kind"))
+            return kind if len(kind) <= 63 and kind.isalnum() else ""
+    return ""
 
 
 def _container_id(raw: Any) -> str:

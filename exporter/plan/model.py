@@ -40,11 +40,13 @@ class Change:
 
 
 def size(n: int) -> str:
-    """Bytes as the largest binary quantity that says them exactly: 4Gi, 384Mi, 1000."""
-    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+    """Bytes as the largest quantity that says them exactly, binary first: 4Gi, 384Mi, 1T
+    (as typed: 10^12), 1000 bytes."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("T", 10**12),
+                         ("G", 10**9), ("M", 10**6), ("Ki", 1 << 10), ("k", 1000)):
         if n and n % unit == 0:
             return f"{n // unit}{suffix}"
-    return str(n)
+    return f"{n} bytes"
 
 
 def plural(n: int, word: str, many: str = "") -> str:
@@ -133,7 +135,7 @@ class HardwareLike(Protocol):
     def mem_available(self) -> int | None: ...  # /proc/meminfo MemAvailable, bytes
 
     @property
-    def not_read(self) -> tuple[str, ...]: ...  # what the hardware read could not read
+    def not_read(self) -> Mapping[str, str]: ...  # input name -> why it was not read
 
 
 # ---------------------------------------------------------------- the answer
@@ -305,7 +307,7 @@ class Plan:
             out.append(f"{plural(self.cpu_short, 'CPU')} cannot be "
                        f"{'taken' if self.change.cpus < 0 else 'added'} safely")
         if self.memory_short_bytes:
-            out.append(f"{size(self.memory_short_bytes)} bytes of memory cannot be "
+            out.append(f"{size(self.memory_short_bytes)} of memory cannot be "
                        f"{'taken' if self.change.memory < 0 else 'added'} as asked")
         return tuple(out) + self.other_harm
 

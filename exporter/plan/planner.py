@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.correlate.kubelet_view import cpu_list, cpu_manager_problem, memory_manager_problem
-from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.readmission_forecast import ForecastView, ReadmissionForecast
 from exporter.correlate.running_pods_view import Finding, RunningPodsView
 from exporter.events import (
     ContainerCgroup,
@@ -47,6 +47,12 @@ from exporter.plan.model import (
 from exporter.plan.pages import MOVABLE_ZONE, PAGE_SIZE, count_pages
 
 REFUSALS_LISTED = 32  # refusals named one by one; the rest counted
+# Memory blocks whose /proc/kpageflags one plan reads at most, `plan` and GET /plan alike (one
+# answer): about 8 ms a block, so 4 s at worst; only blocks of removable devices are read
+# (boot memory never goes), and blocks still cached from an earlier plan are not charged. A
+# block left unread makes the answer "cannot tell" for what it could have given, never
+# "cannot".
+PAGE_BUDGET = 512
 STALE_LISTED = 50  # stale containers named one by one
 # Kernel zones in the order blocks are taken from them: DMA32 is kept for devices that need
 # memory below 4 GiB.
@@ -57,15 +63,17 @@ PageFlags = Callable[[int], Mapping[int, int] | None]
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the planner judges. `forecast`: a ReadmissionForecast fed with the Node, the pods
-    and the CPU manager checkpoint (None: Kubernetes is off); the planner asks it about
-    hypothetical kernels (result_on) and leaves it as it was, so it may be the Correlator's
-    own, under the lock the Correlator writes it under. `running`: the running-pods view (its
-    scan, pods and checkpoint; None: not scanned), read, never fed."""
+    """What the planner judges. `forecast`: the pods, the Node and the CPU manager's policy
+    (a ReadmissionForecast fed with them, or the immutable view of one; None: not read); the
+    planner asks it what it would say on hypothetical kernels (what_if), which changes
+    nothing in it. Kubernetes on but no Node in it: the pods are unjudged, never spared.
+    `pods_unjudged`: why the pods it holds are not all this node's (the pod source has not
+    listed them, is down, forbidden, cut at its bound): unjudged too. `running`: the
+    running-pods view (its scan, pods and checkpoint; None: not scanned), read, never fed."""
 
     snapshot: KernelSnapshot
     hardware: HardwareLike
-    forecast: ReadmissionForecast | None = None
+    forecast: ReadmissionForecast | ForecastView | None = None
     running: RunningPodsView | None = None
     cpu_checkpoint: CpuManagerCheckpoint | None = None
     memory_checkpoint: MemoryManagerCheckpoint | None = None
@@ -84,6 +92,7 @@ class Inputs:
     # No kubelet was found on this host (no kubelet root, no kubepods cgroup, Kubernetes
     # off): the pods and containers are none, not unread.
     no_kubelet: bool = False
+    pods_unjudged: str = ""
 
 
 DMA32_LIMIT = 1 << 32  # physical addresses below 4 GiB: ZONE_DMA and ZONE_DMA32 on x86-64
@@ -293,11 +302,9 @@ def stale_after(running: RunningPodsView | None, hypo: KernelSnapshot,
     if not changed and not scan.containers:
         return out
     now = {_key(f) for f in running.findings()}
-    view = dataclasses.replace(running, snapshot=hypo, _findings=None,
-                               scan=RunningContainers(scan.time, scan.cgroup_version,
-                                                      tuple(changed), scan.truncated,
-                                                      scan.skipped)
-                               if cpus_off else scan)
+    view = running.what_if(hypo, RunningContainers(scan.time, scan.cgroup_version,
+                                                   tuple(changed), scan.truncated,
+                                                   scan.skipped) if cpus_off else None)
     for f in view.findings():
         if _key(f) not in now:
             out.append(StaleContainer(f.namespace, f.pod, f.container, f.kind, f.detail))
@@ -350,7 +357,8 @@ def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_bud
                  tuple(stale[:STALE_LISTED]), tuple(refusals[:REFUSALS_LISTED]), len(refusals),
                  restarts, problem,
                  inputs.kubelet_resizes and change.cpus >= 0 and change.memory >= 0,
-                 pods.kubernetes, running, (), tuple(notes), tuple(dict.fromkeys(unjudged)),
+                 pods.kubernetes, running, (), tuple(notes),
+                 tuple(dict.fromkeys((*unjudged, *pods.unjudged))),
                  allocatable_after=pods.allocatable,
                  memory_devices=tuple(memory.devices),
                  cpu_places={c: places[c].json() for c in (*cpus.take, *cpus.add)
@@ -381,7 +389,7 @@ def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
 def missing(inputs: Inputs) -> dict[str, str]:
     """Every input not read, with why: what the caller said, and what it handed in as None
     beside a kubelet (never taken as "nothing there")."""
-    out = dict(inputs.not_read)
+    out = {**inputs.hardware.not_read, **inputs.not_read}
     if not inputs.no_kubelet:
         for name, value in (("pods", inputs.forecast), ("running_containers", inputs.running),
                             ("cpu_manager_checkpoint", inputs.cpu_checkpoint),
@@ -628,8 +636,9 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
     out = _MemoryMoved(take, [], needed, short * size_, size_, 0, list(takes.values()))
     if short:
         refusals += why
-        notes.append(f"only {size(len(take) * size_)} of removable memory can be expected to "
-                     f"go; {size(short * size_)} cannot")
+        notes.append((f"only {size(len(take) * size_)} of removable memory" if take else
+                      "no removable memory") + f" can be expected to go; {size(short * size_)}"
+                     " cannot")
     return _room(out, inputs, by_block, unjudged)
 
 
@@ -693,14 +702,21 @@ class _PodsAfter:
     allocatable: dict[str, int]  # what a restarted kubelet would offer (milli-CPU, bytes)
     rejected_now: int  # what a restart before the change would reject
     kubernetes: bool  # the pods were judged (a Node status read)
+    unjudged: tuple[str, ...] = ()  # why the pods could not be judged: never safe
 
 
-def _forecast_at(forecast: ReadmissionForecast, hypo: KernelSnapshot,
+# Kubernetes on and no Node: the pods cannot be judged (the API server unreachable from the
+# start, a wrong --node-name, a Node not registered yet, nodes not readable).
+NO_NODE = ("pods: no Node status read for this node (check --node-name and that the exporter "
+           "may get nodes and reaches the API server)")
+
+
+def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnapshot,
                  owners: Mapping[str, str]
                  ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, int]] | None:
     """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
-    kubelet would offer); the forecast itself is left as it was."""
-    result, offered = forecast.result_on(hypo)
+    kubelet would offer); None without a Node. Nothing of it stays in the forecast."""
+    result, offered = forecast.what_if(hypo)
     if result is None or offered is None:
         return None
     (milli, memory, _, _), _, _ = offered
@@ -719,9 +735,12 @@ def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _Pods
     later = _forecast_at(forecast, hypo, inputs.pod_owners)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
-    kubernetes = forecast.allocatable() is not None
+    kubernetes = later is not None
+    unjudged: tuple[str, ...] = () if kubernetes else (NO_NODE,)
+    if inputs.pods_unjudged:
+        unjudged += (inputs.pods_unjudged,)
     return _PodsAfter(rejected, rejected_total, by_reason, allocatable,
-                      now[1] if now is not None else 0, kubernetes)
+                      now[1] if now is not None else 0, kubernetes, unjudged)
 
 
 def _restart(change: Change, inputs: Inputs, hypo: KernelSnapshot,
@@ -819,9 +838,10 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
         out.append(Action("hypervisor_remove", detail={"resource": "cpu", "cpu": {
             "cpu": c, **{k: place.get(k) for k in ("socket", "die", "core", "thread",
                                                   "apic_id")}}},
-            says=f"remove cpu{c} from the hypervisor (QEMU: device_del of the CPU device "
-                 f"with socket-id {place.get('socket')}, core-id {place.get('core')}, "
-                 f"thread-id {place.get('thread')})"))
+            says=f"remove cpu{c} from the hypervisor" + (
+                f" (QEMU: device_del of the CPU device with socket-id {place['socket']}, "
+                f"core-id {place['core']}, thread-id {place['thread']})"
+                if place.get("socket") is not None else " (its topology was not read)")))
     if p.change.memory > 0:
         if p.memory_blocks_needed > len(p.memory_add):
             out.append(Action("hypervisor_add", detail={

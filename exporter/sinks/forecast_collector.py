@@ -1,8 +1,9 @@
 """The readmission forecast as Prometheus gauges: which pods a kubelet restart now would reject.
 
-A Collector beside the exporter's own (exporter/sinks/metrics.py): it reads the Correlator's
-ReadmissionForecast (exporter/correlate/readmission_forecast.py) at scrape time under the
-agent's lock, the lock the Correlator writes it under. The composition root wires it:
+A Collector beside the exporter's own (exporter/sinks/metrics.py): it takes a view of the
+Correlator's ReadmissionForecast (exporter/correlate/readmission_forecast.py) at scrape time
+under the agent's lock, the lock the Correlator writes it under, and judges it outside. The
+composition root wires it:
 
     registry.register(ForecastCollector(agent.lock, agent.correlator.forecast,
                                         agent.correlator.forecast_validity))
@@ -54,9 +55,15 @@ class ForecastCollector(Collector):
         self._validity = validity
 
     def collect(self) -> Iterable[Metric]:
+        # Under the agent's lock only the view is taken (O(1)); judged outside it, and the
+        # result kept in the forecast while its inputs are the same (the next scrape reads it).
         with self._lock:
-            forecast: Forecast | None = self._forecast.result()
+            view = self._forecast.view()
             validity = self._validity.current if self._validity is not None else None
+        forecast: Forecast | None = view.result()
+        if view.cached is None:
+            with self._lock:
+                self._forecast.keep(view, forecast)
         valid = GaugeMetricFamily(
             "node_resize_readmission_forecast_valid",
             "1 when the readmission forecast saw the pods it judges; 0 when it cannot forecast, "

@@ -23,6 +23,7 @@ from exporter.events import Event
 from exporter.sinks import ViewSink, kernel_now
 from exporter.sources.kubelet.kubelet_checkpoint import (
     KUBELET_ROOT_DIR,
+    not_mounted,
     read_cpu_manager_state,
     read_memory_manager_state,
 )
@@ -119,6 +120,11 @@ def check_kubelet_restart(options: Options) -> Check:
     snap = kernel_now(options, name)
     if isinstance(snap, Check):
         return snap
+    why = not_mounted(root)
+    if why:  # not "no checkpoints": nothing of the kubelet's is visible here
+        head, _, fix = why.partition(": mount ")
+        return Check(name, "warn", f"not checked: {head}",
+                     ("mount " + fix) if fix else "mount the kubelet's root dir read-only")
     try:
         cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
     except OSError as e:

@@ -3,34 +3,44 @@ and what can leave now as gauges, both from the same pure planner (exporter/plan
 as `node-resize-exporter plan`.
 
 A sink and a Collector in one (exporter/sinks/__init__.py ViewSink) that copies nothing the
-agent already keeps: on a node listing 20,000 pods a second forecast and a second running-pods
-view would hold every pod twice and handle every pod event twice. It plans on
-- the Correlator's readmission forecast, under the agent's lock (the lock the Correlator
-  writes it under), asked about hypothetical kernels and left as it was
-  (ReadmissionForecast.result_on), and whether it saw the pods (the Correlator's
-  ForecastValidity): while it did not, a plan says the pods are unjudged (not safe) and
-  `node_resize_unpluggable` is absent, as the forecast's own series are;
-- the running-pods sink's view (exporter/sinks/running_pods_collector.py), under that sink's
-  lock: the running containers, their pods, and the kernel snapshot every plan starts from.
+agent already keeps (on a node listing 20,000 pods a second forecast and a second running-pods
+view would hold every pod twice and handle every pod event twice), and computes nothing under
+a lock the agent needs. It takes, each under its keeper's lock and only for as long as that
+takes (client_python's registry copies its collectors under its lock the same way):
+- an immutable view of the Correlator's readmission forecast (ReadmissionForecast.view, O(1))
+  and whether it saw the pods (the Correlator's ForecastValidity), under the agent's lock;
+- a copy of the running-pods sink's view (RunningPodsView.copy: the running containers, their
+  pods, the kernel snapshot every plan starts from), under that sink's lock;
+then plans on them with no lock held. With the Kubernetes side on, the plan always judges the
+pods: no Node seen yet, or pods not listed, down, forbidden or cut at their bound, and the
+planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
+forecast's own series are.
 The agent still hands it every event, for what nobody else keeps (under its own lock): whether
-a Node was seen (no Node: the plan says Kubernetes is off, as `plan` does), the kubelet's
-checkpoints and feature gates, the memory blocks hot-added while it ran, and a count of events
-for the gauges' cache key. The kernel's memory blocks are read when asked (a plan, a scrape),
-kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a plan, at most
-PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds. The gauges are
-computed at scrape time and kept until an input changes, like the forecast's.
+a Node was seen, the kubelet's checkpoints and feature gates, the memory blocks hot-added while
+it ran. The kernel's memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL
+seconds or until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks
+a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
+
+The unpluggable gauges are worked out when an input changes, off the scrape path (as
+kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
+burst land (GAUGE_SETTLE), recomputes if an input changed, at most once per
+GAUGE_MIN_INTERVAL; a scrape reads the last value. So the gauge follows a pod, Node, kernel or
+checkpoint change within about GAUGE_MIN_INTERVAL plus the time to compute it.
 
 The composition root wires it (exporter/app.py):
 
     running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs, root,
+                           kubernetes=decisions.kubernetes)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
+    plan.start()                                            # after the privilege drop
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 import urllib.parse
@@ -40,8 +50,9 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.correlate.forecast_validity import ForecastValidity, Validity
+from exporter.correlate.forecast_validity import ForecastValidity
 from exporter.correlate.readmission_forecast import ReadmissionForecast
+from exporter.correlate.running_pods_view import RunningPodsView
 from exporter.events import (
     CpuManagerCheckpoint,
     DeviceChange,
@@ -50,22 +61,29 @@ from exporter.events import (
     MemoryManagerCheckpoint,
     NodeStatus,
     Resource,
+    SourceStatus,
     Transition,
 )
-from exporter.plan.model import BadChange, parse_change
-from exporter.plan.planner import Inputs, TooLarge, judge_blocks, plan, unpluggable
+from exporter.plan.answer import answer
+from exporter.plan.model import LIVE_RESIZE_GATES, BadChange, Change, parse_change
+from exporter.plan.planner import PAGE_BUDGET, Inputs, judge_blocks, unpluggable
 from exporter.sinks import ViewSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
+from exporter.sources.kubelet.kubelet_checkpoint import not_mounted, read_reserved_cpus
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
-GAUGE_MAX_AGE = 15.0  # seconds the gauges may lag a pod change (a kernel change: none)
-PAGE_BUDGET = 64  # blocks whose page flags one plan reads at most (~0.5 s)
-QUERY_KEYS = ("cpu", "memory")
+GAUGE_SETTLE = 0.05  # seconds the gauges' thread lets a burst of events land before it works
+GAUGE_MIN_INTERVAL = 1.0  # seconds between two computations of the gauges, at least
+GAUGE_RECHECK = 15.0  # seconds after which the thread looks at the inputs without a wake-up
+QUERY_KEYS = ("cpu", "memory", "generation")
 MAX_QUERY = 256  # bytes of query string
 ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
-FIX = "ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once)"
+FIX = ("ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once; generation= the "
+       "16 hex digits of an earlier answer's)")
+
+log = logging.getLogger(__name__)
 
 
 def _zone(block: Any) -> str:
@@ -82,8 +100,6 @@ class SharedViews:
     validity: ForecastValidity  # the Correlator's: did the forecast see this node's pods
     running: RunningPodsSink  # its view, under its own lock
     # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
-    # This sink counts events too, but it may count one before the forecast and the view have
-    # it: a scrape in between would keep gauges computed without it under the new count.
     version: Callable[[], int]
 
     @classmethod
@@ -93,31 +109,46 @@ class SharedViews:
                    running, agent.state_version)
 
 
+@dataclass(frozen=True)
+class Taken:
+    """The planner's inputs, taken under their keepers' locks and judged with none held."""
+
+    inputs: Inputs
+    running: RunningPodsView  # the copy in `inputs` (also when nothing was scanned)
+    gauges: bool  # "what can leave with no pod rejected" can be said (the pods were judged)
+
+
 class PlanSink(ViewSink):
-    """Lock order, for a plan and a scrape alike: the agent's lock, then the running-pods
-    sink's, then this sink's own, each only as long as needed. The agent never holds one while
-    taking another (it hands events to the sinks outside its lock, exporter/agent.py _process)
-    and feed() takes only this sink's: a plan waiting for the agent's lock holds nothing the
-    agent waits for. Never take this sink's lock first: the day the agent calls its sinks
-    under its own lock, that would deadlock."""
+    """Locks: the agent's, the running-pods sink's and this sink's own are each taken alone,
+    never one while holding another, and only to take a view or a copy: a plan or the gauges
+    are worked out with none held, so the agent never waits for one."""
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
-                 kubelet_root: str = "/var/lib/kubelet") -> None:
+                 kubelet_root: str = "/var/lib/kubelet", *, kubernetes: bool,
+                 node: str = "") -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
-        self.kubernetes = False  # a Node status was seen
+        self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
+        self.node = node
+        self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
+        self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
+        self.node_seen = False  # a Node status was seen
         self.cpu_checkpoint: CpuManagerCheckpoint | None = None
         self.memory_checkpoint: MemoryManagerCheckpoint | None = None
         self.kubelet_resizes = False
         self.hot_added: set[int] = set()  # memory blocks seen added while running
-        self._version = 0  # bumped by every input: with the agent's, the gauges' cache key
+        self._version = 0  # bumped by every input: with the agent's, the gauges' key
         self._hardware: tuple[float, HotplugHardware] | None = None
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
-        # (key, value, computed at): the gauges' cache
-        self._gauges: tuple[tuple[int, int, int, int], tuple[int, int], float] | None = None
+        self._gauges: tuple[int, int] | None = None  # the last value worked out
+        self._gauges_key: tuple[int, int, int, int] | None = None  # of the inputs it is of
         self._io = threading.Lock()  # one reader of sysfs/kpageflags at a time
+        self._stale = threading.Event()  # an input changed: the gauges' thread looks
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.plans = 0
+        self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
 
     # ------------------------------------------------------------ inputs (agent thread)
 
@@ -125,14 +156,23 @@ class PlanSink(ViewSink):
         # Pods, relists, kernel snapshots and running containers: the forecast and the
         # running-pods view have them (SharedViews); only the count sees them here.
         self._version += 1
+        if not self._stale.is_set():
+            self._stale.set()
         if isinstance(event, NodeStatus):
-            self.kubernetes = True
+            self.node_seen = True
         elif isinstance(event, CpuManagerCheckpoint):
             self.cpu_checkpoint = event
         elif isinstance(event, MemoryManagerCheckpoint):
             self.memory_checkpoint = event
         elif isinstance(event, KubeletFeatures):
-            self.kubelet_resizes = bool(event.gates.get("NodeResourceHotPlug"))
+            self.gates = {g: bool(event.gates[g]) for g in LIVE_RESIZE_GATES
+                          if g in event.gates}
+            self.kubelet_resizes = any(self.gates.values())
+        elif isinstance(event, SourceStatus) and event.source in DOWN_MEANS:
+            if event.up:
+                self.down.pop(event.source, None)
+            else:
+                self.down[event.source] = event.reason
         elif isinstance(event, (Transition, DeviceChange)) and \
                 event.resource is Resource.MEMORY:
             self._hardware = None  # the blocks changed: read again when asked
@@ -149,20 +189,28 @@ class PlanSink(ViewSink):
         if cached is not None and now - cached[0] < HARDWARE_TTL:
             return cached[1]
         with self._io:
-            hw = read_hardware(self.sysfs)
+            hw = read_hardware(self.sysfs, self.procfs)
         with self.lock:
             self._hardware = (now, hw)
         return hw
 
+    def _with_cached_flags(self, hw: HotplugHardware) -> HotplugHardware:
+        """`hw` with the page flags still cached on its blocks: judge_blocks reads only the
+        others, so a cache hit is never charged to the budget (repeated asks read further)."""
+        now = time.monotonic()
+        fresh = {n: flags for n, (at, flags) in self._flags.items()
+                 if now - at < PAGE_FLAGS_TTL}
+        if not fresh:
+            return hw
+        return dataclasses.replace(hw, blocks=tuple(
+            dataclasses.replace(b, page_flags=fresh[b.number]) if b.number in fresh else b
+            for b in hw.blocks))
+
     def _page_flags(self, reader: PageFlagsReader) -> Any:
         def read(block: int) -> Any:
-            now = time.monotonic()
-            hit = self._flags.get(block)
-            if hit is not None and now - hit[0] < PAGE_FLAGS_TTL:
-                return hit[1]
             flags = reader.read(block)
             if flags is not None:
-                self._flags[block] = (now, flags)
+                self._flags[block] = (time.monotonic(), flags)
             return flags
         return read
 
@@ -170,30 +218,97 @@ class PlanSink(ViewSink):
         with self.shared.running.lock:
             return self.shared.running.view.snapshot is not None
 
-    def _inputs(self, hw: HotplugHardware) -> tuple[Inputs, int, Validity | None] | None:
-        """The planner's inputs, this sink's event count and, with Kubernetes on, whether the
-        forecast saw the pods; None before the kernel was read. Under the agent's lock and the
-        running-pods sink's, held while the planner runs: it asks the forecast about other
-        kernels and the view for its (cached) findings."""
-        running = self.shared.running.view
-        if running.snapshot is None:
-            return None
+    def take(self, hw: HotplugHardware) -> Taken | None:
+        """The planner's inputs: an immutable view of the forecast and whether it saw the pods
+        (under the agent's lock), a copy of the running-pods view (under its sink's), this
+        sink's own (under its lock), each lock alone and briefly. None before the kernel was
+        read."""
+        forecast = None
+        with self.shared.lock:
+            if self.kubernetes:
+                forecast = self.shared.forecast.view()
+            validity = self.shared.validity.current
+        with self.shared.running.lock:
+            if self.shared.running.view.snapshot is None:
+                return None
+            running = self.shared.running.view.copy()
         with self.lock:
-            kubernetes, version = self.kubernetes, self._version
             cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
                 self.kubelet_resizes
-        return (Inputs(running.snapshot, hw, self.shared.forecast if kubernetes else None,
-                       running if running.scan is not None else None, cpu, memory,
-                       self.kubelet_root, resizes), version,
-                self.shared.validity.current if kubernetes else None)
+            down, gates = dict(self.down), dict(self.gates)
+        assert running.snapshot is not None
+        unjudged = "" if forecast is None or validity.valid else \
+            f"pods: {validity.describe()} ({validity.fix})"
+        not_read, reserved, no_kubelet = self._not_read(running, down, cpu)
+        inputs = Inputs(running.snapshot, hw, forecast,
+                        running if running.scan is not None and running.scan.cgroup_version
+                        else None, cpu, memory, self.kubelet_root, resizes,
+                        pods_unjudged=unjudged, not_read=not_read,
+                        kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet)
+        return Taken(inputs, running,
+                     forecast is None or (forecast.node_seen and validity.valid))
+
+    def _not_read(self, running: RunningPodsView, down: dict[str, str],
+                  cpu: CpuManagerCheckpoint | None
+                  ) -> tuple[dict[str, str], frozenset[int] | None, bool]:
+        """What was not read, by the plan's input names, as the CLI names it (exporter/cli/
+        plan.py gather): a source down says why; the kubelet's configuration is read here."""
+        out: dict[str, str] = {}
+        mounted = not not_mounted(self.kubelet_root)
+        why = down.get("kubelet_checkpoint")
+        if why:
+            out["cpu_manager_checkpoint"] = out["memory_manager_checkpoint"] = why
+        reserved = None
+        if cpu is not None and cpu.present and cpu.policy == "static":
+            reserved, config_why = read_reserved_cpus(self.kubelet_root)
+            if reserved is None:
+                out["kubelet_config"] = config_why
+        scan = running.scan
+        if "running_pods" in down:
+            out["running_containers"] = down["running_pods"]
+        elif scan is not None and not scan.cgroup_version:
+            out["running_containers"] = "no kubepods cgroup found"
+        if not self.kubernetes:
+            out["pods"] = "the Kubernetes side is off: the node's pods were not read"
+        no_kubelet = not self.kubernetes and not mounted and (
+            scan is None or not scan.cgroup_version)
+        return out, reserved, no_kubelet
+
+    def _keep(self, running: RunningPodsView) -> None:
+        """The findings the copy worked out, back to the view while it is the same."""
+        with self.shared.running.lock:
+            self.shared.running.view.keep(running)
 
     # ------------------------------------------------------------ GET /plan
 
-    def http(self, query: str) -> tuple[int, bytes]:
-        """The answer to GET /plan?<query>: (status, JSON body). Never raises for what the
-        client sends. Runs off the event loop (it reads sysfs and kpageflags)."""
+    def endpoint(self) -> "PlanEndpoint":
+        """What the web serves as GET /plan (exporter/web/routes.py)."""
+        return PlanEndpoint(self.http, self.malformed)
+
+    def malformed(self, query: str) -> bytes | None:
+        """The 400 body for a malformed question (None: well formed). The web asks this
+        before it charges the plan budget: only a question that parses costs a plan."""
         try:
-            change = parse_change(*self._query(query))
+            self.question(query)
+        except BadChange as e:
+            return _error(str(e), FIX)
+        return None
+
+    def question(self, query: str) -> tuple[Change, str]:
+        """(the change, the generation echoed) from the query string; BadChange says the fix."""
+        cpu, memory, asked = self._query(query)
+        if asked and not (len(asked) == 16 and all(c in "0123456789abcdef" for c in asked)):
+            raise BadChange(f"generation {asked[:40]!r}: the 16 hex digits of an answer's "
+                            "generation")
+        return parse_change(cpu, memory), asked or ""
+
+    def http(self, query: str) -> tuple[int, bytes]:
+        """The answer to GET /plan?<query>: (status, JSON body). 400 only for a malformed
+        question; what the machine cannot do is a 200 answer that says so (verdict harmful).
+        Never raises for what the client sends. Runs off the event loop (it reads sysfs and
+        kpageflags)."""
+        try:
+            change, asked = self.question(query)
         except BadChange as e:
             return 400, _error(str(e), FIX)
         hw = self.hardware()
@@ -201,29 +316,20 @@ class PlanSink(ViewSink):
         if change.memory < 0 and hw.block_size > 0:
             needed = -(change.memory // hw.block_size)  # ceil of the bytes asked
             with self._io, PageFlagsReader(hw.block_size, self.procfs) as reader:
-                verdicts = judge_blocks(hw, self._page_flags(reader), PAGE_BUDGET,
-                                        enough=needed)
-        with self.shared.lock, self.shared.running.lock:  # the lock order: PlanSink's doc
-            got = self._inputs(hw)
-            if got is None:
-                return 503, _error("the kernel has not been read yet", "ask again in a "
-                                   "second")
-            try:
-                result = plan(change, got[0], verdicts=verdicts)
-            except TooLarge as e:
-                return 400, _error(str(e), FIX)
-            validity = got[2]
-        if validity is not None and not validity.valid:
-            # A forecast of pods it never saw says "nothing rejected": `plan` says the same
-            # of a list it could not make (exporter/cli/plan.py gather).
-            result = dataclasses.replace(result, unjudged=(
-                *result.unjudged, f"pods: {validity.describe()} ({validity.fix})"))
+                verdicts = judge_blocks(self._with_cached_flags(hw), self._page_flags(reader),
+                                        PAGE_BUDGET, enough=needed)
+        taken = self.take(hw)
+        if taken is None:
+            return 503, _error("the kernel has not been read yet", "ask again in a second")
+        result = answer(change, taken.inputs, node=self.node, now=time.time(),
+                        verdicts=verdicts, asked_generation=asked)
+        self._keep(taken.running)
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
 
     @staticmethod
-    def _query(query: str) -> tuple[str | None, str | None]:
+    def _query(query: str) -> tuple[str | None, str | None, str | None]:
         if len(query) > MAX_QUERY:
             raise BadChange(f"query longer than {MAX_QUERY} bytes")
         try:
@@ -240,43 +346,76 @@ class PlanSink(ViewSink):
             # A query string's "+" means a space: `cpu=+2` arrives as " 2". Read it as the
             # sign it was meant to be (%2B works too).
             seen[key] = "+" + value[1:] if value.startswith(" ") else value
-        return seen.get("cpu"), seen.get("memory")
+        return seen.get("cpu"), seen.get("memory"), seen.get("generation")
 
     # ------------------------------------------------------------ the gauges
 
+    # ------------------------------------------------------------ the gauges' thread
+
+    def start(self) -> None:
+        """The thread that works the gauges out when an input changes (serve starts it after
+        the privilege drop; close() stops it)."""
+        self._thread = threading.Thread(target=self._run, name="plan-gauges", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._stale.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._stale.wait(GAUGE_RECHECK)
+            if self._stop.wait(GAUGE_SETTLE):  # a list or a storm: let it land first
+                return
+            self._stale.clear()
+            began = time.monotonic()
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a bad tree must not end the thread
+                log.exception("working out node_resize_unpluggable failed")
+            self._stop.wait(max(0.0, GAUGE_MIN_INTERVAL - (time.monotonic() - began)))
+
+    def refresh(self) -> bool:
+        """Work the unpluggable gauges out when an input changed since the last time (the
+        gauges' thread calls this; tests too). True when it did the work."""
+        if not self._kernel_read():
+            return False
+        hw = self.hardware()
+        with self.shared.running.lock:
+            running_version = self.shared.running.view.version
+        key = (self._version, self.shared.version(), running_version, id(hw))
+        if key == self._gauges_key:
+            return False
+        taken = self.take(hw)
+        if taken is None:
+            return False
+        # While the pods were not judged (no Node, not listed, down, forbidden, cut), "what
+        # can leave with no pod rejected" cannot be said: absent, as the forecast's series.
+        value = unpluggable(taken.inputs, judge_blocks(hw, None, 0)) if taken.gauges else None
+        self._keep(taken.running)
+        with self.lock:
+            self._gauges, self._gauges_key = value, key
+            self.gauge_runs += 1
+        return True
+
     def collect(self) -> Iterable[Metric]:
         hw = self.hardware() if self._kernel_read() else None
-        value = None
-        if hw is not None:
-            with self.shared.lock, self.shared.running.lock:  # the lock order: PlanSink's doc
-                got = self._inputs(hw)
-                # While the forecast has not seen the pods, "what can leave with no pod
-                # rejected" cannot be said: absent, as the forecast's series are.
-                if got is not None and (got[2] is None or got[2].valid):
-                    inputs, version, _ = got
-                    # Kept until an input changes; a pod's change alone (a busy node: every
-                    # scrape) is taken into account at most every GAUGE_MAX_AGE seconds, a
-                    # kernel change at once.
-                    key = (version, self.shared.version(), id(hw), id(inputs.snapshot))
-                    now = time.monotonic()
-                    with self.lock:
-                        cached = self._gauges
-                    if cached is not None and (cached[0] == key or (
-                            cached[0][2:] == key[2:] and now - cached[2] < GAUGE_MAX_AGE)):
-                        value = cached[1]
-                    else:
-                        value = unpluggable(inputs, judge_blocks(hw, None, 0))
-                        with self.lock:
-                            self._gauges = (key, value, now)
         with self.lock:
+            value = self._gauges
             hot_added = set(self.hot_added)
+        if self.kubernetes and not (self.node_seen and self.shared.validity.current.valid):
+            value = None  # the pods are unjudged now, whatever was worked out before
         can = GaugeMetricFamily(
             "node_resize_unpluggable",
-            "The most of each resource that can be removed now, each on its own, with no pod "
-            "rejected at the kubelet's next restart, no running container left stale and no "
-            "kernel refusal expected: CPUs with an online file, memory blocks in ZONE_MOVABLE "
-            "(kernel-zone blocks need their page flags read: `node-resize-exporter plan` or "
-            "GET /plan).", labels=["resource", "unit"])
+            "The most of each resource that can be removed now, each on its own, that the "
+            "plan calls safe: no pod rejected at the kubelet's next restart, no running "
+            "container left stale, the kubelet restarting on its checkpoints, no kernel "
+            "refusal expected, every input read. Memory: whole removable devices (DIMMs, "
+            "virtio-mem) whose blocks are in ZONE_MOVABLE, never boot memory (kernel-zone "
+            "blocks need their page flags read: `node-resize-exporter plan` or GET /plan).",
+            labels=["resource", "unit"])
         blocks = GaugeMetricFamily(
             "node_resize_memory_blocks_by_zone",
             "Online memory blocks by the zone they are in (valid_zones; none: spans zones). "
@@ -312,6 +451,22 @@ class PlanSink(ViewSink):
         yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
         yield GaugeMetricFamily("node_resize_memory_blocks_by_zone", "", labels=["zone"])
         yield GaugeMetricFamily("node_resize_memory_hot_added_blocks", "", labels=["zone"])
+
+
+@dataclass(frozen=True)
+class PlanEndpoint:
+    """GET /plan for the web: the answer, and the malformed-question check the web makes
+    before it charges the plan budget."""
+
+    answer: Callable[[str], tuple[int, bytes]]
+    malformed: Callable[[str], bytes | None]
+
+    def __call__(self, query: str) -> tuple[int, bytes]:
+        return self.answer(query)
+
+
+# Sources whose being down means an input was not read (their reason says why).
+DOWN_MEANS = ("kubelet_checkpoint", "running_pods")
 
 
 def _error(message: str, fix: str) -> bytes:

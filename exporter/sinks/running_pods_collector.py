@@ -2,14 +2,15 @@
 Collector in one, like the kubelet sink beside it (exporter/sinks/kubelet_collector.py).
 
 The agent hands it every raw event (`on_event`, in the agent's thread); it feeds the pure
-RunningPodsView (exporter/correlate/running_pods_view.py) under its own lock, and /metrics renders
-the findings under that lock: judged at scrape time, so a memory block that goes offline
-makes a Burstable container's OOM score stale at the next scrape, without a rescan. The
-running-pods source rescans after every CPU or memory event (its `poked_by`: a cpuset changes
-without any notification), at least --running-pods.min-interval apart.
+RunningPodsView (exporter/correlate/running_pods_view.py) under its own lock; /metrics takes a
+copy under that lock and judges it outside (kept until the view changes): judged at scrape
+time, so a memory block that goes offline makes a Burstable container's OOM score stale at
+the next scrape, without a rescan. The running-pods source rescans after every CPU or memory
+event (its `poked_by`: a cpuset changes without any notification), at least
+--running-pods.min-interval apart.
 
-The plan sink (exporter/sinks/plan_collector.py) plans on this view rather than keeping one of
-its own, under this sink's lock. The composition root wires it (exporter/app.py):
+The plan sink (exporter/sinks/plan_collector.py) plans on a copy of this view rather than keeping
+one of its own. The composition root wires it (exporter/app.py):
 
     running = RunningPodsSink.attach(agent)   # before the plan sink, which is handed it
     registry.register(running)
@@ -48,9 +49,14 @@ class RunningPodsSink(ViewSink):
     # ------------------------------------------------------------ Collector
 
     def collect(self) -> Iterable[Metric]:
+        # A copy taken under the lock the agent feeds the view under, judged outside it (4,096
+        # containers take ~0.1 s); the findings go back to the view while it is the same.
         with self.lock:
-            counts = self.view.counts()
-            scanned = self.view.containers()
+            view = self.view.copy()
+        counts = view.counts()
+        scanned = view.containers()
+        with self.lock:
+            self.view.keep(view)
         stale = GaugeMetricFamily(
             "node_resize_running_containers_stale",
             "Running containers a resize left in a state the kubelet would not create today, "

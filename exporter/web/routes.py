@@ -134,10 +134,14 @@ class Routes:
                     {"Retry-After": "1"}
             if not verdict:
                 return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        query = request.target.partition(b"?")[2].decode("latin-1")
+        malformed = getattr(self.plan, "malformed", None)  # PlanSink.endpoint()
+        bad = malformed(query) if malformed is not None else None
+        if bad is not None:  # a malformed question: 400 with the fix, no plan budget spent
+            return 400, "application/json", bad, {"Cache-Control": "no-store"}
         if self._planning or not self._plans.take():
             return 429, "application/json", b'{"error": "too many plans at once", ' \
                 b'"fix": "ask again in a second"}\n', {"Retry-After": "1"}
-        query = request.target.partition(b"?")[2].decode("latin-1")
         self._planning = True
         try:
             loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import dockerfile
@@ -43,9 +44,10 @@ def _init_container(ds: dict) -> dict:
 
 
 def _gen_module():
-    spec = importlib.util.spec_from_file_location("gen_prometheusrule",
-                                                  REPO / "scripts" / "gen-prometheusrule.py")
+    spec = importlib.util.spec_from_file_location("gen_monitoring",
+                                                  REPO / "scripts" / "gen-monitoring.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -116,29 +118,37 @@ def test_namespaced_objects_share_one_namespace():
 
 # --- PrometheusRule: one source of truth -----------------------------------------------------
 
-def test_prometheusrule_is_generated_from_alerts():
+def test_prometheusrules_are_generated_from_the_mixin():
     gen = _gen_module()
-    assert (DEPLOY / "prometheusrule.yaml").read_text() == gen.render(), \
-        "deploy/prometheusrule.yaml is stale: run scripts/gen-prometheusrule.py"
+    files = gen.render()
+    for name in ("prometheusrule.yaml", "prometheusrule-global.yaml"):
+        assert (DEPLOY / name).read_text() == files[f"deploy/{name}"], \
+            f"deploy/{name} is stale: run scripts/gen-monitoring.py"
 
 
 def test_prometheusrule_groups_equal_rule_file():
+    """The rule objects split the rule file's groups: the per-node ones, and those for the
+    global ruler (the absent guard among them) in their own object."""
     rules = yaml.safe_load((REPO / "alerts" / "node-resize-exporter.rules.yml").read_text())
-    generated = load_manifest("prometheusrule.yaml")
-    assert generated["kind"] == "PrometheusRule"
-    assert generated["spec"]["groups"] == rules["groups"]
+    main, fleet = load_manifest("prometheusrule.yaml"), load_manifest("prometheusrule-global.yaml")
+    assert main["kind"] == fleet["kind"] == "PrometheusRule"
+    assert main["metadata"]["name"] != fleet["metadata"]["name"]
+    by_name = {g["name"]: g for g in main["spec"]["groups"] + fleet["spec"]["groups"]}
+    assert [by_name[g["name"]] for g in rules["groups"]] == rules["groups"]
+    assert len(by_name) == len(rules["groups"])
+    absent = [r["alert"] for g in fleet["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert "NodeResizeExporterAbsent" in absent
 
 
-def test_generator_check_mode_detects_a_stale_file(tmp_path, monkeypatch, capsys):
+def test_generator_check_mode_detects_a_stale_file(tmp_path, capsys):
     gen = _gen_module()
-    stale = tmp_path / "prometheusrule.yaml"
-    stale.write_text(gen.render().replace("severity: critical", "severity: info"))
-    monkeypatch.setattr(gen, "TARGET", stale)
-    monkeypatch.setattr(gen, "REPO", tmp_path)
-    assert gen.main(["--check"]) == 1
+    assert gen.main(["--out", str(tmp_path)]) == 0
+    stale = tmp_path / "deploy" / "prometheusrule.yaml"
+    stale.write_text(stale.read_text().replace("severity: critical", "severity: info"))
+    assert gen.main(["--check", "--out", str(tmp_path)]) == 1
     assert "severity: critical" in capsys.readouterr().out
-    stale.write_text(gen.render())
-    assert gen.main(["--check"]) == 0
+    assert gen.main(["--out", str(tmp_path)]) == 0
+    assert gen.main(["--check", "--out", str(tmp_path)]) == 0
 
 
 # --- scrape wiring ---------------------------------------------------------------------------

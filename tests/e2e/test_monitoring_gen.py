@@ -1,9 +1,10 @@
-"""scripts/gen-monitoring.py: the committed rules, inhibit rules, dashboards and PrometheusRule
-are what it generates; its parameters reach every file; the outputs pass promtool and amtool;
-the dashboards follow the project's rules (windows valid at any scrape interval, a cluster
-variable, recording rules where they exist, one panel per operator question) and drop into a
-Grafana as they are: the job is a variable, every panel says what it answers, the fleet view
-stays readable at 1,000 nodes and links a node to its own dashboard."""
+"""scripts/gen-monitoring.py and the monitoring mixin (mixin/) it evaluates: the committed rules,
+inhibit rules, dashboards and PrometheusRules are what it generates; its parameters reach every
+file; the outputs pass promtool and amtool; the dashboards follow the project's rules (windows
+valid at any scrape interval, a cluster variable, recording rules where they exist, one panel
+per operator question) and drop into a Grafana as they are: the job is a variable, every panel
+says what it answers, the fleet view stays readable at 1,000 nodes and links a node to its own
+dashboard."""
 from __future__ import annotations
 
 import importlib.util
@@ -50,7 +51,8 @@ def test_committed_files_are_current():
     gen = _gen()
     files = gen.render()
     assert {"alerts/node-resize-exporter.rules.yml", "alerts/alertmanager-inhibit.yml",
-            "deploy/prometheusrule.yaml", "dashboards/fleet-overview.json",
+            "alerts/kube-prometheus-stack-values.yaml", "deploy/prometheusrule.yaml",
+            "deploy/prometheusrule-global.yaml", "dashboards/fleet-overview.json",
             "dashboards/node-detail.json",
             "deploy/components/dashboards/dashboards.yaml"} <= set(files)
     stale = gen.check(files, REPO)
@@ -77,7 +79,7 @@ def test_parameters_reach_rules_dashboards_and_inhibit_rules(tmp_path):
     rules = yaml.safe_load(rules_path.read_text())
     text = rules_path.read_text()
     assert 'job="node-resize-exporter"' not in text and "(cluster, node" not in text
-    assert "by (k8s_cluster, node, resource)" in text
+    assert "by (k8s_cluster, namespace, node, resource)" in text
     assert 'up{job="nre"} == 0' in text
     alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
     for alert in alerts:
@@ -145,16 +147,46 @@ def test_bad_parameters_are_refused(bad, tmp_path):
 
 
 @pytest.mark.parametrize("change, refused", [
-    (lambda panel: panel.pop("description"), "has no description"),
-    (lambda panel: panel.update({True: "attached"}), "unknown key"),  # an unquoted `on:`
+    ("std.objectRemoveKey(panel, 'description')", "has no description"),
+    ("panel { colour: 'red' }", "unknown key"),
+    ("panel { drift: 'volts' }", "drift must be one of"),
 ])
 def test_a_panel_spec_that_would_be_generated_wrong_is_refused(change, refused):
     gen = _gen()
-    spec = yaml.safe_load((REPO / "dashboards" / "src" / "node-detail.yml").read_text())
-    gen.dashboard(spec, gen.Params(), "node-detail.yml")
-    change(spec["rows"][0]["panels"][0])
+    build = ("local d = import 'lib/dashboard.libsonnet';\n"
+             "local spec = import 'dashboards/node-detail.libsonnet';\n"
+             "local change(panel) = {change};\n"
+             "d.build(spec {{ rows: [spec.rows[0] {{ panels: [change(spec.rows[0].panels[0])]"
+             " + spec.rows[0].panels[1:] }}] + spec.rows[1:] }}, mixin._config)")
+    assert gen.evaluate(expr=build.format(change="panel"))["uid"] == "nre-node-detail"
     with pytest.raises(SystemExit, match=refused):
-        gen.dashboard(spec, gen.Params(), "node-detail.yml")
+        gen.evaluate(expr=build.format(change=change))
+
+
+def test_a_jsonnet_user_gets_what_the_generator_writes():
+    """The mixin imported the jsonnet way, its _config overridden there: the same rules and
+    dashboards the command line's options give."""
+    gen = _gen()
+    site = gen.Params(job_selector='job="nre"', cluster_label="k8s_cluster")
+    assert gen.evaluate(site) == gen.evaluate(expr=(
+        "local m = (import 'mixin.libsonnet') + { _config+:: { jobSelector: 'job=\"nre\"', "
+        "clusterLabel: 'k8s_cluster' } };\n"
+        "{ rules: m.prometheusRules, alerts: m.prometheusAlerts, "
+        "dashboards: m.grafanaDashboards, alertmanager: m.alertmanagerConfig, "
+        "globalSuffix: m._config.globalGroupSuffix }"))
+
+
+def test_the_global_groups_reach_kube_prometheus_stack_values_whatever_our_labels():
+    """The groups for the global ruler (the absent guard among them) are also Helm values for
+    kube-prometheus-stack's additionalPrometheusRulesMap: the chart labels that object with
+    its own release, so the guard loads even where our objects' release label is wrong."""
+    values = yaml.safe_load((REPO / "alerts" / "kube-prometheus-stack-values.yaml").read_text())
+    (obj,) = values["additionalPrometheusRulesMap"].values()
+    fleet = yaml.safe_load((REPO / "deploy" / "prometheusrule-global.yaml").read_text())
+    assert obj["groups"] == fleet["spec"]["groups"]
+    assert all(g["name"].endswith(".global") for g in obj["groups"])
+    alerts = {r["alert"] for g in obj["groups"] for r in g["rules"] if "alert" in r}
+    assert {"NodeResizeExporterAbsent", "NodeResizeExporterSeriesAbsent"} <= alerts
 
 
 # --- Alertmanager inhibit rules ------------------------------------------------------------

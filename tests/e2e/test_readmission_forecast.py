@@ -174,7 +174,8 @@ def test_a_forecast_that_cannot_see_the_pods_says_so_and_shows_no_zero(api, tmp_
                          timeout=30)
         assert _forecast(s) == {("b-younger", "OutOfcpu"): 1}
         assert _plan(exp, "memory=-128Mi")["unjudged"] == []
-        assert s.series("node_resize_unpluggable")
+        # Worked out by the plan sink's thread once its inputs changed; a scrape reads it.
+        exp.wait_for(lambda s: s.series("node_resize_unpluggable"), timeout=10)
 
 
 def test_a_forecast_past_the_pod_list_bound_says_so(api, tmp_path):

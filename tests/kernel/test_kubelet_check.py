@@ -33,7 +33,7 @@ def sysfs_tree(tmp_path: Path, online: str, offline: str) -> Options:
 
 def kubelet_root(options: Options, checkpoint: str) -> Path:
     root = Path(KUBELET_ROOT_DIR.of(options))
-    root.mkdir()
+    root.mkdir(exist_ok=True)
     shutil.copy(FIXTURES / f"cpu_manager_state.{checkpoint}", root / "cpu_manager_state")
     return root
 
@@ -50,6 +50,9 @@ def test_offline_cpu_in_the_checkpoint_fails_with_the_fix(tmp_path):
 
 def test_matching_checkpoint_and_no_checkpoint_are_ok(tmp_path):
     options = sysfs_tree(tmp_path, "0-1", "")
+    check = check_kubelet_restart(options)  # no root at all: not mounted, never "ok"
+    assert check.status == "warn" and "not mounted" in check.detail
+    (tmp_path / "kubelet/pods").mkdir(parents=True)  # a kubelet's root, no checkpoint
     assert check_kubelet_restart(options).detail == f"no checkpoints in {tmp_path}/kubelet"
     kubelet_root(options, "static-exclusive-cpu1")
     check = check_kubelet_restart(options)

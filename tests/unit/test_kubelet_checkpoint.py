@@ -19,6 +19,7 @@ from exporter.events import (
     MalformedInput,
     MemoryManagerCheckpoint,
     Resource,
+    SourceStatus,
 )
 from exporter.sources.kubelet.kubelet_checkpoint import (
     MAX_BYTES,
@@ -27,6 +28,7 @@ from exporter.sources.kubelet.kubelet_checkpoint import (
     parse_cpu_manager_state,
     parse_memory_manager_state,
     read_cpu_manager_state,
+    read_reserved_cpus,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-v1.36"
@@ -198,6 +200,7 @@ def events_of(q: queue.Queue, kind: type, timeout: float = 10.0):
 
 
 def test_source_reads_at_start_and_follows_the_file_with_inotify(tmp_path):
+    (tmp_path / "pods").mkdir()  # a kubelet's root: its pods folder, no checkpoint yet
     q: queue.Queue = queue.Queue()
     source = KubeletCheckpointSource(MonotonicWallClock(), str(tmp_path), interval=3600)
     source.open()
@@ -229,7 +232,8 @@ def test_source_rereads_when_poked(tmp_path):
     source.open()  # the root does not exist yet: no watch
     source.start(q.put)
     try:
-        assert not events_of(q, CpuManagerCheckpoint).present
+        down = events_of(q, SourceStatus)  # no root: not mounted, not "no checkpoint"
+        assert not down.up and "not mounted" in down.reason
         (tmp_path / "later").mkdir()
         write_checkpoint(tmp_path / "later", "cpu_manager_state", fixture("static-0-1"))
         source.poke()
@@ -247,6 +251,43 @@ def test_unchanged_files_are_not_emitted_again(tmp_path):
     assert [type(e).__name__ for e in emitted] == ["SourceStatus", "CpuManagerCheckpoint",
                                                    "MemoryManagerCheckpoint"]
     source.close()
+
+
+@pytest.mark.parametrize("layout", [(), ("pod-resources",), ("pod-resources", "config.yaml")])
+def test_a_root_without_the_kubelets_files_is_not_mounted_not_no_checkpoint(tmp_path, layout):
+    """The default DaemonSet mounted only pod-resources under /var/lib/kubelet: the checkpoints
+    were absent from the pod, not from the node. The source is down saying so, and emits no
+    checkpoint (so no restart_blocked series); `check` says the same."""
+    from exporter.config.options import Options
+    from exporter.sinks.kubelet_collector import check_kubelet_restart
+    for name in layout:
+        (tmp_path / name).mkdir()
+    emitted: list = []
+    source = KubeletCheckpointSource(MonotonicWallClock(), str(tmp_path), interval=3600)
+    source.read(emitted.append)
+    [down] = emitted
+    assert isinstance(down, SourceStatus) and not down.up
+    assert "not mounted" in down.reason and "kubelet-state" in down.reason
+    source.close()
+    check = check_kubelet_restart(Options(kubelet_root_dir=str(tmp_path)))
+    assert check.status == "warn" and "not mounted" in check.detail, check
+    (tmp_path / "pods").mkdir()  # the kubelet's own folder: mounted, and no checkpoint
+    check = check_kubelet_restart(Options(kubelet_root_dir=str(tmp_path)))
+    assert check.status == "ok" and "no checkpoints" in check.detail
+
+
+def test_the_kubelets_reserved_cpus_are_read_from_its_config(tmp_path):
+    assert read_reserved_cpus(tmp_path)[0] is None
+    (tmp_path / "config.yaml").write_text("kind: KubeletConfiguration\nreservedSystemCPUs: "
+                                          "\"0,2-3\"\n")
+    assert read_reserved_cpus(tmp_path) == (frozenset({0, 2, 3}), "")
+    (tmp_path / "config.yaml").write_text("kind: KubeletConfiguration\n")
+    assert read_reserved_cpus(tmp_path) == (frozenset(), "")
+    (tmp_path / "config.yaml").write_text("reservedSystemCPUs: [1, 2]\n")
+    assert read_reserved_cpus(tmp_path)[0] is None
+    (tmp_path / "config.yaml").unlink()
+    os.mkfifo(tmp_path / "config.yaml")  # never blocks, never read
+    assert "not a regular file" in read_reserved_cpus(tmp_path)[1]
 
 
 def test_read_of_the_real_default_path_on_this_machine():

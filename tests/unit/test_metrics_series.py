@@ -42,7 +42,7 @@ def named(rendered: list[str], prefix: str) -> list[str]:
 def test_at_most_ten_buckets_each():
     for bounds in (KERNEL_BUCKETS, RESYNC_BUCKETS, READMISSION_BUCKETS, BALLOON_BUCKETS):
         assert len(bounds) + 1 <= 10 and list(bounds) == sorted(set(bounds))
-    # The alerts and their tests read these boundaries (alerts/src/rules.yml, alerts/tests).
+    # The alerts and their tests read these boundaries (mixin/alerts, alerts/tests).
     assert {1.0, 300.0, 600.0} <= set(RESYNC_BUCKETS)
 
 

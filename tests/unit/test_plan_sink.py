@@ -14,15 +14,19 @@ from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit.forecast import T, node, pod
-from testkit.plan import fake_host, handle, plan_agent, pods_listed
+from testkit.plan import fake_host, handle, kubelet_read, plan_agent, pods_listed
 
 
 @pytest.fixture
 def wired(tmp_path):
-    sysfs, procfs = fake_host(tmp_path, blocks={1: ("online", "DMA32"), 8: ("online", "Movable"),
-                                                9: ("online", "Movable"), 10: ("online", "none")})
+    sysfs, procfs = fake_host(tmp_path, blocks={1: ("online", "DMA32"),
+                                                40: ("online", "Movable"),
+                                                41: ("online", "Movable"),
+                                                42: ("online", "none")},
+                              virtio_mem=range(40, 48))
     agent, s = plan_agent(sysfs, procfs)
     handle(agent, SysfsReader(sysfs, procfs).read(T))
+    kubelet_read(agent)
     converted = node_status(node(cpu="2", allocatable_cpu="1"), T).event
     assert isinstance(converted, NodeStatus)
     handle(agent, converted)
@@ -43,6 +47,12 @@ def sink(wired):
 
 
 def values(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
+    """A scrape, after the gauges' thread would have run (refresh: it is not started here)."""
+    sink.refresh()
+    return scrape(sink)
+
+
+def scrape(sink: PlanSink) -> dict[tuple[str, tuple[str, ...]], float]:
     return {(m.name, tuple(sample.labels.values())): sample.value
             for m in sink.collect() for sample in m.samples}
 
@@ -51,54 +61,89 @@ def test_a_plan_query_is_answered_with_the_pods_it_would_cost(sink):
     status, body = sink.http("cpu=-1")
     answer = json.loads(body)
     assert status == 200 and answer["cpu"]["take"] == [1] and not answer["safe"]
-    assert [p["reason"] for p in answer["rejected_pods"]] == ["OutOfcpu", "OutOfcpu"]
+    assert [p["reason"] for p in answer["pods"]["rejected"]] == ["OutOfcpu", "OutOfcpu"]
     status, body = sink.http("memory=-256Mi")
     answer = json.loads(body)
-    assert sorted(answer["memory"]["take"]) == [8, 9] and answer["safe"]
-    # A hot-add's sign survives the query string, written plainly or escaped.
+    assert sorted(answer["memory"]["take"]) == [40, 41] and answer["safe"], answer
+    assert answer["memory"]["devices"][0]["id"] == "virtio0"
+    # A hot-add's sign survives the query string, written plainly or escaped; what the
+    # machine cannot do is an answer (200, harmful), not a malformed question (400).
     for query in ("cpu=+1", "cpu=%2B1"):
         status, body = sink.http(query)
-        assert status == 400 and "add at most 0" in json.loads(body)["error"]
+        assert status == 200 and "add at most 0" in json.loads(body)["harm"][0]
 
 
 @pytest.mark.parametrize("query, fix", [
     ("cpu=-1&cpu=-1", "given twice"), ("gpu=1", "unknown query key"), ("cpu", "does not parse"),
-    ("cpu=-1&" + "x" * 300, "longer than"), ("memory=+1Qi", "not a size"), ("cpu=-2", "at most 1"),
-    ("cpu=-1&memory=-1&a=1&b=2&c=3", "does not parse"),
+    ("cpu=-1&" + "x" * 300, "longer than"), ("memory=+1Qi", "not a size"),
+    ("cpu=-1&memory=-1&a=1&b=2&c=3&d=4", "does not parse"), ("cpu=-1&generation=xyz", "16 hex"),
 ])
 def test_bad_queries_are_400_with_the_fix(sink, query, fix):
     status, body = sink.http(query)
     answer = json.loads(body)
     assert status == 400 and fix in answer["error"] and "GET /plan?" in answer["fix"]
+    assert sink.malformed(query) == body  # what the web checks before charging the budget
+    assert sink.malformed("cpu=-2") is None  # more than the machine has: well formed
 
 
 def test_the_gauges_say_what_can_leave_and_memory_by_zone(agent, sink):
     got = values(sink)
-    # cpu1 would cost both pods: no CPU can leave; both movable blocks can.
+    # cpu1 would cost both pods: no CPU can leave; both movable virtio-mem blocks can.
     assert got[("node_resize_unpluggable", ("cpu", "core"))] == 0
     assert got[("node_resize_unpluggable", ("memory", "byte"))] == 2 * 128 * 2**20
     assert got[("node_resize_memory_blocks_by_zone", ("Movable",))] == 2
     assert got[("node_resize_memory_blocks_by_zone", ("DMA32",))] == 1
     assert got[("node_resize_memory_blocks_by_zone", ("none",))] == 1
     assert not any(name == "node_resize_memory_hot_added_blocks" for name, _ in got)
-    handle(agent, DeviceChange("uevent", Resource.MEMORY, 8, "add", T + 1))
+    handle(agent, DeviceChange("uevent", Resource.MEMORY, 40, "add", T + 1))
     assert values(sink)[("node_resize_memory_hot_added_blocks", ("Movable",))] == 1
 
 
-def test_the_gauges_are_kept_until_an_input_changes(agent, sink, monkeypatch):
+def test_the_gauges_are_worked_out_when_an_input_changes_and_a_scrape_reads_them(
+        agent, sink, monkeypatch):
+    """A scrape computes nothing (it reads the last value); an input's change, a pod's
+    included, makes the gauges' thread work them out again (L1: no 15 s lag on a pod)."""
     import exporter.sinks.plan_collector as module
     calls = []
     real = module.unpluggable
     monkeypatch.setattr(module, "unpluggable", lambda *a: calls.append(1) or real(*a))
-    values(sink)
-    values(sink)
-    assert len(calls) == 1
-    handle(agent, pod_status(pod("c", {"cpu": "100m"}), T, None).event)
-    values(sink)
-    assert len(calls) == 1  # a pod alone: within GAUGE_MAX_AGE the value stands
+    assert sink.refresh() and len(calls) == 1
+    assert not sink.refresh() and len(calls) == 1  # nothing changed: nothing worked out
+    scrape(sink)
+    scrape(sink)
+    assert len(calls) == 1  # the scrapes read the value
+    cpu = ("node_resize_unpluggable", ("cpu", "core"))
+    assert scrape(sink)[cpu] == 0  # cpu1 would cost both pods
+    for name in ("a", "b"):  # the pods go: the gauge follows at the next refresh
+        handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None, deleted=True).event)
+    assert scrape(sink)[cpu] == 0 and len(calls) == 1  # not on the scrape path
+    assert sink.refresh() and len(calls) == 2
+    assert scrape(sink)[cpu] == 1
     handle(agent, SysfsReader(sink.sysfs, sink.procfs).read(T + 2))
-    values(sink)
-    assert len(calls) == 2  # the kernel changed: at once
+    assert sink.refresh() and len(calls) == 3  # the kernel changed
+
+
+def test_the_gauges_thread_follows_a_pod_within_its_interval(agent, sink):
+    """The thread serve() starts: woken by the agent's events, it works the gauges out."""
+    import time
+
+    from exporter.sinks.plan_collector import GAUGE_MIN_INTERVAL, GAUGE_SETTLE
+    cpu = ("node_resize_unpluggable", ("cpu", "core"))
+    sink.start()
+    try:
+        deadline = time.monotonic() + 5
+        while cpu not in scrape(sink) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scrape(sink)[cpu] == 0
+        for name in ("a", "b"):
+            handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None, deleted=True).event)
+        began = time.monotonic()
+        while scrape(sink)[cpu] != 1 and time.monotonic() < began + 5:
+            time.sleep(0.01)
+        assert scrape(sink)[cpu] == 1
+        assert time.monotonic() - began < GAUGE_MIN_INTERVAL + GAUGE_SETTLE + 2
+    finally:
+        sink.close()
 
 
 def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent, sink,
@@ -117,7 +162,7 @@ def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent
     def rejected() -> list[str]:
         status, body = sink.http("cpu=-1")
         assert status == 200
-        return [p["name"] for p in json.loads(body)["rejected_pods"]]
+        return [p["name"] for p in json.loads(body)["pods"]["rejected"]]
 
     assert rejected() == ["a", "b"]
     handle(agent, pod_status(pod("c", {"cpu": "100m"}, created="10:00:00"), T, None).event)
@@ -134,6 +179,24 @@ def test_a_plan_leaves_the_correlators_forecast_as_it_was(agent, sink):
     assert before is not None and before.rejected_total == 0
     assert sink.http("cpu=-1")[0] == 200 and values(sink)
     assert forecast.result() is before  # not even its cache moved
+
+
+def test_plans_and_gauges_hold_no_lock_the_agent_needs_while_they_compute(agent, sink,
+                                                                          monkeypatch):
+    """Issue 34: the agent's lock and the running-pods sink's are taken only to take a view
+    and a copy; the planner runs with neither held (here: it checks, from inside)."""
+    import exporter.sinks.plan_collector as module
+    held: list[tuple[bool, bool]] = []
+    real_plan, real_unpluggable = module.answer, module.unpluggable
+
+    def probe() -> None:
+        held.append((agent.lock.locked(), sink.shared.running.lock.locked()))
+
+    monkeypatch.setattr(module, "answer", lambda *a, **k: probe() or real_plan(*a, **k))
+    monkeypatch.setattr(module, "unpluggable", lambda *a: probe() or real_unpluggable(*a))
+    assert sink.http("cpu=-1")[0] == 200
+    assert sink.refresh()
+    assert held == [(False, False), (False, False)]
 
 
 def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
@@ -163,18 +226,88 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
     unjudged (not safe, as `plan` does) and node_resize_unpluggable is absent, as the
     forecast's own series are (node_resize_readmission_forecast_valid says why)."""
     from exporter.events import SourceStatus
-    sysfs, procfs = fake_host(tmp_path, blocks={8: ("online", "Movable")})
+    sysfs, procfs = fake_host(tmp_path, blocks={40: ("online", "Movable")},
+                              virtio_mem=range(40, 48))
     agent, s = plan_agent(sysfs, procfs)
     handle(agent, SysfsReader(sysfs, procfs).read(T))
+    kubelet_read(agent)
     handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
     if status is not None:
         handle(agent, SourceStatus("kube_pods", False, T, status[0]))
     answer = json.loads(s.http("memory=-128Mi")[1])
-    assert not answer["safe"] and any(says in u for u in answer["unjudged"]), answer
+    assert answer["verdict"] == "unknown" and any(says in u for u in answer["unknown"]), answer
     got = values(s)
     assert not any(name == "node_resize_unpluggable" for name, _ in got)
     assert got[("node_resize_memory_blocks_by_zone", ("Movable",))] == 1  # the kernel's, still
     pods_listed(agent)
     answer = json.loads(s.http("memory=-128Mi")[1])
-    assert answer["safe"] and answer["unjudged"] == [], answer
+    assert answer["safe"] and answer["unknown"] == [], answer
     assert values(s)[("node_resize_unpluggable", ("memory", "byte"))] == 128 * 2**20
+
+
+@pytest.mark.parametrize("node_seen", [False, True])
+def test_with_kubernetes_on_and_no_node_seen_a_plan_is_never_safe(tmp_path, node_seen):
+    """Issue 36 H1: Kubernetes on, the Node never seen (API server unreachable, a wrong
+    --node-name, a Node not registered yet): 16 CPUs, 10 pods of 1 CPU. The plan judges the
+    pods anyway: unjudged, not safe; node_resize_unpluggable absent (it said 15, truth 6)."""
+    from exporter.kube.convert import pod_status as convert
+    sysfs, procfs = fake_host(tmp_path, cpus=16, blocks={40: ("online", "Movable")})
+    agent, s = plan_agent(sysfs, procfs)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    kubelet_read(agent)
+    for i in range(10):
+        handle(agent, convert(pod(f"p{i}", {"cpu": "1"}), T, None).event)
+    pods_listed(agent)
+    if node_seen:
+        handle(agent, node_status(node(cpu="16", allocatable_cpu="16"), T).event)
+    answer = json.loads(s.http("cpu=-10")[1])
+    got = values(s)
+    if not node_seen:
+        assert answer["verdict"] == "unknown" and answer["unknown"], answer
+        assert any("no Node status" in u for u in answer["unknown"]), answer
+        assert not any(name == "node_resize_unpluggable" for name, _ in got)
+    else:  # the Node seen: 4 of 10 pods rejected, 6 CPUs can go
+        assert answer["safe"] is False and answer["pods"]["rejected_total"] == 4, answer
+        assert answer["unknown"] == []
+        assert got[("node_resize_unpluggable", ("cpu", "core"))] == 6
+
+
+def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_path):
+    sysfs, procfs = fake_host(tmp_path, cpus=4, blocks={40: ("online", "Movable")})
+    agent, s = plan_agent(sysfs, procfs, kubernetes=False)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    # No kubelet on this host (no root, no kubepods cgroup): nothing of Kubernetes to hurt.
+    s.kubelet_root = str(tmp_path / "no-kubelet")
+    answer = json.loads(s.http("cpu=-2")[1])
+    assert answer["safe"] and answer["unknown"] == [] and \
+        not answer["considered"]["kubernetes"], answer
+    assert answer["inputs"]["pods"] == "not needed"
+    assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
+
+
+def test_page_flags_cached_are_not_charged_and_repeated_asks_read_further(tmp_path,
+                                                                          monkeypatch):
+    """L3: the budget counted cache hits, so GET /plan read the same blocks every time and a
+    question past the budget never got an answer. Unread blocks are "cannot tell" (never
+    "cannot"), and each ask reads further until the answer is whole."""
+    from array import array
+
+    import exporter.sinks.plan_collector as module
+    from exporter.plan.pages import KPF_BUDDY
+    blocks = {n: ("online", "Normal") for n in range(40, 48)}
+    sysfs, procfs = fake_host(tmp_path, blocks=blocks, virtio_mem=range(40, 48))
+    pages = 128 * 2**20 // 4096
+    with open(f"{procfs}/kpageflags", "wb") as f:  # every page of 40-47 free (buddy)
+        f.seek(40 * pages * 8)
+        array("Q", [KPF_BUDDY] * (8 * pages)).tofile(f)
+    agent, s = plan_agent(sysfs, procfs, kubernetes=False)
+    handle(agent, SysfsReader(sysfs, procfs).read(T))
+    s.kubelet_root = str(tmp_path / "no-kubelet")
+    monkeypatch.setattr(module, "PAGE_BUDGET", 3)
+    verdicts = []
+    for _ in range(3):
+        answer = json.loads(s.http("memory=-1Gi")[1])
+        verdicts.append(answer["verdict"])
+        assert answer["memory"]["short_bytes"] == 0  # not read is never "cannot"
+    assert verdicts == ["unknown", "unknown", "safe"]
+    assert answer["memory"]["take"] == list(range(47, 39, -1))

@@ -522,17 +522,32 @@ def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
 
 def test_a_hypothetical_kernel_leaves_the_forecast_as_it_was():
     # The planner asks the Correlator's own forecast: nothing of a plan may stay in it, neither
-    # the snapshot result_before goes back to, nor the time, nor the cached result.
+    # the kernel nor the time nor the kept result; nothing is saved and restored to get there.
     f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
                    [pod("a", {"cpu": "500m"}), pod("b", {"cpu": "500m"})])
     newer = snapshot(2, when=T + 5)
     f.on_snapshot(newer)
     before = f.result()
     done = f.recomputed
-    hypo, offered = f.result_on(snapshot(1, when=T + 9))
+    hypo, offered = f.what_if(snapshot(1, when=T + 9))
     assert hypo is not None and hypo.rejected_total == 2 and offered is not None
     assert offered[0][0] == 0  # 1 CPU less the 1 reserved
-    assert f.result() is before and f.recomputed == done + 1  # only the hypothetical one
-    same, _ = f.result_on(newer)
-    assert same is before and f.recomputed == done + 1  # the same kernel: the cached result
-    assert f.result_before(newer) == before  # the one before `newer` is still snapshot(2)
+    assert f.result() is before and f.recomputed == done  # nothing judged again, nothing kept
+    same, _ = f.what_if(newer)
+    assert same is before  # the same kernel: the kept result
+
+
+def test_the_judge_is_pure_and_a_view_stays_as_it_was_taken():
+    """judge(pods, kernel, node, policy) is a function of its arguments; a view taken under
+    the lock is not changed by the pods the store takes afterwards (judged with no lock)."""
+    from exporter.correlate.readmission_forecast import Kernel, judge
+    f = forecaster(node(cpu="2", allocatable_cpu="1"), snapshot(2),
+                   [pod("a", {"cpu": "500m"}), pod("b", {"cpu": "500m"})])
+    view = f.view()
+    assert judge(view.pods, Kernel.of(snapshot(1)), view.node, view.static) == \
+        judge(view.pods, Kernel.of(snapshot(1)), view.node, view.static)
+    f.on_pod(pod_status(pod("c", {"cpu": "500m"}, created="10:00:00"), T, None).event)
+    f.on_pod(pod_status(pod("a", {"cpu": "500m"}), T, None, deleted=True).event)
+    assert [p[2] for p in view.pods.order] == ["a", "b"]  # as taken
+    assert [p[2] for p in f.view().pods.order] == ["b", "c"]
+    assert view.result() is not None and view.result().pods == 2

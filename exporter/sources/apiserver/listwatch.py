@@ -213,9 +213,11 @@ class ListWatchSource(Source):
         rv: str = listing.resourceVersion
         self.lists += 1
         items = self._only_asked_for(items, emit)
+        # Up only once the listed objects are handed on: what trusts this source's state (the
+        # readmission forecast's validity) must not see it up with a part of the list.
+        self.on_list(items, emit)
         # No backoff reset here: a list followed by the same failure must back off.
         self._set_up(emit, True, f"listed {self.plural} ({len(items)})")
-        self.on_list(items, emit)
         self.resource_version = rv
         return rv
 

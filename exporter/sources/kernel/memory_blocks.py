@@ -58,7 +58,9 @@ class HotplugHardware:
     devices: MemoryDevices | None = None  # None: not read (read_hardware without procfs)
     cpu_places: Mapping[int, CpuPlace] = field(default_factory=dict)
     mem_available: int | None = None  # /proc/meminfo MemAvailable, bytes; None: not read
-    not_read: tuple[str, ...] = ()  # what could not be read, each with why
+    # What could not be read, by the plan's input name (kernel, memory_devices,
+    # mem_available), with why
+    not_read: Mapping[str, str] = field(default_factory=dict)
 
 
 def _text(path: str) -> str | None:
@@ -118,15 +120,16 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
     every, cpus = read_cpus(sysfs)
     places = read_topology(every, sysfs, procfs) if procfs is not None else {}
     available = mem_available(procfs) if procfs is not None else None
-    not_read = [] if procfs is None or available is not None else \
-        ["MemAvailable (/proc/meminfo)"]
+    not_read: dict[str, str] = {}
+    if procfs is not None and available is None:
+        not_read["mem_available"] = f"no MemAvailable in {procfs}/meminfo"
     mem = os.path.join(sysfs, "devices/system/memory")
     size, bad = block_size_of(_text(os.path.join(mem, "block_size_bytes")))
     if bad:
-        not_read.append(bad)
+        not_read["kernel"] = bad
     if size <= 0:
         return HotplugHardware(cpus, 0, (), cpu_places=places, mem_available=available,
-                               not_read=tuple(not_read))
+                               not_read=not_read)
     numbers: list[int] = []
     try:
         for entry in os.scandir(mem):
@@ -148,20 +151,24 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
         removable = _text(os.path.join(base, "removable"))
         blocks.append(MemoryBlock(n, state == "online", tuple(zones.split()) if zones else (),
                                   None if removable is None else removable == "1"))
+    kernel = []
     if unread:
-        not_read.append(f"the state of memory block(s) {_numbers(unread)} (not a readable "
-                        "file): left out")
+        kernel.append(f"the state of memory block(s) {_numbers(unread)} (not a readable "
+                      "file): left out")
     if truncated:
-        not_read.append(f"memory blocks past the first {_BLOCKS_MAX}")
+        kernel.append(f"memory blocks past the first {_BLOCKS_MAX}")
+    if kernel:
+        not_read["kernel"] = "; ".join(kernel)
     devices = None
     if procfs is not None:
         devices = read_devices([b.number for b in blocks], size, sysfs, procfs)
-        not_read += devices.not_read
+        if devices.not_read:
+            not_read["memory_devices"] = "; ".join(devices.not_read)
     params = os.path.join(sysfs, "module/memory_hotplug/parameters")
     return HotplugHardware(cpus, size, tuple(blocks),
                            _text(os.path.join(mem, "auto_online_blocks")) or "",
                            _text(os.path.join(params, "online_policy")) or "", truncated,
-                           devices, places, available, tuple(not_read))
+                           devices, places, available, not_read)
 
 
 def _numbers(ns: list[int], most: int = 8) -> str:

@@ -151,6 +151,11 @@ class SysfsReader:
                 state = read_text(os.path.join(entry.path, "state"), 64).strip()
             except FileNotFoundError:
                 continue  # block removed between scandir and open
+            except (OSError, ValueError):
+                # Not a readable state file (a FIFO, a link loop, a folder: refused unread):
+                # the block is left out, as the plan's hardware read names it; one hostile
+                # block never fails the whole read.
+                continue
             (online if state == "online" else offline).add(int(entry.name[6:]))
         return size, frozenset(online), frozenset(offline)
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 
 from exporter.clock import Clock
@@ -193,6 +195,55 @@ def read_memory_manager_state(root: str | Path, now: float) -> MemoryManagerChec
     return parse_memory_manager_state(data, str(path), now)
 
 
+# The files and folders every kubelet keeps in its --root-dir (pkg/kubelet/kubelet.go
+# setupDataDirs: pods, plugins, plugin-containers, pod-resources; the managers' checkpoints).
+# A root holding none of them but pod-resources (the socket's own mount) is not the
+# kubelet's: its checkpoints were not mounted, which says nothing of what the kubelet has.
+KUBELET_MARKS = ("pods", "plugins", "plugin-containers", CPU_STATE, MEMORY_STATE)
+CONFIG_FILE = "config.yaml"  # kubeadm's --config: <root>/config.yaml
+CONFIG_MAX_BYTES = 256 * 1024
+
+
+def not_mounted(root: str | Path) -> str:
+    """Why `root` does not show the kubelet's files ("" when it does): the DaemonSet mounted
+    only the pod-resources socket, or nothing, or a wrong --kubelet-root-dir."""
+    path = Path(root)
+    try:
+        names = {entry.name for entry in os.scandir(path)}
+    except FileNotFoundError:
+        return (f"not mounted: {path} does not exist: mount the kubelet's root dir read-only "
+                "(deploy/components/kubelet-state) or pass --kubelet-root-dir")
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror} (fix: run the exporter as root)"
+    if not names & set(KUBELET_MARKS):
+        return (f"not mounted: {path} holds none of the kubelet's files ("
+                + ", ".join(KUBELET_MARKS[:3]) + ", its checkpoints): mount the kubelet's "
+                "root dir read-only (deploy/components/kubelet-state) or pass "
+                "--kubelet-root-dir")
+    return ""
+
+
+def read_reserved_cpus(root: str | Path) -> tuple[frozenset[int] | None, str]:
+    """The kubelet's reservedSystemCPUs from <root>/config.yaml: (CPUs, "") when read (none
+    set: empty), (None, why) when not."""
+    path = Path(root) / CONFIG_FILE
+    try:
+        data = read_bytes(path, CONFIG_MAX_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, (f"no {path} (the kubelet's --config lives elsewhere: its "
+                      "reservedSystemCPUs were not read)")
+    except (OSError, ValueError) as e:
+        return None, f"cannot read {path}: {e}"
+    try:
+        doc = yaml.safe_load(data)
+        value = doc.get("reservedSystemCPUs", "") if isinstance(doc, dict) else None
+        if value is None or not isinstance(value, str):
+            raise ValueError("reservedSystemCPUs is not a CPU list")
+        return parse_cpu_list(value), ""
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        return None, f"{path} is not the kubelet's configuration ({str(e)[:120]})"
+
+
 # ------------------------------------------------------------------ the source
 
 
@@ -285,6 +336,13 @@ class KubeletCheckpointSource(PokedSource):
         self._last_read = time.monotonic()
         self._watch()  # the root may have appeared since
         now = self.clock.now()
+        why = not_mounted(self.root)
+        if why:
+            # Not "no checkpoint": nothing of the kubelet's is visible here. No verdict (the
+            # series are absent), the source is down, and `check` says why.
+            self._last_cpu = self._last_memory = None
+            self._set_up(emit, False, why)
+            return
         try:
             cpu = self._read(CPU_STATE, self._last_cpu, now)
             memory = self._read(MEMORY_STATE, self._last_memory, now)
