@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from examples.orchestrator import Action, Executor, PlanClient, Stale, StepFailed, carry_out
-from lab.control import GUEST_PYTHON, LabGuest
+from lab.control import EPISODES_ARGV, GUEST_PYTHON, LabGuest
 from lab.qemu import GiB
 from lab.qmp import CpuSlot
 from lab.scenarios import (
@@ -164,6 +164,14 @@ def blocks_of(paths: list[str]) -> set[str]:
     return {p.split("/")[-2] for p in paths if p.startswith(MEM + "/memory")}
 
 
+def _episodes(run: LabRun) -> list[dict]:
+    """The journal's episodes (`exporter episodes list` in the guest: 10-90 s under TCG)."""
+    rc, text = run.lab.run_program(EPISODES_ARGV, "episodes-orchestrator.json", run.budget(240))
+    check(rc == 0, f"`exporter episodes list` exited {rc}: "
+                   f"{run.lab.artifact('episodes-orchestrator.json.err')[-1500:]}")
+    return list(json.loads(text))
+
+
 def client(run: LabRun) -> PlanClient:
     return PlanClient(run.lab.guest.url, timeout=60, tries=30)
 
@@ -283,7 +291,7 @@ def orchestrator_movable_dimm(run: LabRun, out: Outcome) -> None:
         lambda c: c.tx("memory", "offline") - before.tx("memory", "offline") >= 8
         and c.capacity("memory") == mem, "8 offline transitions and capacity = MemTotal")
     offlined = [p.split("/")[-2] for p, v, e in node.writes if v == "offline" and not e]
-    eps = [e for e in run.episodes() if e.get("resource") == "memory"]
+    eps = [e for e in _episodes(run) if e.get("resource") == "memory"]
     recorded = {f"memory{t.get('unit')}" for e in eps for t in e.get("transitions", [])
                 if t.get("direction") == "offline" and t.get("result") == "success"}
     d_tx = after.tx("memory", "offline") - before.tx("memory", "offline")
@@ -335,7 +343,7 @@ def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
     cause = failed.cause if failed else None
     d_failed = after.tx("memory", "offline", "failed") - before.tx("memory", "offline", "failed")
     out.kernel = (f"{block_range(names)} online_kernel, pinned pages in {sorted(busy)}; tried "
-                  "anyway: " + (f"step {failed.action.index} ({failed.action.path.split('/')[-2]})"
+                  "anyway: " + (f"step {failed.action.order} ({failed.action.path.split('/')[-2]})"
                                 f" {errno.errorcode.get(getattr(cause, 'errno', 0), cause)}, "
                                 f"{len(failed.rolled_back)} offlined block(s) put back"
                                 if failed else "all offlined"))
