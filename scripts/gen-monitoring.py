@@ -105,7 +105,12 @@ class Params:
 def evaluate(p: Params = Params(), expr: str = "") -> dict:
     """The mixin with p's _config, as JSON: `expr` (jsonnet, `mixin` in scope) or its rules,
     alerts, dashboards, inhibit rules and global group suffix."""
-    import _gojsonnet  # gojsonnet (test extra): only the generator needs it
+    try:
+        import _gojsonnet  # gojsonnet (test extra): only the generator needs it
+    except ImportError:
+        print("gen-monitoring: go-jsonnet is not installed: run scripts/setup.sh test (or "
+              "pip install gojsonnet)", file=sys.stderr)
+        raise SystemExit(2) from None
 
     snippet = ("local mixin = (import 'mixin.libsonnet') + { _config+:: std.extVar('config') };\n"
                + (expr or "{ rules: mixin.prometheusRules, alerts: mixin.prometheusAlerts, "

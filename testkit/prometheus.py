@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from testkit.exporter_proc import free_port
 
 
 def binary(name: str) -> str:
@@ -180,3 +185,33 @@ def kubernetes_target(address: str, *, namespace: str, service: str, pod: str, c
         labels[f"__meta_kubernetes_service_label_{_sanitize(key)}"] = value
         labels[f"__meta_kubernetes_service_labelpresent_{_sanitize(key)}"] = "true"
     return {"targets": [address], "labels": labels}
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: every POSTed notification lands in `received`."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[dict] = queue.Queue()
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.put(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -202,6 +202,42 @@ def test_every_alert_keeps_the_exporters_namespace(alert):
         assert _keeps(promql_parser.parse(alert["expr"]), "namespace", recorded), alert["expr"]
 
 
+def _selectors(node) -> list:
+    """Every vector selector in a PromQL tree."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return [node]
+    if isinstance(node, promql_parser.MatrixSelector):
+        return [node.vector_selector]
+    out = []
+    for attr in ("expr", "lhs", "rhs"):
+        if hasattr(node, attr) and getattr(node, attr) is not None:
+            out += _selectors(getattr(node, attr))
+    for arg in getattr(node, "args", None) or []:
+        out += _selectors(arg)
+    return out
+
+
+def test_only_the_global_groups_read_more_than_one_target():
+    """With scrapes sharded, a shard holds some nodes' exporters and nothing else. A rule
+    outside a `.global` group must be right there: it keeps the node (no absent(), no sum over
+    nodes) and reads only the exporter's job; what does not is marked for the global ruler."""
+    groups = rule_groups()
+    recorded = {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
+    marked = []
+    for group in groups:
+        for rule in group["rules"]:
+            tree = promql_parser.parse(rule["expr"])
+            jobs = {str(m) for s in _selectors(tree) for m in s.matchers.matchers
+                    if m.name == "job"} - {'job="node-resize-exporter"'}
+            per_node = _keeps(tree, "node", recorded) and not jobs
+            name = rule.get("record") or rule.get("alert")
+            if group["name"].endswith(".global"):
+                marked.append((name, per_node))
+            else:
+                assert per_node, (group["name"], name, jobs)
+    assert marked and not any(per_node for _, per_node in marked), marked
+
+
 @pytest.mark.parametrize("alert", _alerts(), ids=lambda a: a["alert"])
 def test_dashboard_url_opens_a_committed_dashboard_on_the_alerts_node(alert):
     """Relative (/d/<uid>/<slug>?...: Grafana's address is the site's; a notification template

@@ -136,7 +136,28 @@ def test_a_regex_job_selector_filters_the_job_variable(tmp_path):
     assert 'up{job=~"nre-.+"} == 0' in rules
 
 
+def test_the_namespace_parameters_reach_the_alerts(tmp_path):
+    """--namespace: the fixed label of the alerts about no target (absent()); --namespace-label
+    '': a Prometheus whose targets have no namespace label, every aggregation without it."""
+    gen = _gen()
+
+    def alerts(*args: str) -> tuple[str, dict[str, dict]]:
+        out = tmp_path / "-".join(args)
+        assert gen.main(["--out", str(out), *args]) == 0
+        text = (out / "alerts" / "node-resize-exporter.rules.yml").read_text()
+        rules = yaml.safe_load(text)
+        return text, {r["alert"]: r for g in rules["groups"] for r in g["rules"] if "alert" in r}
+
+    text, moved = alerts("--namespace", "monitoring")
+    assert moved["NodeResizeExporterAbsent"]["labels"]["namespace"] == "monitoring"
+    assert "by (cluster, namespace, node, resource)" in text
+    text, none = alerts("--namespace-label", "")
+    assert "namespace, node" not in text and "by (cluster, node, resource)" in text
+    assert all("namespace" not in a["labels"] for a in none.values())
+
+
 @pytest.mark.parametrize("bad", [["--cluster-label", "a-b"], ["--job-selector", "job=x"],
+                                 ["--namespace-label", "a-b"], ["--namespace", "Not_A_Name"],
                                  ["--job-selector", 'job!="x"'],
                                  ["--runbook-url", "https://example/runbooks"],
                                  ["--grafana-url", "grafana.example"],

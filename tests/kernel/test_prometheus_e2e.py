@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import queue
 import shutil
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from testkit.exporter_proc import RunningExporter, free_port
 from testkit.fakes.apiserver import FakeApiServer
 from testkit.fakes.podresources import Kubelet, Server
 from testkit.monitoring import as_promql, dashboard_exprs
-from testkit.prometheus import Daemon, get_json, wait_for
+from testkit.prometheus import Daemon, Webhook, get_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "node-resize-exporter.rules.yml"
@@ -49,36 +47,6 @@ def _binary(name: str) -> str:
 
 
 
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: every POSTed notification lands in `received`."""
-
-    def __init__(self) -> None:
-        self.received: queue.Queue[dict] = queue.Queue()
-        received = self.received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                received.put(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _rules_with_short_for(path: Path) -> None:
