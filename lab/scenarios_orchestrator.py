@@ -320,8 +320,10 @@ def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
         before = run.counts()
         answer = client(run).ask(memory="-1Gi")
         offered = blocks_of(offlined_paths(answer.actions()))
+        # The block itself (unmovable_pages), or its DIMM kept whole by it (device_kept).
         refused = {f"memory{r.get('unit')}" for r in answer.body.get("refusals", [])
-                   if r.get("resource") == "memory" and r.get("reason") == "unmovable_pages"}
+                   if r.get("resource") == "memory"
+                   and r.get("reason") in ("unmovable_pages", "device_kept")}
         busy = {f"memory{n}" for n, count in o.pinned["pinned"].items() if int(count)}
         # Tried anyway, in the plan's words, the highest block first (so that some blocks are
         # offline when the kernel refuses one, and the rollback has work to do).
@@ -349,10 +351,10 @@ def orchestrator_refused_dimm(run: LabRun, out: Outcome) -> None:
                                 if failed else "all offlined"))
     out.exporter = (f"plan -1Gi offers {block_range(offered) if offered else 'nothing'}, refuses "
                     f"{block_range(refused & names) if refused & names else 'none of the DIMM'} "
-                    f"(unmovable_pages); offline failed +{d_failed:.0f}")
+                    f"(unmovable_pages or device_kept); offline failed +{d_failed:.0f}")
     check(not (offered & names), f"the plan offers {sorted(offered & names)} of the pinned DIMM")
-    check(bool(busy & refused), f"the plan does not refuse the pinned block(s) {sorted(busy)} "
-          f"for unmovable pages: refusals {answer.body.get('refusals')}")
+    check(bool(busy & refused), f"the plan does not refuse the pinned block(s) {sorted(busy)}: "
+          f"refusals {answer.body.get('refusals')}")
     check(failed is not None and getattr(cause, "errno", None) == errno.EBUSY,
           f"the kernel did not refuse with EBUSY: {failed}")
     assert failed is not None

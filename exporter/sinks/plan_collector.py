@@ -173,10 +173,10 @@ class PlanSink(ViewSink):
                 self.down.pop(event.source, None)
             else:
                 self.down[event.source] = event.reason
-        elif isinstance(event, (Transition, DeviceChange)) and \
-                event.resource is Resource.MEMORY:
-            self._hardware = None  # the blocks changed: read again when asked
-            if isinstance(event, DeviceChange):
+        elif isinstance(event, (Transition, DeviceChange)):
+            # CPUs or blocks changed: read again when asked (a hot-added CPU's topology too)
+            self._hardware = None
+            if isinstance(event, DeviceChange) and event.resource is Resource.MEMORY:
                 (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
                     event.unit)
 
