@@ -8,7 +8,7 @@ already read: the planner's part, not the kernel's), and the running containers 
 `--containers` pods. Prints the median of repeats, in milliseconds, of:
 - a plan that hurts nothing (-1 CPU, -4 GiB): the forecast's O(1) path;
 - a plan that rejects pods (-40 CPUs): one pass over every pod in readmission order;
-- a plan that takes 2,000 blocks (-250 GiB), with every block judged;
+- a plan that takes 2,000 blocks (-250 GiB: 250 whole 1 GiB DIMMs), with every block judged;
 - the unpluggable gauges (the largest safe removal, by bisection over plans).
 Reading the page flags is the kernel's part: bench/plan_kernel.py times it (about 8 ms a block).
 """
@@ -23,11 +23,24 @@ from collections import Counter
 from bench.forecast import T0, node, pods
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
-from exporter.events import ContainerCgroup, KernelSnapshot, Resource, RunningContainers
+from exporter.events import (
+    ContainerCgroup,
+    CpuManagerCheckpoint,
+    KernelSnapshot,
+    MemoryManagerCheckpoint,
+    Resource,
+    RunningContainers,
+)
 from exporter.plan.model import Change
 from exporter.plan.pages import KPF_BUDDY, KPF_LRU, KPF_SLAB
 from exporter.plan.planner import Inputs, judge_blocks, plan, unpluggable
 from exporter.sources.kernel.memory_blocks import HotplugHardware, MemoryBlock
+from exporter.sources.kernel.memory_devices import (
+    KIND_BOOT,
+    KIND_DIMM,
+    MemoryDevice,
+    MemoryDevices,
+)
 
 GiB = 2**30
 BLOCK = 128 * 2**20
@@ -53,9 +66,18 @@ def build(n_pods: int, n_blocks: int, n_containers: int) -> Inputs:
     free = Counter({KPF_BUDDY: 30000, KPF_LRU: 2768})
     busy = Counter({KPF_BUDDY: 30000, KPF_LRU: 2000, KPF_SLAB: 768})
     blocks = tuple(MemoryBlock(n, True, ("Movable",)) if n >= n_blocks * 3 // 4 else
-                   MemoryBlock(n, True, ("Normal",), True, free if n % 2 else busy)
+                   MemoryBlock(n, True, ("Normal",), True, free if (n // 8) % 2 else busy)
                    for n in range(n_blocks))
-    hw = HotplugHardware(frozenset(range(1, cpus)), BLOCK, blocks, "online_movable")
+    # Memory in the hypervisor's units: the first 4 GiB boot memory, the rest 1 GiB DIMMs
+    # (8 blocks each), every other one in Normal holding slab pages (kept whole).
+    boot = [n for n in range(n_blocks) if n * BLOCK < 4 * GiB]
+    dimms = [MemoryDevice(f"PNP0C80:{i:02X}", KIND_DIMM, tuple(range(n, n + 8)), n * BLOCK,
+                          8 * BLOCK, 8 * BLOCK, slot=i)
+             for i, n in enumerate(range(len(boot), n_blocks, 8))]
+    devices = MemoryDevices((*dimms, MemoryDevice("boot", KIND_BOOT, tuple(boot))),
+                            {b: d.id for d in dimms for b in d.blocks}, {}, BLOCK)
+    hw = HotplugHardware(frozenset(range(1, cpus)), BLOCK, blocks, "online_movable",
+                         devices=devices, mem_available=n_blocks * BLOCK * 3 // 4)
     forecast = ReadmissionForecast()
     forecast.on_snapshot(snap)
     forecast.on_node(dataclasses.replace(
@@ -73,7 +95,9 @@ def build(n_pods: int, n_blocks: int, n_containers: int) -> Inputs:
     view.handle(RunningContainers(T0, 2, tuple(
         ContainerCgroup(p.uid, f"{i:064x}", "burstable", cpus=online, cpu_limit=1.0)
         for i, p in enumerate(events[:n_containers]))))
-    return Inputs(snap, hw, forecast, view)
+    return Inputs(snap, hw, forecast, view,
+                  CpuManagerCheckpoint(T0, "/var/lib/kubelet/cpu_manager_state", False),
+                  MemoryManagerCheckpoint(T0, "/var/lib/kubelet/memory_manager_state", False))
 
 
 def main() -> None:
@@ -88,7 +112,7 @@ def main() -> None:
     hurt = plan(Change(-40, 0), inputs)
     big = plan(Change(0, -250 * GiB), inputs)
     assert safe.safe and hurt.rejected_total > 0 and len(big.memory_take) == 2000, \
-        (safe.harm, hurt.rejected_total, len(big.memory_take))
+        (safe.verdict, safe.harm, safe.unjudged, hurt.rejected_total, len(big.memory_take))
     rows = [
         ("plan -1 CPU -4 GiB (hurts nothing)", ms(lambda: plan(Change(-1, -4 * GiB), inputs))),
         ("plan -40 CPUs (pods rejected)", ms(lambda: plan(Change(-40, 0), inputs))),

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.plan.planner import judge_blocks  # noqa: E402
 from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware  # noqa: E402
+from exporter.sources.kernel.memory_devices import read_devices  # noqa: E402
 from testkit.kernel import MEM_ROOT, hotplug_lock, write_sysfs  # noqa: E402
 
 TWO_MIB = 2 * 2**20
@@ -197,6 +198,14 @@ def main() -> None:
             with PageFlagsReader(hw.block_size) as reader:
                 verdicts = judge_blocks(hw, reader.read, budget=len(hw.blocks))
             predict_s = time.monotonic() - started
+            # In the hypervisor's units (issue 35): what the plan offers is whole removable
+            # devices; boot memory and DMA (below 4 GiB) are never offered, by policy, not by
+            # a prediction. The blocks' own verdicts are what the kernel is asked about; those
+            # kept by policy are tried too (a sample), and reported apart.
+            devices = read_devices([b.number for b in hw.blocks], hw.block_size)
+            offered = sorted(n for d in devices.devices if d.removable for n in d.blocks)
+            by_policy = [v.number for v in verdicts if v.reason == "dma"]
+            verdicts = [v for v in verdicts if v.reason != "dma"]
             plan = {v.number: v.ok for v in verdicts}
             zones_only = {v.number: v.zone == "Movable" for v in verdicts}
             removable = {b.number: bool(b.removable) for b in hw.blocks if b.online}
@@ -231,6 +240,10 @@ def main() -> None:
             "tried": len(accepted), "offline_seconds_max": round(max(times, default=0), 3),
             "kernel_refusals": refusals,
             "plan": score(plan, accepted, scale),
+            "devices": {d.id: {"kind": d.kind, "blocks": len(d.blocks)}
+                        for d in devices.devices},
+            "blocks_offered_in_devices": len(offered),
+            "kept_by_policy_dma": len(by_policy),
             "valid_zones_only": score(zones_only, accepted, scale),
             "removable": score(removable, accepted, scale),
             "mispredicted": wrong[:20],

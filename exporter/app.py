@@ -54,7 +54,7 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.node_view import NodeView
 from exporter.events import Resource, SourceStatus
 from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
-from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks import collectors
 from exporter.sinks.journal.path import DEFAULT_UNWRITABLE, WRITABLE_FIX
 from exporter.sinks.journal.schema import JournalRefused
 from exporter.sinks.journal.sink import JournalSink
@@ -67,8 +67,9 @@ from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
+from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.registry import SOURCES
-from exporter.web.server import MetricsServer
+from exporter.web.server import MetricsServer, WebSettings
 
 if TYPE_CHECKING:
     from exporter.sinks.traces.env import TraceConfig
@@ -213,7 +214,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
     do not; a named one that cannot start is a StartupError with the fix), the reconciler
     always, and the Kubernetes sources the options ask for."""
     spec = registry.reconciler()
-    reconciler = spec.factory(ctx)
+    reconciler = spec.build(ctx)
     try:
         reconciler.open()  # always: the gauges' truth, even when its transitions are not wanted
     except SourceUnavailable as e:
@@ -231,7 +232,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
     share_cpu_transitions(opened)
     # Not opened here: they connect in their own threads and report up/down themselves, so an
     # API server that is slow at start-up does not delay the kernel side.
-    opened.running += [(spec, spec.factory(ctx))
+    opened.running += [(spec, spec.build(ctx))
                        for spec in kubernetes_sources_asked(ctx.options, decisions)]
     if decisions.kubernetes:
         log.info("kubernetes: watching node %s", decisions.node)
@@ -239,7 +240,7 @@ def open_sources(ctx: registry.SourceContext, decisions: Decisions) -> OpenedSou
 
 
 def open_kernel_source(spec: registry.SourceSpec, ctx: registry.SourceContext) -> Source:
-    source = spec.factory(ctx)
+    source = spec.build(ctx)
     try:
         source.open()
     except (OSError, ValueError) as e:  # unforeseen here (not root, odd tree): a reason
@@ -282,6 +283,17 @@ def open_journal(decisions: Decisions, clock: MonotonicWallClock) -> JournalSink
         return None
 
 
+def web_settings(options: Options, decisions: Decisions) -> WebSettings:
+    """Where and how the endpoint serves, as the options say."""
+    return WebSettings(options.listen_host, options.listen_port,
+                       web_config=WEB_CONFIG_FILE.of(options),
+                       telemetry_path=WEB_TELEMETRY_PATH.of(options), auth=WEB_AUTH.of(options),
+                       node_name=decisions.node, kubeconfig=KUBECONFIG.of(options),
+                       token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
+                       extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
+                       health_address=WEB_HEALTH_LISTEN_ADDRESS.of(options))
+
+
 def open_server(options: Options, decisions: Decisions, metrics: CollectorRegistry,
                 healthy: Callable[[], bool] = lambda: True,
                 version: Callable[[], object] = lambda: None,
@@ -289,15 +301,8 @@ def open_server(options: Options, decisions: Decisions, metrics: CollectorRegist
     """The endpoint, its web config read and checked and its port bound (not serving yet);
     `plan` answers GET /plan."""
     try:
-        return MetricsServer(options.listen_host, options.listen_port, metrics,
-                             healthy=healthy, web_config=WEB_CONFIG_FILE.of(options),
-                             version=version, telemetry_path=WEB_TELEMETRY_PATH.of(options),
-                             auth=WEB_AUTH.of(options), node_name=decisions.node,
-                             kubeconfig=KUBECONFIG.of(options),
-                             token_audiences=tuple(WEB_AUTH_TOKEN_AUDIENCE.of(options)),
-                             extra_sans=tuple(WEB_TLS_EXTRA_SAN.of(options)),
-                             plan=plan,
-                             health_address=WEB_HEALTH_LISTEN_ADDRESS.of(options))
+        return MetricsServer(web_settings(options, decisions), metrics, healthy=healthy,
+                             version=version, plan=plan)
     except ValueError as e:  # --web.config.file, --web.auth: the message names the fix
         raise StartupError(str(e)) from None
     except OSError as e:
@@ -378,13 +383,15 @@ def serve(options: Options) -> int:
         return _fail(str(e))
     agent = built.agent
     # Before you unplug: GET /plan and the unpluggable gauges. The plan reads the Correlator's
-    # forecast and the running-pods view rather than keeping copies of every pod: the running
-    # sink is attached here, before the plan sink, and registered with the others in collect().
-    running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running),
+    # forecast, the running-pods view and the kubelet's view rather than keeping copies: those
+    # sinks are attached here, before the plan sink; all are registered with the others from
+    # the collectors' table (exporter/sinks/collectors.py).
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
-                           KUBELET_ROOT_DIR.of(options) or "/var/lib/kubelet",
-                           kubernetes=decisions.kubernetes, node=decisions.node)
+                           KUBELET_ROOT_DIR.of(options) or KUBELET_ROOT_DIR.default,
+                           kubernetes=decisions.kubernetes, node=decisions.node,
+                           cgroup_root=CGROUP_ROOT.of(options))
     try:
         server = open_server(options, decisions, metrics, agent.alive.is_set,
                              agent.state_version, plan=plan.endpoint())
@@ -392,9 +399,8 @@ def serve(options: Options) -> int:
         agent.close_sources()
         return _fail(str(e))
     _drop_privileges(built.keep)
-    events = collect(options, decisions, agent, metrics, built.metrics, journal, traces,
-                     running)
-    metrics.register(plan)
+    events = collect(options, decisions, agent, journal, traces)
+    collectors.register(metrics, collectors.Wiring(agent, built.metrics, running, kubelet, plan))
     plan.start()  # the gauges' thread: after the privilege drop, as every thread
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -409,13 +415,11 @@ def serve(options: Options) -> int:
     return 0
 
 
-def collect(options: Options, decisions: Decisions, agent: Agent, metrics: CollectorRegistry,
-            exposition: MetricsSink, journal: JournalSink | None,
-            traces: TraceConfig | None, running: RunningPodsSink) -> str:
+def collect(options: Options, decisions: Decisions, agent: Agent, journal: JournalSink | None,
+            traces: TraceConfig | None) -> str:
     """After the privilege drop, every thread that start-up leaves (the journal's writer, the
-    span processor's, the Events poster's) and the Collectors /metrics renders (`running`:
-    already one of the agent's sinks, the plan reads it). Returns whether Events are posted,
-    for the start-up line."""
+    span processor's, the Events poster's). Returns whether Events are posted, for the
+    start-up line. (The Collectors /metrics renders: exporter/sinks/collectors.py.)"""
     if journal is not None:
         journal.start()
     if traces is not None:
@@ -430,14 +434,6 @@ def collect(options: Options, decisions: Decisions, agent: Agent, metrics: Colle
             log.warning("--kube-events: cannot post Events (%s); continuing without them",
                         quoted(e))
             events = "off (cannot post)"
-    metrics.register(exposition)
-    # The kubelet's local state (checkpoints, kubepods cpuset) and what a resize left in the
-    # running containers: sinks of the agent that see every event, each its own Collector.
-    metrics.register(KubeletSink.attach(agent))
-    metrics.register(running)
-    # What a kubelet restart now would reject: the Correlator's forecast, read at scrape time.
-    metrics.register(ForecastCollector(agent.lock, agent.correlator.forecast,
-                                       agent.correlator.forecast_validity))
     return events
 
 

@@ -126,12 +126,22 @@ class KernelSnapshot:
 
 @dataclass(frozen=True)
 class SourceStatus:
-    """A source started, stopped or failed; `reason` says why, for logs and `check`."""
+    """A source started, stopped or failed; `reason` says why, for logs and `check`; `cause`
+    what kind of failure it is, typed, for what acts on it (never read back from `reason`)."""
 
     source: str
     up: bool
     time: float
     reason: str = ""
+    cause: str = ""  # a DownCause value when the source knows it ("": not known)
+
+
+class DownCause(str, enum.Enum):
+    """Why a source is down, where something acts on the kind (the readmission forecast's
+    validity): the API server refused the identity, or answered more than the source reads."""
+
+    FORBIDDEN = "forbidden"  # 401/403
+    TRUNCATED = "truncated"  # a list past the source's bound
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,11 @@ class CpuManagerCheckpoint:
     default_cpus: frozenset[int] = frozenset()
     assigned_cpus: frozenset[int] = frozenset()  # union of every container's exclusive cpuset
     error: str = ""
+
+    @property
+    def static(self) -> bool:
+        """The static CPU manager's checkpoint, read whole: whole CPUs are pinned."""
+        return self.present and not self.error and self.policy == "static"
 
 
 @dataclass(frozen=True)

@@ -81,12 +81,14 @@ class BearerFlood(ClientThreads):
     join_timeout = 15.0
 
     def __init__(self, port: int, tokens, connections: int = 8, rate: float | None = None,
-                 sources: tuple[str, ...] = ("127.0.0.1",)):
+                 sources: tuple[str, ...] = ("127.0.0.1",), path: str = "/metrics"):
         """`rate`: requests per second in all (paced by each connection), None for as fast as
-        the server answers; connection i connects from sources[i % len(sources)]."""
-        self.port, self.tokens, self.connections = port, tokens, connections
+        the server answers; connection i connects from sources[i % len(sources)]; `path`: what
+        it GETs."""
+        self.port, self.tokens, self.connections, self.path = port, tokens, connections, path
         self.rate, self.sources = rate, sources
         self.statuses: dict[int | str, int] = {}
+        self.by_source: dict[str, set[int | str]] = {}  # the statuses each source address got
         self.sent = 0
         super().__init__(connections, self._run)
 
@@ -108,7 +110,7 @@ class BearerFlood(ClientThreads):
                 i = self.sent
                 self.sent += 1
             try:
-                conn.request("GET", "/metrics",
+                conn.request("GET", self.path,
                              headers={"Authorization": f"Bearer {self.tokens(i)}"})
                 r = conn.getresponse()
                 r.read()
@@ -122,6 +124,7 @@ class BearerFlood(ClientThreads):
                 conn = None
             with self._lock:
                 self.statuses[got] = self.statuses.get(got, 0) + 1
+                self.by_source.setdefault(source, set()).add(got)
         if conn is not None:
             conn.close()
 

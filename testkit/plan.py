@@ -15,6 +15,7 @@ from exporter.events import (
     RunningContainers,
     SourceStatus,
 )
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from testkit.correlator import config
@@ -80,8 +81,8 @@ def plan_agent(sysfs: str, procfs: str, *, kubernetes: bool = True) -> tuple[Age
     thread is not started: a test calls sink.refresh() where the thread would run."""
     clock = FakeClock(T)
     agent = Agent(Correlator(config(kubernetes=kubernetes), clock), [], [], clock)
-    running = RunningPodsSink.attach(agent)
-    sink = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs,
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    sink = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet), sysfs, procfs,
                           kubernetes=kubernetes)
     return agent, sink
 

@@ -20,10 +20,9 @@ from exporter.clock import MonotonicWallClock
 from exporter.config.decide import Decisions, decide
 from exporter.config.options import KUBE_EVENTS, KUBECONFIG, WEB_AUTH, WEB_TELEMETRY_PATH, Options
 from exporter.kube.client import KubeUnavailable, load_config
-from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.readnow import Reads
+from exporter.sinks import collectors
 from exporter.sinks.journal.sink import JournalSink
-from exporter.sinks.kubelet_collector import KubeletSink
-from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 
 __all__ = ["Check", "run_checks", "render"]
@@ -40,10 +39,11 @@ def run_checks(options: Options | None = None) -> list[Check]:
               *guarded("journal", JournalSink.check, decisions.journal),
               *guarded("sources", check_sources, options, decisions),
               *guarded("web", check_web, options, decisions)]
-    # What the running agent's sinks would judge now, each by its own check.
-    return checks + [*guarded("kubelet restart", KubeletSink.check, options),
-                     *guarded("running containers", RunningPodsSink.check, options),
-                     *guarded("kubernetes", kubernetes_checks, options, decisions)]
+    # What the running agent's collectors would judge now, each by its own check (the
+    # table: exporter/sinks/collectors.py).
+    reads = Reads(options, decisions)  # one kernel read, one scan, one list of the pods
+    return checks + [*collectors.checks(reads, kubernetes=False),
+                     *guarded("kubernetes", kubernetes_checks, options, decisions, reads)]
 
 
 def render(checks: list[Check]) -> tuple[str, int]:
@@ -132,7 +132,8 @@ def _exporter_answers(host: str, port: int) -> bool:
 # ---------------------------------------------------------------- the Kubernetes side
 
 
-def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
+def kubernetes_checks(options: Options, decisions: Decisions,
+                      reads: Reads | None = None) -> list[Check]:
     """Configuration (as `run` checks it at start), RBAC (SelfSubjectAccessReview for what the
     sources watch), each Kubernetes source's own check (this node's Node object, the
     podresources socket, the kubelet's metrics), the readmission forecast."""
@@ -156,7 +157,7 @@ def kubernetes_checks(options: Options, decisions: Decisions) -> list[Check]:
     for spec in app.kubernetes_sources_asked(options, decisions):
         if spec.check is not None:
             checks += guarded(f"{spec.name} source", spec.can_start, ctx)
-    return checks + guarded("readmission forecast", ForecastCollector.check, options)
+    return checks + collectors.checks(reads or Reads(options, decisions), kubernetes=True)
 
 
 def check_rbac(config: object, options: Options, decisions: Decisions) -> Check:

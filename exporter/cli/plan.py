@@ -67,10 +67,12 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     from exporter.correlate.running_pods_view import RunningPodsView
     from exporter.kube.client import KubeUnavailable, load_config
     from exporter.plan.planner import Inputs
-    from exporter.sinks.forecast_collector import Unlisted, list_forecast
+    from exporter.readnow import Unlisted
+    from exporter.sinks.forecast_collector import list_forecast
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
     from exporter.sources.kubelet.kubelet_checkpoint import (
+        ROOT_EMPTY,
         not_mounted,
         read_cpu_manager_state,
         read_memory_manager_state,
@@ -85,7 +87,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     root = KUBELET_ROOT_DIR.of(opts)
     kubelet_here = False
     if not root:
-        why = "--kubelet-root-dir is empty: not read"
+        why = ROOT_EMPTY
     else:
         why = not_mounted(root)
         kubelet_here = not why

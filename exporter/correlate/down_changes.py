@@ -59,15 +59,25 @@ def state_at_stop(events: Iterable[Event]) -> KernelState | None:
 
 def changes_while_down(before: KernelState | None,
                        now: KernelSnapshot) -> Counter[tuple[Resource, Direction]]:
-    """Units whose state differs between `before` and `now`, by resource and direction."""
+    """Units whose state differs between `before` and `now`, by resource and direction.
+
+    Bounded by what the host has: the journal is a file, and a snapshot naming 8,192 CPUs on
+    a 4-CPU host is not 8,188 CPUs taken offline. CPUs: only the host's possible CPUs (fixed
+    at boot). Memory blocks: a block whose directory left sysfs while no exporter ran went
+    offline (virtio-mem and DIMM removal take blocks away whole), so such blocks count, but at
+    most as many as the host has now: a forged list of 65,536 blocks on an 8-block host counts
+    8 at most."""
     out: Counter[tuple[Resource, Direction]] = Counter()
     if before is None:
         return out
-    for resource, was, is_ in ((Resource.CPU, before.cpus_online, now.cpus_online),
-                               (Resource.MEMORY, before.memory_blocks_online,
-                                now.memory_blocks_online)):
+    cpus = now.cpus_possible | now.cpus_present | now.cpus_online | now.cpus_offline
+    blocks = now.memory_blocks_online | now.memory_blocks_offline
+    for resource, was, is_, gone in (
+            (Resource.CPU, before.cpus_online & cpus, now.cpus_online, 0),
+            (Resource.MEMORY, before.memory_blocks_online & blocks, now.memory_blocks_online,
+             min(len(before.memory_blocks_online - blocks), len(blocks)))):
         if is_ - was:
             out[(resource, Direction.ONLINE)] += len(is_ - was)
-        if was - is_:
-            out[(resource, Direction.OFFLINE)] += len(was - is_)
+        if len(was - is_) + gone:
+            out[(resource, Direction.OFFLINE)] += len(was - is_) + gone
     return out

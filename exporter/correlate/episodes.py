@@ -438,4 +438,7 @@ class EpisodeTracker:
 
 
 def _num(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:g}"
+    """A capacity for a log detail: whole numbers whole (536870912, not 5.36871e+08)."""
+    if value is None:
+        return "unknown"
+    return str(int(value)) if value.is_integer() and abs(value) < 1e18 else f"{value:g}"

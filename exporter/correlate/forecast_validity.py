@@ -2,10 +2,10 @@
 
 The forecast (exporter/correlate/readmission_forecast.py) counts what a kubelet restart would
 reject among the pods it was told of. While the pod source (kube_pods) has not listed this
-node's pods, is down, was forbidden by RBAC, or gave up on a list past its bound (10,000
-objects), the forecast would judge none or a stale subset and say "nothing rejected": a zero
-it did not compute. This says so instead, from the pod source's SourceStatus events: the
-metrics leave the forecast's series out and show why
+node's pods, is down, was forbidden by RBAC, or gave up on a list past its bound
+(LIST_MAX_OBJECTS), the forecast would judge none or a stale subset and say "nothing
+rejected": a zero it did not compute. This says so instead, from the pod source's
+SourceStatus events: the metrics leave the forecast's series out and show why
 (`node_resize_readmission_forecast_valid`), an episode stores no forecast, an alert fires.
 
 Pure: events in, a Validity out; no I/O, no clock.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.events import SourceStatus
+from exporter.events import DownCause, SourceStatus
+from exporter.kube.bounds import LIST_MAX_OBJECTS
 
 POD_SOURCE = "kube_pods"
 
@@ -29,8 +30,8 @@ REASONS = (VALID, NOT_LISTED, TRUNCATED, FORBIDDEN, DOWN)
 FIXES = {
     NOT_LISTED: "run with the Kubernetes sources on (--kubernetes) and wait for the first list "
                 "of this node's pods",
-    TRUNCATED: "the API server listed more pods for this node than the exporter reads (10,000): "
-               "check --node-name and the field selector spec.nodeName",
+    TRUNCATED: "the API server listed more pods for this node than the exporter reads "
+               f"({LIST_MAX_OBJECTS:,}): check --node-name and the field selector spec.nodeName",
     FORBIDDEN: "let the exporter's service account list and watch pods (deploy/ has the "
                "ClusterRole)",
     DOWN: "see node_resize_exporter_source_up{source=\"kube_pods\"} and the exporter's log for "
@@ -59,14 +60,14 @@ class Validity:
         return f"{what} ({self.detail})" if self.detail else what
 
 
-def classify(reason: str) -> str:
-    """The Validity reason for a pod source that went down with `reason`."""
-    text = reason.lower()
-    if "more than" in text and "objects" in text:
-        return TRUNCATED
-    if "forbidden" in text or "403" in text:
-        return FORBIDDEN
-    return DOWN
+# The pod source's typed cause (events.DownCause) -> the Validity reason; any other: DOWN.
+_BY_CAUSE: dict[str, str] = {DownCause.FORBIDDEN: FORBIDDEN, DownCause.TRUNCATED: TRUNCATED}
+
+
+def classify(status: SourceStatus) -> str:
+    """The Validity reason for a pod source that went down: from the cause it gave, a typed
+    value, never from the words of its reason (an API server's message is in them)."""
+    return _BY_CAUSE.get(status.cause, DOWN)
 
 
 class ForecastValidity:
@@ -82,4 +83,4 @@ class ForecastValidity:
         if status.up:
             self.current = Validity(True, VALID)
         else:
-            self.current = Validity(False, classify(status.reason), status.reason[:200])
+            self.current = Validity(False, classify(status), status.reason[:200])

@@ -23,6 +23,7 @@ from exporter.events import (
     NodeCapacityConfigured,
     NodeWarningEvents,
     Resource,
+    SourceStatus,
 )
 
 CPU_MANAGER = "cpu_manager_state"
@@ -136,6 +137,11 @@ class KubeletView:
             self.capacity_condition = event
         elif isinstance(event, NodeWarningEvents):
             self.warnings[event.reason] = event
+        elif isinstance(event, SourceStatus) and event.source == "kubelet_checkpoint" \
+                and not event.up:
+            # Unreadable or not mounted: what was read before says nothing now (no verdict,
+            # no series) until the source reads the files again.
+            self.cpu_checkpoint = self.memory_checkpoint = None
 
     def _process(self, event: KubeletProcess) -> None:
         # A restart is a new start time; a kubelet that vanished and came back is one too,

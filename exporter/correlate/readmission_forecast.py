@@ -261,27 +261,35 @@ def judge(pods: Pods, kernel: Kernel | None, node: NodeStatus | None,
     return Forecast(pods.time, count, total, by_reason, tuple(rejected), pods.skipped)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ForecastView:
     """The forecast's inputs at one moment, immutable: taken under the lock the store is
-    written under (ReadmissionForecast.view, O(1)), judged anywhere after with no lock."""
+    written under (ReadmissionForecast.view, O(1)), judged anywhere after with no lock. The
+    store hands out the same view until its inputs change, so its result is judged once
+    (whoever asks first: a scrape, a plan, an episode) and read by every other."""
 
     pods: Pods
     kernel: Kernel | None
     node: NodeStatus | None
     static: bool
-    generation: int = 0  # the store's, when taken: a result kept for it is still true
-    cached: Forecast | None = None  # the store's result for these inputs, when it had one
+    generation: int = 0  # the store's, when taken
+    # The judge's verdict on these inputs, once asked (a one-slot cache: judging twice at once
+    # gives the same Forecast, so no lock is needed).
+    _result: list[Forecast | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def node_seen(self) -> bool:
         return self.node is not None
 
+    @property
+    def judged(self) -> bool:
+        return bool(self._result)
+
     def result(self) -> Forecast | None:
         """The Forecast on these inputs."""
-        if self.cached is not None:
-            return self.cached
-        return judge(self.pods, self.kernel, self.node, self.static)
+        if not self._result:
+            self._result.append(judge(self.pods, self.kernel, self.node, self.static))
+        return self._result[0]
 
     def allocatable(self) -> Offered | None:
         return offered(self.kernel, self.node)
@@ -320,8 +328,7 @@ class ReadmissionForecast:
         self._pods_in: dict[str, PodStatus] = {}  # the latest event of each pod, not applied
         self._time = 0.0
         self._generation = 0  # bumped by every change of the inputs applied
-        self._cached: Forecast | None = None
-        self._cached_generation = -1
+        self._view: ForecastView | None = None  # the last handed out
         self.recomputed = 0  # how often result() did the work (tests, bench)
 
     # ------------------------------------------------------------ inputs (noted, not applied)
@@ -339,7 +346,7 @@ class ReadmissionForecast:
             self._apply_pods()  # so pods deleted meanwhile are not held
 
     def on_cpu_manager(self, checkpoint: CpuManagerCheckpoint) -> None:
-        static = checkpoint.present and not checkpoint.error and checkpoint.policy == "static"
+        static = checkpoint.static
         if static != self._static:
             self._static = static
             self._changed(checkpoint.time)
@@ -361,36 +368,38 @@ class ReadmissionForecast:
 
     # ------------------------------------------------------------ output
 
-    def view(self, *, held: bool = True) -> ForecastView:
+    def view(self) -> ForecastView:
         """The inputs as they stand, immutable (the pods' list is copied only when it next
-        changes): under the writer's lock this is all there is to do. `held=False`: the view is
-        dropped before the store changes again (its list need not be kept as it is)."""
+        changes), under the writer's lock: the same view as last time while nothing changed."""
         self._apply()
-        self._order_shared = self._order_shared or held
-        pods = Pods(self._order, self._sums, len(self._skipped), self._time)
-        cached = self._cached if self._cached_generation == self._generation else None
-        return ForecastView(pods, self._kernel, self._node, self._static, self._generation,
-                            cached)
+        view = self._view
+        if view is None or view.generation != self._generation:
+            view = ForecastView(Pods(self._order, self._sums, len(self._skipped), self._time),
+                                self._kernel, self._node, self._static, self._generation)
+            self._view = view
+            self._order_shared = True  # the view holds the list
+        return view
 
-    def keep(self, view: ForecastView, result: Forecast | None) -> None:
-        """Keep `result`, judged on `view` outside the lock, while the inputs are the same
-        (under the writer's lock): the next result() or view() need not judge again."""
-        if view.generation == self._generation and self._cached_generation != view.generation:
-            self._cached, self._cached_generation = result, view.generation
+    def current(self) -> ForecastView | None:
+        """The last view, when nothing was noted or changed since; else None (take view()
+        under the writer's lock). Safe without the lock: a reader that finds it still current
+        reads the inputs as they were just before an event the writer is noting now."""
+        view = self._view
+        if view is not None and view.generation == self._generation and \
+                self._snap_in is None and self._node_in is None and not self._pods_in:
+            return view
+        return None
 
     def result(self) -> Forecast | None:
-        view = self.view(held=False)
-        if view.cached is not None:
-            return view.cached
-        result = view.result()
-        self.recomputed += 1
-        self.keep(view, result)
-        return result
+        view = self.current() or self.view()
+        if not view.judged:
+            self.recomputed += 1
+        return view.result()
 
     def what_if(self, snap: KernelSnapshot) -> tuple[Forecast | None, Offered | None]:
         """result() and allocatable() on the kernel `snap` instead of the one noted; nothing
         of it is kept (a plan's hypothetical kernel)."""
-        return self.view(held=False).what_if(snap)
+        return self.view().what_if(snap)
 
     def allocatable(self) -> Offered | None:
         """What a restarted kubelet would offer (`offered`) on the inputs so far."""

@@ -170,8 +170,7 @@ class RunningPodsView:
     # seconds re-judges nothing (4096 containers take ~0.1 s to judge on a loaded machine).
     _findings: list[Finding] | None = field(default=None, repr=False)
 
-    # Bumped by every event that changes the findings: a copy judged outside the keeper's
-    # lock hands its findings back only while the view is still the same (keep).
+    # Bumped by every event that changes the findings: a copy is current while it matches.
     version: int = 0
 
     def handle(self, event: Event) -> None:
@@ -198,8 +197,7 @@ class RunningPodsView:
         elif isinstance(event, PodsRelisted):
             self.pods = {uid: p for uid, p in self.pods.items() if uid in event.uids}
         elif isinstance(event, CpuManagerCheckpoint):
-            ok = event.present and not event.error and event.policy == "static"
-            self.assigned_cpus = event.assigned_cpus if ok else frozenset()
+            self.assigned_cpus = event.assigned_cpus if event.static else frozenset()
             self.checkpoint = event.present and not event.error
 
     def _remember_scores(self, scan: RunningContainers) -> None:
@@ -223,11 +221,6 @@ class RunningPodsView:
         """A copy the view's later events do not change (taken under the keeper's lock, read
         with none): the pods' map copied, the scan and the kernel shared (immutable)."""
         return dataclasses.replace(self, pods=dict(self.pods), capacities=list(self.capacities))
-
-    def keep(self, judged: "RunningPodsView") -> None:
-        """The findings a copy worked out, kept while this view has not changed since."""
-        if judged.version == self.version and judged._findings is not None:
-            self._findings = judged._findings
 
     def what_if(self, snapshot: KernelSnapshot,
                 scan: RunningContainers | None = None) -> "RunningPodsView":

@@ -39,6 +39,8 @@ from lightkube.generic_resource import (
     create_api_info,
 )
 
+from exporter.kube.bounds import LIST_MAX_OBJECTS
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 # etcd refuses objects over 1.5 MiB by default, so one watch event line is well under this; the
@@ -317,7 +319,7 @@ def probe_api(config: SingleConfig, node: str, timeout: float = 5.0) -> str:
 
 
 ALL_NAMESPACES = "*"  # lightkube's marker for /api/v1/pods
-NODE_PODS_MAX = 10_000  # pods listed at most, the watch sources' own bound
+NODE_PODS_MAX = LIST_MAX_OBJECTS  # pods listed at most: the watch sources' own bound
 
 
 def node_and_pods(config: SingleConfig, node: str, max_pods: int = NODE_PODS_MAX,

@@ -104,7 +104,7 @@ INPUTS = ("kernel", "memory_devices", "cpu_topology", "mem_available", "page_fla
 # Memory that must stay available after an offline, beyond what the pages moved take: the
 # larger of this and MARGIN_FRACTION of what stays (migration needs free pages, the kernel's
 # watermarks and the pods' working sets more).
-MARGIN_BYTES = 256 << 20
+MARGIN_BYTES = 64 << 20
 MARGIN_FRACTION = 0.05
 
 
@@ -363,7 +363,7 @@ def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_bud
                  memory_devices=tuple(memory.devices),
                  cpu_places={c: places[c].json() for c in (*cpus.take, *cpus.add)
                              if c in places},
-                 inputs=_inputs_read(change, inputs),
+                 inputs=_inputs_read(change, inputs, unjudged),
                  gates=dict(inputs.gates), memory_move_bytes=memory.move_bytes,
                  memory_available_after=memory.available_after,
                  other_harm=tuple(memory.harm))
@@ -424,8 +424,16 @@ def _unjudged(change: Change, inputs: Inputs) -> list[str]:
     return out
 
 
-def _inputs_read(change: Change, inputs: Inputs) -> dict[str, str]:
+def _inputs_read(change: Change, inputs: Inputs,
+                 unjudged: Iterable[str] = ()) -> dict[str, str]:
+    """Each input: "read", "not needed", or why not (what the planner found unread itself,
+    such as page flags past the budget, included)."""
     needs, gone = _depends_on(change, inputs), missing(inputs)
+    for line in unjudged:
+        name, _, why = line.partition(": ")
+        key = name.replace(" ", "_")
+        if key in INPUTS and key not in gone:
+            gone[key] = why
     return {name: gone.get(name, "read") if needs.get(name) else
             "not needed" for name in INPUTS}
 
@@ -712,7 +720,7 @@ NO_NODE = ("pods: no Node status read for this node (check --node-name and that 
 
 
 def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnapshot,
-                 owners: Mapping[str, str]
+                 owner: Callable[[str], str]
                  ) -> tuple[list[RejectedPod], int, dict[str, int], dict[str, int]] | None:
     """The forecast on `hypo` (rejected pods, their count, by reason, and what a restarted
     kubelet would offer); None without a Node. Nothing of it stays in the forecast."""
@@ -720,7 +728,7 @@ def _forecast_at(forecast: ReadmissionForecast | ForecastView, hypo: KernelSnaps
     if result is None or offered is None:
         return None
     (milli, memory, _, _), _, _ = offered
-    return ([RejectedPod(r.namespace, r.name, r.reason, r.uid, owners.get(r.uid, ""))
+    return ([RejectedPod(r.namespace, r.name, r.reason, r.uid, owner(r.uid))
              for r in result.rejected],
             result.rejected_total, dict(result.by_reason),
             {"cpu": int(milli), "memory": int(memory)})
@@ -731,8 +739,19 @@ def _pods_after(inputs: Inputs, hypo: KernelSnapshot, notes: list[str]) -> _Pods
     forecast, snap = inputs.forecast, inputs.snapshot
     if forecast is None:
         return _PodsAfter([], 0, {}, {}, 0, False)
-    now = _forecast_at(forecast, snap, inputs.pod_owners)
-    later = _forecast_at(forecast, hypo, inputs.pod_owners)
+    running = inputs.running
+
+    def owner(uid: str) -> str:
+        """The pod's controller kind: as the caller listed it, else as the running-pods view
+        (fed by the pod watch) has the pod."""
+        kind = inputs.pod_owners.get(uid, "")
+        if not kind and running is not None:
+            pod = running.pods.get(uid)
+            kind = pod.owner_kind if pod is not None else ""
+        return kind
+
+    now = _forecast_at(forecast, snap, owner)
+    later = _forecast_at(forecast, hypo, owner)
     rejected, rejected_total, by_reason, allocatable = later if later is not None \
         else ([], 0, {}, {})
     kubernetes = later is not None

@@ -5,24 +5,24 @@ acts on it (the journal queues it for its writer thread, which commits within mi
 `on_update` each EpisodeUpdate the correlator returns, `close` flushes on SIGTERM. A sink never
 blocks the agent on I/O.
 
-A sink whose writes can fail declares its `name` (a class attribute, e.g. `name = "journal"`):
-its `errors` are shown as node_resize_exporter_sink_errors_total{sink=NAME}, and its `up` (if it
-has one) as node_resize_exporter_sink_up. The collectors describe themselves through the
+A sink whose writes can fail is `Reporting`: it declares its `name` (a class attribute, e.g.
+`name = "journal"`) and counts its `errors`, shown as
+node_resize_exporter_sink_errors_total{sink=NAME}; one that can be down as a whole also has a
+boolean `up`, shown as node_resize_exporter_sink_up. The views (kubelet, running pods, plan)
+write nothing: no name, no errors, no series. The collectors describe themselves through the
 registry's own auto_describe (the composition root's CollectorRegistry(auto_describe=True)):
 a family registered twice is refused at start-up, not exposed twice.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol, Self
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol, Self
 
 from prometheus_client.registry import Collector
 
-from exporter.checks import Check
-from exporter.config.options import PROCFS_ROOT, SYSFS_ROOT, Options
 from exporter.correlate.model import EpisodeUpdate
-from exporter.events import Event, KernelSnapshot
-from exporter.sources.kernel.sysfs import SysfsReader
+from exporter.events import Event
 
 
 class Sink(Protocol):
@@ -31,6 +31,29 @@ class Sink(Protocol):
     def on_update(self, update: EpisodeUpdate) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Reporting(Protocol):
+    """A sink whose writes can fail (the journal, traces, Events)."""
+
+    name: ClassVar[str]  # the `sink` label
+    errors: int  # writes it could not make
+
+
+def reporting(sinks: Iterable[object]) -> list[tuple[str, Any]]:
+    """The sinks that report (a `name` of their class, and `errors`), with their names."""
+    out = []
+    for sink in sinks:
+        name = getattr(type(sink), "name", None)
+        if isinstance(name, str) and name and isinstance(getattr(sink, "errors", None), int):
+            out.append((name, sink))
+    return out
+
+
+def up_of(sink: object) -> bool | None:
+    """A reporting sink's `up`; None when it cannot be down as a whole."""
+    up = getattr(sink, "up", None)
+    return up if isinstance(up, bool) else None
 
 
 class ViewSink(Collector):
@@ -62,12 +85,3 @@ class ViewSink(Collector):
 
     def close(self) -> None:
         pass
-
-
-def kernel_now(options: Options, name: str) -> KernelSnapshot | Check:
-    """The kernel as it is now, for a sink's `check` line `name`; a WARN saying why not."""
-    try:
-        return SysfsReader(SYSFS_ROOT.of(options), PROCFS_ROOT.of(options)).read(0.0)
-    except (OSError, ValueError) as e:
-        return Check(name, "warn", f"not checked: cannot read sysfs/procfs ({e})",
-                     "mount the host's /sys and /proc")

@@ -24,29 +24,41 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.checks import Check, quoted
-from exporter.config.decide import decide
-from exporter.config.options import KUBECONFIG, Options
-from exporter.correlate.forecast_validity import ForecastValidity
+from exporter.checks import Check
+from exporter.config.options import Options
+from exporter.correlate.forecast_validity import ForecastValidity, Validity
 from exporter.correlate.kubelet_view import cpu_list
 from exporter.correlate.readmission_forecast import (
     LISTED_MAX,
     REASON_RESOURCE,
     Forecast,
+    ForecastView,
     ReadmissionForecast,
 )
-from exporter.events import CpuManagerCheckpoint, KernelSnapshot, NodeStatus, PodStatus
-from exporter.kube.client import NODE_PODS_MAX, KubeUnavailable, load_config, node_and_pods
-from exporter.kube.convert import node_status, pod_status
-from exporter.sinks import kernel_now
-from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR, read_cpu_manager_state
+from exporter.events import CpuManagerCheckpoint, KernelSnapshot, PodStatus
+from exporter.readnow import Reads, Unlisted
+
+
+def take_forecast(lock: threading.Lock | threading.RLock, forecast: ReadmissionForecast,
+                  validity: ForecastValidity | None) -> tuple[ForecastView, Validity | None]:
+    """The forecast's view and whether it saw the pods, consistent: the validity read first,
+    then the view the forecast still holds as current (no lock: every pod noted before the
+    pod source said it listed them is in it), else both under `lock` (the agent's, which the
+    Correlator writes them under)."""
+    said = validity.current if validity is not None else None
+    view = forecast.current()
+    if view is None:
+        with lock:
+            view = forecast.view()
+            said = validity.current if validity is not None else None
+    return view, said
 
 
 class ForecastCollector(Collector):
     @staticmethod
-    def check(options: Options) -> list[Check]:
+    def check(reads: Reads) -> list[Check]:
         """Which pods a kubelet restart now would reject (`check`'s line)."""
-        return [check_readmission_forecast(options)]
+        return [check_readmission_forecast(reads)]
 
     def __init__(self, lock: threading.Lock | threading.RLock,
                  forecast: ReadmissionForecast, validity: ForecastValidity | None = None) -> None:
@@ -55,15 +67,10 @@ class ForecastCollector(Collector):
         self._validity = validity
 
     def collect(self) -> Iterable[Metric]:
-        # Under the agent's lock only the view is taken (O(1)); judged outside it, and the
-        # result kept in the forecast while its inputs are the same (the next scrape reads it).
-        with self._lock:
-            view = self._forecast.view()
-            validity = self._validity.current if self._validity is not None else None
+        # The forecast's view (taken under the agent's lock only when an input changed, O(1)),
+        # judged outside it, once per change whoever asks first.
+        view, validity = take_forecast(self._lock, self._forecast, self._validity)
         forecast: Forecast | None = view.result()
-        if view.cached is None:
-            with self._lock:
-                self._forecast.keep(view, forecast)
         valid = GaugeMetricFamily(
             "node_resize_readmission_forecast_valid",
             "1 when the readmission forecast saw the pods it judges; 0 when it cannot forecast, "
@@ -109,18 +116,6 @@ class ForecastCollector(Collector):
 
 
 FORECAST_NAMED = 8  # pods named on the check line; the metrics name up to LISTED_MAX
-FORECAST_PODS_MAX = NODE_PODS_MAX  # pods listed at most (the watch sources' own bound)
-
-
-@dataclass(frozen=True)
-class Unlisted:
-    """Why no forecast was made from a list of the Node and its pods. `cannot`: the pods are
-    there but were not all seen (a forecast of some would not be one of all); otherwise there
-    was nothing to judge (no API configured, no such Node)."""
-
-    cannot: bool
-    message: str
-    fix: str
 
 
 @dataclass(frozen=True)
@@ -129,62 +124,42 @@ class Listed:
     pods: list[PodStatus]
 
 
-def list_forecast(options: Options, node: str, snap: KernelSnapshot,
+def list_forecast(given: Options | Reads, node: str, snap: KernelSnapshot,
                   cpu_manager: CpuManagerCheckpoint | None) -> Listed | Unlisted:
-    """The forecast of one bounded list of this node's Node and pods, as `check` and `plan`
-    make it (the running exporter's is fed by the watches instead). Never a forecast of pods
-    it did not see: an API error, 403 or a list past its bound is Unlisted."""
-    try:
-        config = load_config(KUBECONFIG.of(options))
-    except KubeUnavailable as e:
-        return Unlisted(False, e.reason, e.fix)
-    try:
-        found, raw, truncated = node_and_pods(config, node, FORECAST_PODS_MAX)
-    except Exception as e:  # noqa: BLE001 - unreachable, 403...: say so, never a traceback
-        return Unlisted(True, f"listing node {node} and its pods failed: "
-                        f"{quoted(e) or type(e).__name__}",
-                        "check the API server address, the credentials and list on nodes and "
-                        "pods")
-    if truncated:
-        return Unlisted(True, f"more than {FORECAST_PODS_MAX} pods are bound to node {node} "
-                        "(the list bound); a forecast of some would not be one of all",
-                        "check --node-name and the pods the API server binds to it")
-    if found is None:
-        return Unlisted(False, f"no Node named {node}",
-                        "pass --node-name (or $NODE_NAME) as the kubelet registered it")
-    converted = node_status(found, 0.0).event
-    if not isinstance(converted, NodeStatus):
-        return Unlisted(False, f"the Node {node} is not readable", "")
+    """The forecast of the one bounded list of this node's Node and pods (exporter/readnow),
+    as `check` and `plan` make it (the running exporter's is fed by the watches instead).
+    Never a forecast of pods it did not see: an API error, 403 or a list past its bound is
+    Unlisted."""
+    listed = Reads.of(given).node_and_pods(node)
+    if isinstance(listed, Unlisted):
+        return listed
     forecast = ReadmissionForecast()
     forecast.on_snapshot(snap)
-    forecast.on_node(converted)
+    forecast.on_node(listed.node)
     if cpu_manager is not None:
         forecast.on_cpu_manager(cpu_manager)
-    pods = []
-    for obj in raw:
-        event = pod_status(obj, 0.0, None).event
-        if isinstance(event, PodStatus):
-            forecast.on_pod(event)
-            pods.append(event)
-    return Listed(forecast, pods)
+    for pod in listed.pods:
+        forecast.on_pod(pod)
+    return Listed(forecast, listed.pods)
 
 
-def check_readmission_forecast(options: Options) -> Check:
+def check_readmission_forecast(given: Options | Reads) -> Check:
     """Which pods a kubelet restart now would reject: the exporter's own forecast
     (exporter/correlate/readmission_forecast.py), made from one list of this node's Node and
     pods, the kernel now, and the CPU manager's policy from its checkpoint."""
 
     name = "readmission forecast"
-    snap = kernel_now(options, name)
+    reads = Reads.of(given)
+    snap = reads.kernel_or_check(name)
     if isinstance(snap, Check):
         return snap
     cpu_manager = None
-    if KUBELET_ROOT_DIR.of(options):
+    if reads.kubelet_root:
         try:
-            cpu_manager = read_cpu_manager_state(KUBELET_ROOT_DIR.of(options), 0.0)
-        except OSError:
+            cpu_manager = reads.checkpoints()[0]
+        except (OSError, ValueError):
             pass  # the kubelet restart line says why; judged without the CPU manager here
-    listed = list_forecast(options, decide(options).node, snap, cpu_manager)
+    listed = list_forecast(reads, reads.decisions.node, snap, cpu_manager)
     if isinstance(listed, Unlisted):
         return Check(name, "warn", f"{'cannot forecast' if listed.cannot else 'not checked'}: "
                      f"{listed.message}", listed.fix)

@@ -20,25 +20,19 @@ from exporter.checks import Check
 from exporter.config.options import Options
 from exporter.correlate.kubelet_view import KubeletView, cpu_list
 from exporter.events import Event
-from exporter.sinks import ViewSink, kernel_now
-from exporter.sources.kubelet.kubelet_checkpoint import (
-    KUBELET_ROOT_DIR,
-    not_mounted,
-    read_cpu_manager_state,
-    read_memory_manager_state,
-)
+from exporter.readnow import Reads, not_mounted
+from exporter.sinks import ViewSink
 
 
 class KubeletSink(ViewSink):
     @staticmethod
-    def check(options: Options) -> list[Check]:
+    def check(reads: Reads) -> list[Check]:
         """Can the kubelet restart now? (`check`'s line for what this sink shows.)"""
-        return [check_kubelet_restart(options)]
+        return [check_kubelet_restart(reads)]
 
     def __init__(self) -> None:
         super().__init__()
         self.view = KubeletView()
-        self.errors = 0  # shown as node_resize_exporter_sink_errors_total{sink="kubelet"}
 
     def feed(self, event: Event) -> None:
         self.view.handle(event)
@@ -109,15 +103,16 @@ def _gauge(name: str, help_: str, label: str, values: dict[str, int],
     return fam
 
 
-def check_kubelet_restart(options: Options) -> Check:
+def check_kubelet_restart(given: Options | Reads) -> Check:
     """Would a kubelet restart now succeed? Its CPU and memory manager checkpoints against
     what the kernel has online now, judged as the kubelet judges them at start."""
     name = "kubelet restart"
-    root = KUBELET_ROOT_DIR.of(options)
+    reads = Reads.of(given)
+    root = reads.kubelet_root
     if not root:
         return Check(name, "warn", "not checked: --kubelet-root-dir is empty",
                      "pass the kubelet's --root-dir (default /var/lib/kubelet)")
-    snap = kernel_now(options, name)
+    snap = reads.kernel_or_check(name)
     if isinstance(snap, Check):
         return snap
     why = not_mounted(root)
@@ -126,7 +121,7 @@ def check_kubelet_restart(options: Options) -> Check:
         return Check(name, "warn", f"not checked: {head}",
                      ("mount " + fix) if fix else "mount the kubelet's root dir read-only")
     try:
-        cpu, memory = read_cpu_manager_state(root, 0.0), read_memory_manager_state(root, 0.0)
+        cpu, memory = reads.checkpoints()
     except OSError as e:
         return Check(name, "warn", f"not checked: cannot read {e.filename}: {e.strerror}",
                      "run check as root on the node (or where the kubelet's root dir is mounted)")

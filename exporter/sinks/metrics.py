@@ -33,6 +33,7 @@ from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import EpisodeUpdate
 from exporter.correlate.node_view import NodeView
 from exporter.events import HEARTBEAT_VIA, Direction, Event, Resource, Result
+from exporter.sinks import reporting, up_of
 from exporter.sinks.stats import EpisodeStats
 
 KERNEL_RESOURCES = (Resource.CPU, Resource.MEMORY)
@@ -133,18 +134,13 @@ class MetricsSink(Collector):
                                   "trace export failures); the agent keeps running.",
                                   labels=["sink"])
         for name, sink in self._named_sinks():
-            fam.add_metric([name], getattr(sink, "errors", 0))
+            fam.add_metric([name], sink.errors)
         return fam
 
-    def _named_sinks(self) -> list[tuple[str, object]]:
-        """The sinks that declare a name (those whose writes can fail: journal, trace,
-        kubeevents); the views (kubelet, running pods) write nothing and have no series."""
-        out = []
-        for sink in self.sinks:
-            name = getattr(type(sink), "name", None)
-            if sink is not self and isinstance(name, str) and name:
-                out.append((name, sink))
-        return out
+    def _named_sinks(self) -> list[tuple[str, Any]]:
+        """The sinks that report (exporter/sinks/__init__.py Reporting: journal, trace,
+        kubeevents); the views (kubelet, running pods, plan) write nothing, have no series."""
+        return reporting(s for s in self.sinks if s is not self)
 
     def _sink_up(self) -> Metric:
         """One series per sink that can be down as a whole (the journal: a file of a newer
@@ -154,8 +150,8 @@ class MetricsSink(Collector):
                                 "(the journal: written by a newer exporter, left untouched).",
                                 labels=["sink"])
         for name, sink in self._named_sinks():
-            up = getattr(sink, "up", None)
-            if isinstance(up, bool):
+            up = up_of(sink)
+            if up is not None:
                 fam.add_metric([name], 1.0 if up else 0.0)
         return fam
 

@@ -15,11 +15,11 @@ then plans on them with no lock held. With the Kubernetes side on, the plan alwa
 pods: no Node seen yet, or pods not listed, down, forbidden or cut at their bound, and the
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
-The agent still hands it every event, for what nobody else keeps (under its own lock): whether
-a Node was seen, the kubelet's checkpoints and feature gates, the memory blocks hot-added while
-it ran. The kernel's memory blocks are read when asked (a plan, a scrape), kept HARDWARE_TTL
-seconds or until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks
-a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
+The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
+agent still hands it every event, for what nobody else keeps: whether a Node was seen, the
+memory blocks hot-added while it ran. The kernel's memory blocks are read when asked (a plan,
+a scrape), kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a
+plan, at most PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
 
 The unpluggable gauges are worked out when an input changes, off the scrape path (as
 kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
@@ -29,9 +29,9 @@ checkpoint change within about GAUGE_MIN_INTERVAL plus the time to compute it.
 
 The composition root wires it (exporter/app.py):
 
-    running = RunningPodsSink.attach(agent)
-    plan = PlanSink.attach(agent, SharedViews.of(agent, running), sysfs, procfs, root,
-                           kubernetes=decisions.kubernetes)
+    running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
+    plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet), sysfs, procfs,
+                           root, kubernetes=decisions.kubernetes)
     MetricsServer(..., plan=plan.http)                      # GET /plan
     registry.register(plan)                                 # the gauges
     plan.start()                                            # after the privilege drop
@@ -57,8 +57,6 @@ from exporter.events import (
     CpuManagerCheckpoint,
     DeviceChange,
     Event,
-    KubeletFeatures,
-    MemoryManagerCheckpoint,
     NodeStatus,
     Resource,
     SourceStatus,
@@ -67,10 +65,21 @@ from exporter.events import (
 from exporter.plan.answer import answer
 from exporter.plan.model import LIVE_RESIZE_GATES, BadChange, Change, parse_change
 from exporter.plan.planner import PAGE_BUDGET, Inputs, judge_blocks, unpluggable
+from exporter.ratelog import RateLimitedLog
+from exporter.readnow import (
+    KUBELET_ROOT_DIR,
+    ROOT_EMPTY,
+    HotplugHardware,
+    PageFlagsReader,
+    find_layout,
+    not_mounted,
+    read_hardware,
+    read_reserved_cpus,
+)
 from exporter.sinks import ViewSink
+from exporter.sinks.forecast_collector import take_forecast
+from exporter.sinks.kubelet_collector import KubeletSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
-from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
-from exporter.sources.kubelet.kubelet_checkpoint import not_mounted, read_reserved_cpus
 
 HARDWARE_TTL = 10.0  # seconds the memory blocks' zones are kept (a kernel event drops them)
 PAGE_FLAGS_TTL = 30.0  # seconds one block's page flags are kept
@@ -98,15 +107,17 @@ class SharedViews:
     lock: threading.Lock  # the agent's: the Correlator writes `forecast` under it
     forecast: ReadmissionForecast  # the Correlator's
     validity: ForecastValidity  # the Correlator's: did the forecast see this node's pods
-    running: RunningPodsSink  # its view, under its own lock
+    running: RunningPodsSink  # its view, copied under a sequence lock
+    kubelet: KubeletSink  # its view: the kubelet's checkpoints and feature gates
     # Bumped under `lock` once the agent has handed an event to every sink and the Correlator.
-    version: Callable[[], int]
+    version: Callable[[], int] = lambda: 0
 
     @classmethod
-    def of(cls, agent: Any, running: RunningPodsSink) -> "SharedViews":
-        """The running agent's (exporter/agent.py), and the running-pods sink attached to it."""
+    def of(cls, agent: Any, running: RunningPodsSink, kubelet: KubeletSink) -> "SharedViews":
+        """The running agent's (exporter/agent.py), and the running-pods and kubelet sinks
+        attached to it."""
         return cls(agent.lock, agent.correlator.forecast, agent.correlator.forecast_validity,
-                   running, agent.state_version)
+                   running, kubelet, agent.state_version)
 
 
 @dataclass(frozen=True)
@@ -124,22 +135,23 @@ class PlanSink(ViewSink):
     are worked out with none held, so the agent never waits for one."""
 
     def __init__(self, shared: SharedViews, sysfs: str = "/sys", procfs: str = "/proc",
-                 kubelet_root: str = "/var/lib/kubelet", *, kubernetes: bool,
-                 node: str = "") -> None:
+                 kubelet_root: str = KUBELET_ROOT_DIR.default, *, kubernetes: bool,
+                 node: str = "", cgroup_root: str = "") -> None:
         super().__init__()
         self.shared = shared
         self.sysfs, self.procfs, self.kubelet_root = sysfs, procfs, kubelet_root
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
         self.node = node
+        self.cgroup_root = cgroup_root  # where a kubelet's kubepods cgroup would show
         self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
         self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
         self.node_seen = False  # a Node status was seen
-        self.cpu_checkpoint: CpuManagerCheckpoint | None = None
-        self.memory_checkpoint: MemoryManagerCheckpoint | None = None
-        self.kubelet_resizes = False
         self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
-        self._hardware: tuple[float, HotplugHardware] | None = None
+        # (blocks changed count, read at, the blocks' zones): kept HARDWARE_TTL seconds, and
+        # only while no memory event came since
+        self._hardware: tuple[int, float, HotplugHardware] | None = None
+        self._blocks_changed = 0
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
         self._gauges: tuple[int, int] | None = None  # the last value worked out
         self._gauges_key: tuple[int, int, int, int] | None = None  # of the inputs it is of
@@ -147,10 +159,16 @@ class PlanSink(ViewSink):
         self._stale = threading.Event()  # an input changed: the gauges' thread looks
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = RateLimitedLog(log)
         self.plans = 0
         self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
 
     # ------------------------------------------------------------ inputs (agent thread)
+
+    def on_event(self, event: Event) -> None:
+        # Without the lock: feed() only replaces references and bumps counts (each one store,
+        # atomic), so the agent never waits for a plan or a scrape here.
+        self.feed(event)
 
     def feed(self, event: Event) -> None:
         # Pods, relists, kernel snapshots and running containers: the forecast and the
@@ -160,22 +178,16 @@ class PlanSink(ViewSink):
             self._stale.set()
         if isinstance(event, NodeStatus):
             self.node_seen = True
-        elif isinstance(event, CpuManagerCheckpoint):
-            self.cpu_checkpoint = event
-        elif isinstance(event, MemoryManagerCheckpoint):
-            self.memory_checkpoint = event
-        elif isinstance(event, KubeletFeatures):
-            self.gates = {g: bool(event.gates[g]) for g in LIVE_RESIZE_GATES
-                          if g in event.gates}
-            self.kubelet_resizes = any(self.gates.values())
         elif isinstance(event, SourceStatus) and event.source in DOWN_MEANS:
+            down = dict(self.down)  # a new dict, one store: take() reads it without a lock
             if event.up:
-                self.down.pop(event.source, None)
+                down.pop(event.source, None)
             else:
-                self.down[event.source] = event.reason
+                down[event.source] = event.reason
+            self.down = down
         elif isinstance(event, (Transition, DeviceChange)):
             # CPUs or blocks changed: read again when asked (a hot-added CPU's topology too)
-            self._hardware = None
+            self._blocks_changed += 1
             if isinstance(event, DeviceChange) and event.resource is Resource.MEMORY:
                 (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
                     event.unit)
@@ -183,15 +195,13 @@ class PlanSink(ViewSink):
     # ------------------------------------------------------------ reading the kernel
 
     def hardware(self) -> HotplugHardware:
-        with self.lock:
-            cached = self._hardware
+        cached, blocks = self._hardware, self._blocks_changed
         now = time.monotonic()
-        if cached is not None and now - cached[0] < HARDWARE_TTL:
-            return cached[1]
+        if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL:
+            return cached[2]
         with self._io:
             hw = read_hardware(self.sysfs, self.procfs)
-        with self.lock:
-            self._hardware = (now, hw)
+        self._hardware = (blocks, now, hw)  # one reference: no lock needed
         return hw
 
     def _with_cached_flags(self, hw: HotplugHardware) -> HotplugHardware:
@@ -215,38 +225,37 @@ class PlanSink(ViewSink):
         return read
 
     def _kernel_read(self) -> bool:
-        with self.shared.running.lock:
-            return self.shared.running.view.snapshot is not None
+        return self.shared.running.copy().snapshot is not None
 
     def take(self, hw: HotplugHardware) -> Taken | None:
         """The planner's inputs: an immutable view of the forecast and whether it saw the pods
-        (under the agent's lock), a copy of the running-pods view (under its sink's), this
-        sink's own (under its lock), each lock alone and briefly. None before the kernel was
-        read."""
-        forecast = None
-        with self.shared.lock:
-            if self.kubernetes:
-                forecast = self.shared.forecast.view()
-            validity = self.shared.validity.current
-        with self.shared.running.lock:
-            if self.shared.running.view.snapshot is None:
-                return None
-            running = self.shared.running.view.copy()
-        with self.lock:
-            cpu, memory, resizes = self.cpu_checkpoint, self.memory_checkpoint, \
-                self.kubelet_resizes
-            down, gates = dict(self.down), dict(self.gates)
-        assert running.snapshot is not None
-        unjudged = "" if forecast is None or validity.valid else \
+        (under the agent's lock when it changed), a copy of the running-pods view (under its
+        sink's lock when it changed), the kubelet sink's view and this sink's own (references,
+        read once), each lock alone and briefly. None before the kernel was read."""
+        shared = self.shared
+        forecast, validity = None, None
+        if self.kubernetes:
+            forecast, validity = take_forecast(shared.lock, shared.forecast, shared.validity)
+        running = shared.running.copy()
+        if running.snapshot is None:
+            return None
+        # The kubelet's checkpoints and gates, as the kubelet sink's view keeps them (each a
+        # reference, read once: no lock).
+        kubelet = shared.kubelet.view
+        cpu, memory = kubelet.cpu_checkpoint, kubelet.memory_checkpoint
+        gates = {g: bool(kubelet.gates[g]) for g in LIVE_RESIZE_GATES if g in kubelet.gates}
+        resizes = any(gates.values())
+        down = self.down
+        unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
         not_read, reserved, no_kubelet = self._not_read(running, down, cpu)
         inputs = Inputs(running.snapshot, hw, forecast,
                         running if running.scan is not None and running.scan.cgroup_version
-                        else None, cpu, memory, self.kubelet_root, resizes,
-                        pods_unjudged=unjudged, not_read=not_read,
+                        else None, cpu, memory, self.kubelet_root or KUBELET_ROOT_DIR.default,
+                        resizes, pods_unjudged=unjudged, not_read=not_read,
                         kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet)
-        return Taken(inputs, running,
-                     forecast is None or (forecast.node_seen and validity.valid))
+        return Taken(inputs, running, forecast is None or (
+            forecast.node_seen and validity is not None and validity.valid))
 
     def _not_read(self, running: RunningPodsView, down: dict[str, str],
                   cpu: CpuManagerCheckpoint | None
@@ -254,12 +263,12 @@ class PlanSink(ViewSink):
         """What was not read, by the plan's input names, as the CLI names it (exporter/cli/
         plan.py gather): a source down says why; the kubelet's configuration is read here."""
         out: dict[str, str] = {}
-        mounted = not not_mounted(self.kubelet_root)
-        why = down.get("kubelet_checkpoint")
+        mounted = bool(self.kubelet_root) and not not_mounted(self.kubelet_root)
+        why = down.get("kubelet_checkpoint") or ("" if self.kubelet_root else ROOT_EMPTY)
         if why:
             out["cpu_manager_checkpoint"] = out["memory_manager_checkpoint"] = why
         reserved = None
-        if cpu is not None and cpu.present and cpu.policy == "static":
+        if cpu is not None and cpu.static and self.kubelet_root:
             reserved, config_why = read_reserved_cpus(self.kubelet_root)
             if reserved is None:
                 out["kubelet_config"] = config_why
@@ -270,14 +279,12 @@ class PlanSink(ViewSink):
             out["running_containers"] = "no kubepods cgroup found"
         if not self.kubernetes:
             out["pods"] = "the Kubernetes side is off: the node's pods were not read"
+        # Nothing of a kubelet on this host: no root with its files, no kubepods cgroup (looked
+        # for here too: with the Kubernetes side off the running-pods source does not run).
         no_kubelet = not self.kubernetes and not mounted and (
-            scan is None or not scan.cgroup_version)
+            scan is None or not scan.cgroup_version) and not (
+            self.cgroup_root and find_layout(self.cgroup_root) is not None)
         return out, reserved, no_kubelet
-
-    def _keep(self, running: RunningPodsView) -> None:
-        """The findings the copy worked out, back to the view while it is the same."""
-        with self.shared.running.lock:
-            self.shared.running.view.keep(running)
 
     # ------------------------------------------------------------ GET /plan
 
@@ -323,7 +330,6 @@ class PlanSink(ViewSink):
             return 503, _error("the kernel has not been read yet", "ask again in a second")
         result = answer(change, taken.inputs, node=self.node, now=time.time(),
                         verdicts=verdicts, asked_generation=asked)
-        self._keep(taken.running)
         with self.lock:
             self.plans += 1
         return (200, json.dumps(result.json(), indent=1).encode())
@@ -374,7 +380,10 @@ class PlanSink(ViewSink):
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - a bad tree must not end the thread
-                log.exception("working out node_resize_unpluggable failed")
+                # Once a minute at most, with the count: a tree that stays bad must not
+                # flood the log once a second.
+                self._failures.note("gauges", "working out node_resize_unpluggable failed",
+                                    level=logging.ERROR, exc_info=True)
             self._stop.wait(max(0.0, GAUGE_MIN_INTERVAL - (time.monotonic() - began)))
 
     def refresh(self) -> bool:
@@ -383,9 +392,7 @@ class PlanSink(ViewSink):
         if not self._kernel_read():
             return False
         hw = self.hardware()
-        with self.shared.running.lock:
-            running_version = self.shared.running.view.version
-        key = (self._version, self.shared.version(), running_version, id(hw))
+        key = (self._version, self.shared.version(), self.shared.running.view.version, id(hw))
         if key == self._gauges_key:
             return False
         taken = self.take(hw)
@@ -394,7 +401,6 @@ class PlanSink(ViewSink):
         # While the pods were not judged (no Node, not listed, down, forbidden, cut), "what
         # can leave with no pod rejected" cannot be said: absent, as the forecast's series.
         value = unpluggable(taken.inputs, judge_blocks(hw, None, 0)) if taken.gauges else None
-        self._keep(taken.running)
         with self.lock:
             self._gauges, self._gauges_key = value, key
             self.gauge_runs += 1
@@ -445,12 +451,6 @@ class PlanSink(ViewSink):
         yield can
         yield blocks
         yield added
-
-    def describe(self) -> Iterable[Metric]:
-        # The families, without reading the kernel (register() calls this at start-up).
-        yield GaugeMetricFamily("node_resize_unpluggable", "", labels=["resource", "unit"])
-        yield GaugeMetricFamily("node_resize_memory_blocks_by_zone", "", labels=["zone"])
-        yield GaugeMetricFamily("node_resize_memory_hot_added_blocks", "", labels=["zone"])
 
 
 @dataclass(frozen=True)

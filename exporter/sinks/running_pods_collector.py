@@ -2,9 +2,9 @@
 Collector in one, like the kubelet sink beside it (exporter/sinks/kubelet_collector.py).
 
 The agent hands it every raw event (`on_event`, in the agent's thread); it feeds the pure
-RunningPodsView (exporter/correlate/running_pods_view.py) under its own lock; /metrics takes a
-copy under that lock and judges it outside (kept until the view changes): judged at scrape
-time, so a memory block that goes offline makes a Burstable container's OOM score stale at
+RunningPodsView (exporter/correlate/running_pods_view.py); /metrics takes a copy (a sequence
+lock: the agent never waits for a reader) and judges it (once per change of the view): judged
+at scrape time, so a memory block that goes offline makes a Burstable container's OOM score stale at
 the next scrape, without a rescan. The running-pods source rescans after every CPU or memory
 event (its `poked_by`: a cpuset changes without any notification), at least
 --running-pods.min-interval apart.
@@ -17,31 +17,57 @@ one of its own. The composition root wires it (exporter/app.py):
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.checks import Check, quoted
-from exporter.config.decide import decide
-from exporter.config.options import KUBECONFIG, PROCFS_ROOT, Options
+from exporter.checks import Check
+from exporter.config.options import Options
 from exporter.correlate.running_pods_view import KINDS, RunningPodsView
 from exporter.events import Event
-from exporter.kube.client import RawPod, load_config, make_client
-from exporter.kube.convert import pod_status
-from exporter.sinks import ViewSink, kernel_now
-from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
-from exporter.sources.kubelet.running_pods import RUNNING_PODS_MAX_CONTAINERS, scan
+from exporter.readnow import CGROUP_ROOT, NO_KUBEPODS, Reads, Unlisted
+from exporter.sinks import ViewSink
 
 
 class RunningPodsSink(ViewSink):
     @staticmethod
-    def check(options: Options) -> list[Check]:
+    def check(reads: Reads) -> list[Check]:
         """What a resize left in the running containers now (`check`'s line)."""
-        return [check_running_pods(options)]
+        return [check_running_pods(reads)]
 
     def __init__(self) -> None:
         super().__init__()
         self.view = RunningPodsView()
+        # A sequence lock: odd while the agent's thread changes the view. The agent never
+        # waits for a reader; a reader copies the view and keeps the copy only when no change
+        # began meanwhile (else it copies again).
+        self._seq = 0
+        self._copy: tuple[int, RunningPodsView] | None = None  # the last copy handed out
+
+    def on_event(self, event: Event) -> None:
+        self._seq += 1
+        try:
+            self.feed(event)
+        finally:
+            self._seq += 1
+
+    def copy(self) -> RunningPodsView:
+        """The view as it stands, a copy its later events do not change (the same copy while
+        the view is unchanged), taken without any lock the agent waits for. Its findings are
+        judged once, by whoever asks first."""
+        kept = self._copy
+        while True:
+            seq = self._seq
+            if kept is not None and kept[0] == seq:
+                return kept[1]
+            if not seq & 1:
+                copy = self.view.copy()
+                if self._seq == seq:  # no change began while it was copied
+                    self._copy = (seq, copy)
+                    return copy
+            time.sleep(0)  # the agent's thread is changing it: let it finish
+            kept = self._copy
 
     def feed(self, event: Event) -> None:
         self.view.handle(event)
@@ -49,14 +75,11 @@ class RunningPodsSink(ViewSink):
     # ------------------------------------------------------------ Collector
 
     def collect(self) -> Iterable[Metric]:
-        # A copy taken under the lock the agent feeds the view under, judged outside it (4,096
-        # containers take ~0.1 s); the findings go back to the view while it is the same.
-        with self.lock:
-            view = self.view.copy()
+        # A copy (no lock: copy()), judged with none (4,096 containers take ~0.1 s), once per
+        # change of the view.
+        view = self.copy()
         counts = view.counts()
         scanned = view.containers()
-        with self.lock:
-            self.view.keep(view)
         stale = GaugeMetricFamily(
             "node_resize_running_containers_stale",
             "Running containers a resize left in a state the kubelet would not create today, "
@@ -90,26 +113,28 @@ RUNNING_PODS_FIX = {
 RUNNING_PODS_NAMED = 10  # containers named in the check's output; the counts stay exact
 
 
-def check_running_pods(options: Options, pods: list[object] | None = None) -> Check:
+def check_running_pods(given: Options | Reads, pods: list[object] | None = None) -> Check:
     """What a resize left in the running containers: their cgroups and processes scanned
     once, judged against the kernel now (OOM scores also need this node's pods from the API:
-    listed when Kubernetes is on, else `pods`)."""
+    the one bounded list of exporter/readnow when Kubernetes is on, else `pods`)."""
     name = "running containers"
-    root = CGROUP_ROOT.of(options)
-    if not root or RUNNING_PODS_MAX_CONTAINERS.of(options) <= 0:
+    reads = Reads.of(given)
+    if reads.running() is None:
         return Check(name, "warn", "not checked: --cgroup-root is empty or "
                      "--running-pods.max-containers is 0", "pass the host's cgroup mount")
-    snap = kernel_now(options, name)
+    snap = reads.kernel_or_check(name)
     if isinstance(snap, Check):
         return snap
-    problems: list[str] = []
-    found = scan(root, PROCFS_ROOT.of(options), 0.0,
-                 max_containers=RUNNING_PODS_MAX_CONTAINERS.of(options), problems=problems)
-    if not found.cgroup_version:
-        return Check(name, "ok", f"no kubepods cgroup under {root}")
+    read = reads.running()
+    assert read is not None
+    found, problems = read.found, read.problems
+    if not found.cgroup_version:  # not "none stale": nothing was seen
+        head, _, fix = NO_KUBEPODS.format(root=CGROUP_ROOT.of(reads.options)).partition(
+            " (fix: ")
+        return Check(name, "warn", f"not checked: {head}", fix.rstrip(")"))
     note = ""
     if pods is None:
-        pods, note = _node_pods(options)
+        pods, note = _node_pods(reads)
     view = RunningPodsView()
     for event in (snap, found, *pods):
         view.handle(event)  # type: ignore[arg-type]
@@ -131,21 +156,11 @@ def check_running_pods(options: Options, pods: list[object] | None = None) -> Ch
     return Check(name, "warn", detail, "; ".join(RUNNING_PODS_FIX[k] for k in kinds))
 
 
-def _node_pods(options: Options) -> tuple[list[object], str]:
+def _node_pods(reads: Reads) -> tuple[list[object], str]:
     """This node's pods as the watch would convert them; ([], why not) when it cannot."""
-    decisions = decide(options)
-    if not decisions.kubernetes:
+    if not reads.decisions.kubernetes:
         return [], "; OOM scores not judged: Kubernetes is off (its pods' requests are needed)"
-    try:
-        client, transport = make_client(load_config(KUBECONFIG.of(options)), request_timeout=10)
-    except Exception as e:  # noqa: BLE001 - KubeUnavailable and friends: say why, go on
-        return [], f"; OOM scores not judged: {quoted(e)}"
-    try:
-        listing = client.list(RawPod, namespace="*", chunk_size=500,
-                              fields={"spec.nodeName": decisions.node})
-        pods = [pod_status(dict(item), 0.0, None).event for item in listing]
-        return [p for p in pods if p is not None], ""
-    except Exception as e:  # noqa: BLE001 - unreachable, refused: the cgroup kinds still count
-        return [], f"; OOM scores not judged: cannot list pods ({quoted(e)})"
-    finally:
-        transport.close()
+    listed = reads.node_and_pods()
+    if isinstance(listed, Unlisted):
+        return [], f"; OOM scores not judged: {listed.message}"
+    return list(listed.pods), ""

@@ -16,15 +16,20 @@ start and the series that exist at 0 all read this registry. `load()` imports ev
 exporter/sources/ (kernel/, apiserver/, kubelet/, ...): the ones that call register() are the
 sources, the rest are their helpers.
 
-A new source, step by step:
+A new source, step by step (every rule a test enforces is named here):
 1. One module under exporter/sources/ with a `Source` subclass (exporter/sources/base.py):
    `open()` raises SourceUnavailable with the fix, `loop(emit)` emits typed events
    (exporter/events.py) until `stopping` is set; `poke(resource)` if it re-reads when the kernel
    changes (`poked_by`); a `check` of its own (the spec's, or an override of Source.check)
-   where opening it is not the whole test of whether it can run.
-2. At the module's end, its options as typed constants (read as `CPUSET_PATH.of(options)`)
-   and `register(SourceSpec(...))` with its group, options and traits.
-3. Its test beside the others (tests/unit/test_source_registry.py registers a toy source
+   where opening it is not the whole test of whether it can run. Its name is the spec's: the
+   registry gives the source the spec's name (a class that declares another is refused when
+   built: tests/unit/test_source_registry.py).
+2. At the module's end, its options as typed constants named after the option's dest in
+   capitals (`CPUSET_PATH: Opt[str] = Opt("cpuset_path", ...)`, read as
+   `CPUSET_PATH.of(options)`; tests/unit/test_options.py) and `register(SourceSpec(...))` with
+   its group, options and traits.
+3. Each of its flags gets a row in README.md's flag table (tests/unit/test_readme_flags.py).
+4. Its test beside the others (tests/unit/test_source_registry.py registers a toy source
    in one file and sees it opened, poked, counted and checked).
 What the correlator makes of a new kind of event is the correlator's business: a source that
 emits only the existing event types needs nothing more.
@@ -110,9 +115,22 @@ class SourceSpec:
     # Source.check() opens and closes it.
     check: Callable[[Source], list[Check]] | None = None
 
+    def build(self, ctx: SourceContext) -> Source:
+        """The source, named as registered: a source class that leaves `name` at the base's
+        default takes the spec's; one that declares another name is refused (its series,
+        pokes and log lines would name a source nobody registered)."""
+        source = self.factory(ctx)
+        if source.name == Source.name:
+            source.name = self.name
+        elif source.name != self.name:
+            raise ValueError(f"source {self.name!r}: its factory built a "
+                             f"{type(source).__name__} named {source.name!r}; give the class "
+                             f"name = {self.name!r}, or no name (the registry sets it)")
+        return source
+
     def can_start(self, ctx: SourceContext) -> list[Check]:
         """`check`'s question to this source, built as `run` builds it."""
-        source = self.factory(ctx)
+        source = self.build(ctx)
         return self.check(source) if self.check is not None else source.check(self.help)
 
 

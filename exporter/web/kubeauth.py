@@ -20,7 +20,10 @@ any API call:
   REVIEW_BURST at once, MAX_IN_FLIGHT at a time), which bounds the reviews a flood from many
   addresses can cause; an address that had a token allowed in the last hour (KNOWN_GOOD_SIZE
   of them) is reviewed outside that shared budget, and a token allowed in the last hour is
-  re-reviewed outside every budget. Past a budget the answer is 429 at once. The API server
+  re-reviewed outside every budget. An address's first review (a scraper never seen before)
+  may also come from a budget of its own (NEWCOMER_RATE per second, NEWCOMER_BURST at once),
+  which a flood from addresses already reviewed cannot spend: only one from addresses never
+  seen before can. Past a budget the answer is 429 at once. The API server
   decides every token this process has not decided itself: nothing is allowed without a
   review, and nothing survives a restart (docs/security.md has the guarantee and its limits);
 - a review that takes more than REVIEW_TIMEOUT fails the scrape (503), never the exporter: it
@@ -63,6 +66,8 @@ REVIEW_BURST = 20  # ... and at once (Prometheus pairs restarting, new scrapers)
 PER_ADDRESS_RATE = 1.0  # reviews of new tokens per second from one client address ...
 PER_ADDRESS_BURST = 8  # ... and at once (Prometheus replicas behind one address, a few times)
 PER_ADDRESS_IN_FLIGHT = 2  # ... and at a time
+NEWCOMER_RATE = 2.0  # first reviews of addresses never reviewed before, per second ...
+NEWCOMER_BURST = 16  # ... and at once, outside the shared budget
 ADDRESSES = 4096  # client addresses whose budget is remembered (least recently used forgotten)
 KNOWN_GOOD_SIZE = 64  # tokens, and client addresses, allowed before: reviewed outside the
 KNOWN_GOOD_FOR = 3600.0  # shared budget for an hour after they were last allowed
@@ -169,6 +174,7 @@ class _Address:
 
     bucket: _Bucket
     in_flight: int = 0
+    reviewed: bool = False  # a review of its tokens was let through before
 
 
 @dataclass
@@ -230,6 +236,7 @@ class KubeAuth:
         self.max_waiters = max_waiters
         self.address_rate, self.address_burst = address_rate, float(address_burst)
         self._bucket = _Bucket(rate, float(burst), clock)
+        self._newcomers = _Bucket(NEWCOMER_RATE, float(NEWCOMER_BURST), clock)
         self._key = secrets.token_bytes(32)  # the cache key is an HMAC: no token in clear
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._in_flight: dict[bytes, _Review] = {}
@@ -328,11 +335,15 @@ class KubeAuth:
         good = self._good_addresses.get(address)
         if good is not None and now - good < KNOWN_GOOD_FOR:
             return 0
+        if not budget.reviewed and self._newcomers.take():  # its first: a budget of its own
+            budget.reviewed = True
+            return 0
         if self._strangers_in_flight >= self.max_in_flight or not self._bucket.take():
             self._throttled("more new bearer tokens from addresses with no token allowed in "
                             "the last hour than %.0f/s (burst %d, %d at once)",
                             self._bucket.rate, int(self._bucket.burst), self.max_in_flight)
             return None
+        budget.reviewed = True
         return 1
 
     def _throttled(self, message: str, *args: object) -> None:

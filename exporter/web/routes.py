@@ -77,16 +77,11 @@ class Routes:
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n", {"Allow": "GET, HEAD"}
         if path == PLAN_PATH and self.plan is not None:
-            return await self._plan(request)
+            return await self._plan(request, peer, evictable)
         if path == self.telemetry_path and self.kube_auth is not None:
             # Only the telemetry path is protected: /healthz is for probes, and the index
             # page and 404s are constant text.
-            evictable(True)
-            try:
-                decision = await self.kube_auth.authorize(_header(request, b"authorization"),
-                                                          peer)
-            finally:
-                evictable(False)
+            decision = await self._kube_authorize(self.kube_auth, request, peer, evictable)
             if decision is not Verdict.ALLOWED:
                 code, text, headers = REFUSALS[decision]
                 return code, "text/plain", text, headers
@@ -117,13 +112,15 @@ class Routes:
             return 200, "text/html; charset=utf-8", self.index, {}
         return 404, "text/plain", b"not found\n", {}
 
-    async def _plan(self, request: h11.Request) -> Response:
+    async def _plan(self, request: h11.Request, peer: str,
+                    evictable: Callable[[bool], None]) -> Response:
         """GET /plan: behind the telemetry path's authentication (a SubjectAccessReview on
-        /plan with --web.auth=kubernetes), PLAN_RATE a second and one at a time (429 past it),
-        computed on the render pool."""
+        /plan with --web.auth=kubernetes, budgeted per client address as the telemetry path's
+        is, its wait evictable), PLAN_RATE a second and one at a time (429 past it), computed
+        on the render pool."""
         assert self.plan is not None
         if self.plan_auth is not None:
-            decision = await self.plan_auth.authorize(_header(request, b"authorization"))
+            decision = await self._kube_authorize(self.plan_auth, request, peer, evictable)
             if decision is not Verdict.ALLOWED:
                 code, text, headers = REFUSALS[decision]
                 return code, "text/plain", text, headers
@@ -149,6 +146,17 @@ class Routes:
         finally:
             self._planning = False
         return code, "application/json", body, {"Cache-Control": "no-store"}
+
+    @staticmethod
+    async def _kube_authorize(auth: KubeAuth, request: h11.Request, peer: str,
+                              evictable: Callable[[bool], None]) -> Verdict:
+        """A bearer token's verdict, the review budgeted per `peer`'s address; the request
+        is evictable while it waits (on its own review or on someone else's)."""
+        evictable(True)
+        try:
+            return await auth.authorize(_header(request, b"authorization"), peer)
+        finally:
+            evictable(False)
 
     async def _authorized(self, request: h11.Request) -> bool | None:
         """True/False, or None when bcrypt is saturated (the caller answers 429)."""

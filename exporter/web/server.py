@@ -28,6 +28,7 @@ import socket
 import ssl
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -95,14 +96,31 @@ class _Conn:
         self.writer.transport.abort()  # RST, no lingering: cheap under attack
 
 
+@dataclass(frozen=True)
+class WebSettings:
+    """Where and how the endpoint serves: the --web.* options and what they need."""
+
+    host: str
+    port: int
+    web_config: str | None = None  # --web.config.file
+    telemetry_path: str = "/metrics"
+    auth: str = "config"  # --web.auth: config, none, kubernetes
+    node_name: str = ""  # the self-signed certificate's name (auth kubernetes)
+    kubeconfig: str | None = None  # for the token reviews (auth kubernetes)
+    token_audiences: tuple[str, ...] = ()
+    extra_sans: tuple[str, ...] = ()
+    health_address: tuple[str, int] | None = None  # /healthz on a listener of its own
+
+
 class MetricsServer(LoopServer):
     """The endpoint. Constructing it binds the socket (OSError such as EADDRINUSE) and reads
     the web config (ValueError naming the key); start() serves from a thread, stop() ends it.
 
-        MetricsServer(host, port, registry, healthy=..., web_config=None, version=...,
-                      telemetry_path="/metrics", auth="config", node_name="",
-                      kubeconfig=None, token_audiences=(), extra_sans=(),
-                      health_address=None)
+        MetricsServer(WebSettings(host, port, ...), registry, healthy=..., version=...,
+                      plan=...)
+
+    `settings` (WebSettings): where and how it serves, as the options say (exporter/app.py
+    open_server builds it from them); the rest is what it serves.
 
     `auth`: "config" (the web config file decides: basic auth or none), "none" (no
     authentication; basic_auth_users in the file are an error), "kubernetes" (bearer tokens,
@@ -111,15 +129,18 @@ class MetricsServer(LoopServer):
     client to the API server in tests).
     """
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 healthy: Callable[[], bool] = lambda: True, web_config: str | None = None,
+    def __init__(self, settings: WebSettings, registry: CollectorRegistry, *,
+                 healthy: Callable[[], bool] = lambda: True,
                  version: Callable[[], object] = lambda: None,
-                 telemetry_path: str = "/metrics", auth: str = "config", node_name: str = "",
-                 kubeconfig: str | None = None, token_audiences: tuple[str, ...] = (),
-                 review_client: Callable[[], ReviewClient] | None = None,
                  plan: Callable[[str], tuple[int, bytes]] | None = None,
-                 extra_sans: tuple[str, ...] = (),
-                 health_address: tuple[str, int] | None = None):
+                 review_client: Callable[[], ReviewClient] | None = None):
+        self.settings = settings
+        host, port, web_config, telemetry_path, auth = (
+            settings.host, settings.port, settings.web_config, settings.telemetry_path,
+            settings.auth)
+        node_name, kubeconfig, token_audiences, extra_sans, health_address = (
+            settings.node_name, settings.kubeconfig, settings.token_audiences,
+            settings.extra_sans, settings.health_address)
         self.web = load_web_config(web_config) if web_config else WebConfig(path="")
         self.auth_mode = auth
         self.generated_certificate: bytes | None = None  # PEM, when made at start

@@ -224,6 +224,8 @@ def test_daemonset_mounts_host_paths_read_only_except_the_journal():
         "/lib/modules",
         "/usr/src",
         "/var/lib/kubelet/pod-resources",
+        "/var/lib/kubelet",  # the plan's: the kubelet's checkpoints and config (issue 35)
+        "/sys/fs/cgroup",  # the plan's: the running containers
     ]:
         assert mounts[path] == (path, True), path
     assert mounts["/var/lib/node-resize-exporter"] == ("/var/lib/node-resize-exporter", False)
@@ -233,6 +235,8 @@ def test_daemonset_mounts_host_paths_read_only_except_the_journal():
         "/lib/modules",
         "/usr/src",
         "/var/lib/kubelet/pod-resources",
+        "/var/lib/kubelet",
+        "/sys/fs/cgroup",
         "/var/lib/node-resize-exporter",
     }
 

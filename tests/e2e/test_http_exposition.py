@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.web.server import MetricsServer
+from exporter.web.server import MetricsServer, WebSettings
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def server():
     Gauge("node_resize_kernel_cpus", "CPUs by state", ["state"], registry=registry) \
         .labels("online").set(2)
     Counter("node_resize_kernel_transitions", "transitions", registry=registry).inc()
-    srv = MetricsServer("127.0.0.1", 0, registry, version=lambda: 1)
+    srv = MetricsServer(WebSettings("127.0.0.1", 0), registry, version=lambda: 1)
     srv.start()
     yield srv
     srv.stop()
@@ -114,7 +114,7 @@ def test_concurrent_scrapes_share_one_rendering_per_format(server):
 def test_telemetry_path_is_a_parameter_and_the_index_links_it():
     registry = CollectorRegistry()
     Gauge("node_resize_kernel_cpus", "CPUs", registry=registry).set(1)
-    srv = MetricsServer("127.0.0.1", 0, registry, telemetry_path="/custom/metrics")
+    srv = MetricsServer(WebSettings("127.0.0.1", 0, telemetry_path="/custom/metrics"), registry)
     srv.start()
     try:
         assert get(srv.port, "/custom/metrics")[0] == 200
@@ -128,7 +128,7 @@ def test_telemetry_path_is_a_parameter_and_the_index_links_it():
 @pytest.mark.parametrize("path", ["metrics", "/", "/healthz", "/a b"])
 def test_a_bad_telemetry_path_is_refused(path):
     with pytest.raises(ValueError, match="--web.telemetry-path"):
-        MetricsServer("127.0.0.1", 0, CollectorRegistry(), telemetry_path=path)
+        MetricsServer(WebSettings("127.0.0.1", 0, telemetry_path=path), CollectorRegistry())
 
 
 def test_kept_alive_connections_have_nagle_off():

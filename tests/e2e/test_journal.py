@@ -629,3 +629,44 @@ def test_a_restart_on_a_journal_whose_tail_lacks_the_last_transition_counts_it(t
     assert s.value("node_resize_exporter_down_changes_total", resource="cpu",
                    direction="online") == 1
     assert s.total("node_resize_exporter_down_changes_total", resource="cpu") == 1
+
+
+def test_a_backward_clock_step_between_restarts_counts_no_change_twice(tmp_path):
+    """L2 (issue 36): process A ran with the clock 100 s ahead and journaled cpu1 offline;
+    the clock stepped back before B started (sysfs: cpu1 offline, nothing to count); B saw
+    cpu1 come online. C starts with sysfs saying cpu1 online: nothing changed while down.
+    Before, the state C compared took A's offline too (its time is after B's start snapshot by
+    the wall clock) and counted an online while down that B had already counted live."""
+    from exporter.correlate.down_changes import changes_while_down, state_at_stop
+    from exporter.events import (
+        Direction,
+        KernelSnapshot,
+        Resource,
+        Result,
+        SourceStatus,
+        Transition,
+    )
+
+    def snap(t: float, cpus: set[int]) -> KernelSnapshot:
+        return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
+                              frozenset({0, 1}), 128 << 20, frozenset({0}), frozenset(),
+                              1 << 30, 0)
+
+    def cpu1(direction: Direction, end: float) -> Transition:
+        return Transition("uevent", Resource.CPU, 1, direction, Result.SUCCESS, end=end)
+
+    j = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
+    runs = [(T0 + 100, {0, 1}, cpu1(Direction.OFFLINE, T0 + 101)),  # A, clock ahead
+            (T0, {0}, cpu1(Direction.ONLINE, T0 + 1))]  # B, the clock stepped back
+    for started, cpus, transition in runs:
+        now = snap(started, cpus)
+        assert changes_while_down(state_at_stop(j.last_kernel_events()), now) == {}
+        j.on_event(SourceStatus("sysfs", True, started))
+        j.on_event(now)
+        j.on_event(transition)
+        assert j.flush(10)
+    # C, and every later start: sysfs says what B counted last.
+    for started in (T0 + 2, T0 + 3):
+        before = state_at_stop(j.last_kernel_events())
+        assert changes_while_down(before, snap(started, {0, 1})) == {}
+    j.close()

@@ -200,3 +200,43 @@ def test_name_and_start_time_are_what_psutil_reads(tmp_path):
         terminate(proc)
     assert start_time_of(proc.pid) is None  # gone (reaped by terminate)
     assert find_process(tricky) is None
+
+
+def test_a_pods_process_named_kubelet_does_not_hide_the_kubelets_restarts(tmp_path):
+    """L7 (issue 36): a decoy of the same name, started first (the oldest) in a PID namespace
+    of its own (a pod without hostPID), and the node's process restarted: the source follows
+    the node's process, and its restart is counted. Before, the oldest process of that name
+    was "the kubelet": the decoy, and the restart was never seen."""
+    exe = tmp_path / NAME
+    exe.symlink_to(shutil.which("sleep"))
+    decoy = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", str(exe), "600"])
+    first = second = None
+    emitted: list = []
+    try:
+        from exporter.sources.kubelet.kubelet_process import _name_and_ticks, find_process
+        from testkit.exporter_proc import poll_until
+
+        def decoys() -> list[int]:
+            return [int(p) for p in os.listdir("/proc") if p.isdigit()
+                    and (_name_and_ticks("/proc", int(p)) or (b"",))[0] == NAME.encode()]
+
+        poll_until(decoys, bool, 10, 0.02, lambda d: AssertionError("no decoy ran"))
+        assert find_process(NAME) is None  # only the decoy runs: no kubelet
+        time.sleep(0.05)  # the decoy is the oldest by a few clock ticks
+        first = spawn(tmp_path)
+        source = KubeletProcessSource(MonotonicWallClock(), process_name=NAME)
+        source.poll(emitted.append)
+        assert _of(KubeletProcess, emitted)[-1].pid == first.pid
+        terminate(first)
+        time.sleep(SAME_START + 0.1)
+        second = spawn(tmp_path)
+        source.poll(emitted.append)
+        assert _of(KubeletProcess, emitted)[-1].pid == second.pid
+    finally:
+        for proc in (first, second, decoy):
+            if proc is not None:
+                terminate(proc)
+    view = KubeletView()
+    for event in emitted:
+        view.handle(event)
+    assert view.restarts == 1

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from testkit.exporter_proc import RunningExporter, poll_until
@@ -72,11 +73,12 @@ def _plan_cpu(exporter) -> None:
     assert headers["Content-Type"] == "application/json"
     if online == 2:  # this machine: cpu1 goes, the Node would offer 0 CPUs
         assert answer["cpu"]["take"] == [1]
-        assert sorted(p["name"] for p in answer["rejected_pods"]) == ["half-1", "half-2"]
-        assert {p["reason"] for p in answer["rejected_pods"]} == {"OutOfcpu"}
-        assert answer["safe"] is False
-    for key in ("safe", "cpu", "memory", "rejected_pods", "stale_containers", "refusals"):
-        assert key in answer
+        assert sorted(p["name"] for p in answer["pods"]["rejected"]) == ["half-1", "half-2"]
+        assert {p["reason"] for p in answer["pods"]["rejected"]} == {"OutOfcpu"}
+        assert answer["safe"] is False and answer["verdict"] == "harmful"
+    assert answer["node"] == "plan-node" and len(answer["generation"]) == 16
+    schema = json.loads((Path(__file__).parents[2] / "docs/plan.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(answer)
     assert state() == before  # read-only
 
 
@@ -91,7 +93,8 @@ def test_memory_plan_and_the_unpluggable_gauges(exporter):
         online = sum(1 for p in Path("/sys/devices/system/memory").glob("memory*")
                      if (p / "state").read_text().strip() == "online")
         s = exporter.wait_for(lambda s: sum(
-            s.series("node_resize_memory_blocks_by_zone").values()) == online)
+            s.series("node_resize_memory_blocks_by_zone").values()) == online
+            and s.value("node_resize_unpluggable", resource="cpu", unit="core") is not None)
     assert s.value("node_resize_unpluggable", resource="cpu", unit="core") is not None
     assert s.value("node_resize_unpluggable", resource="memory", unit="byte") is not None
 
@@ -102,7 +105,6 @@ def test_memory_plan_and_the_unpluggable_gauges(exporter):
     ("cpu=1.5", "no fractions"),
     ("memory=-1Qi", "not a size"),
     ("", "no change given"),
-    ("cpu=-64", "take at most"),
 ])
 def test_bad_queries_are_400_with_the_fix(exporter, query, fix):
     status, answer, _ = poll_until(
@@ -110,6 +112,49 @@ def test_bad_queries_are_400_with_the_fix(exporter, query, fix):
         lambda got: AssertionError(f"{got}"))
     assert status == 400
     assert fix in answer["error"] and answer["fix"]
+
+
+def test_more_than_the_machine_has_is_an_answer_not_a_400(exporter):
+    status, answer, _ = poll_until(
+        lambda: get(exporter.url + "/plan?cpu=-64"), lambda got: got[0] != 429, 30, 0.5,
+        lambda got: AssertionError(f"{got}"))
+    assert status == 200 and answer["verdict"] == "harmful"
+    assert "take at most" in answer["harm"][0]
+
+
+def test_malformed_questions_are_not_charged_to_the_plan_budget(exporter):
+    """400 only for a malformed question, answered before the plan budget is charged: a
+    burst of them leaves a well-formed question answered at once."""
+    for _ in range(20):
+        assert get(exporter.url + "/plan?cpu=1.5")[0] == 400
+    assert get(exporter.url + "/plan?memory=-128Mi")[0] == 200
+
+
+def test_the_cli_and_get_plan_give_one_answer(exporter, api, tmp_path):
+    """Issue 35 item 3: the same question on the same node, asked of `plan` and of GET /plan
+    seconds apart, gets the same answer (it was "safe" from one, "cannot" from the other)."""
+    import subprocess
+    import sys
+    kubeconfig = api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    for question, flags in (("memory=-1Gi", ("--memory", "-1Gi")),
+                            ("cpu=-1", ("--cpu", "-1"))):
+        with hotplug_lock():  # the kernel stays as it is between the two asks
+            status, http, _ = poll_until(
+                lambda: get(exporter.url + "/plan?" + question), lambda got: got[0] != 429,
+                30, 0.5, lambda got: AssertionError(f"{got}"))
+            done = subprocess.run([sys.executable, "-m", "exporter", "plan", *flags,
+                                   "--output", "json", "--kubeconfig", kubeconfig,
+                                   "--node-name", "plan-node", "--kubelet-root-dir", "",
+                                   "--cgroup-root", ""], capture_output=True, text=True,
+                                  timeout=120)
+        cli = json.loads(done.stdout)
+        assert status == 200 and done.returncode == {"safe": 0, "harmful": 1,
+                                                     "unknown": 3}[cli["verdict"]]
+        for key in ("verdict", "harm", "cpu", "memory", "capacity_after", "allocatable_after",
+                    "pods", "refusals", "kubelet", "actions", "generation", "node"):
+            assert http[key] == cli[key], (key, http[key], cli[key])
+        assert {k for k, v in http["inputs"].items() if v == "read"} == \
+            {k for k, v in cli["inputs"].items() if v == "read"}
 
 
 def test_a_flood_of_plans_gets_429_and_the_exporter_carries_on(exporter):
@@ -137,5 +182,5 @@ def test_with_kubernetes_auth_plan_needs_its_own_grant(api, tmp_path):
         # A memory plan: valid whatever other tests do to cpu1 meanwhile.
         assert answered("metrics-only", "/plan?memory=-128Mi")[0] == 403
         status, _, body = answered("planner", "/plan?memory=-128Mi")
-        assert status == 200 and "rejected_pods" in json.loads(body)
+        assert status == 200 and "pods" in json.loads(body)
         assert answered(None, "/plan?memory=-128Mi")[0] == 401

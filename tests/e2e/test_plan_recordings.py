@@ -143,3 +143,17 @@ def test_more_than_the_machine_is_a_harmful_answer_not_an_error(tmp_path, args, 
                 "--kubelet-root-dir", "", "--cgroup-root", "")
     assert done.returncode == 1, done.stdout + done.stderr
     assert most in done.stdout and "Traceback" not in done.stderr
+
+
+def test_plan_help_lists_only_plans_options():
+    """Issue 38: `plan --help` listed about 40 options, nearly all of them `run`'s."""
+    done = subprocess.run([sys.executable, "-m", "exporter", "plan", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for flag in ("--cpu", "--memory", "--output", "--generation", "--kubeconfig",
+                 "--node-name", "--kubelet-root-dir", "--cgroup-root", "--path.sysfs"):
+        assert flag in done.stdout, flag
+    for flag in ("--web.listen-address", "--journal", "--web.config.file", "--source",
+                 "--coalesce-window", "--page-flags-blocks"):
+        assert flag not in done.stdout, flag
+    assert "Exit status: 0 safe, 1 harmful" in done.stdout

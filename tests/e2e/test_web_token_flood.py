@@ -127,10 +127,11 @@ def _flood_at_its_budget(flood: BearerFlood) -> None:
 
 
 def _review_bound(elapsed: float, addresses: int) -> float:
-    """Reviews a flood from `addresses` addresses can cause in `elapsed` seconds, at most."""
+    """Reviews a flood from `addresses` addresses can cause in `elapsed` seconds, at most: the
+    shared budget, and each address's first review besides."""
     per_address = PER_ADDRESS_BURST + PER_ADDRESS_RATE * elapsed
     shared = REVIEW_BURST + REVIEW_RATE * elapsed
-    return min(per_address * addresses, shared) + MAX_REVIEWS
+    return min(per_address * addresses, shared + addresses) + MAX_REVIEWS
 
 
 @pytest.mark.parametrize("flood_kind", FLOODS)
@@ -369,9 +370,9 @@ def test_the_health_listener_says_down_when_the_main_loop_is_wedged():
     main listener's loop stops turning, 200 while it turns."""
     from prometheus_client import CollectorRegistry
 
-    from exporter.web.server import MetricsServer
-    server = MetricsServer("127.0.0.1", 0, CollectorRegistry(), auth="none",
-                           health_address=("127.0.0.1", 0))
+    from exporter.web.server import MetricsServer, WebSettings
+    server = MetricsServer(WebSettings("127.0.0.1", 0, auth="none",
+                                       health_address=("127.0.0.1", 0)), CollectorRegistry())
     assert server.health is not None
     server.start()
     try:
@@ -474,3 +475,154 @@ def test_connections_waiting_on_a_review_do_not_keep_a_scraper_out(api):
         logs = exp.logs()
     assert got == [200] * 3, (got, flood.statuses)
     assert "all busy: closing new ones" not in logs
+
+
+PLANNER = "system:serviceaccount:kubevirt:planner"
+
+
+def test_a_flood_of_made_up_tokens_on_plan_locks_no_orchestrator_out(api):
+    """H2 (issue 36): /plan's token reviews are budgeted per client address like /metrics'.
+    Made-up tokens from 127.0.0.2 on 4 TLS connections, as fast as the exporter answers; an
+    orchestrator's allowed token from 127.0.0.3 gets 200 at once, and so does its rotated
+    token. Before, /plan reviewed every token without the client's address, so the flood
+    spent the one budget every /plan client shared: 429 on 40 of 40 tries."""
+    api.allow_path(f"user:{PLANNER}", "/plan")
+    plan = "/plan?memory=-128Mi"  # valid whatever other tests do to cpu1 meanwhile
+    with KubeAuthExporter(api.kubeconfig) as exp:
+        with BearerFlood(exp.port, _made_up, connections=4, sources=("127.0.0.2",),
+                         path=plan) as flood:
+            _flood_at_its_budget(flood)
+            got = []
+            for name in ("planner", "planner-rotated"):
+                token = f"{name}-{secrets.token_urlsafe(16)}"
+                api.add_token(token, PLANNER)
+                got.append(_status(bearer_get(exp.port, plan, token=token,
+                                              source="127.0.0.3")))
+        statuses = dict(flood.statuses)
+    print(f"/plan flood: {flood.sent} made-up tokens, {statuses}; orchestrator {got}")
+    assert got == [200, 200], got
+    assert set(statuses) <= {401, 429, 503}, statuses
+
+
+def _holders(port: int, stop, slow: bool, opened: list[int]) -> None:
+    """One connection to the health listener that sends nothing (or, `slow`, a byte of a
+    request every 0.5 s), opened again as soon as it is cut: what any local process can do.
+    `opened[0]` counts the connections made."""
+    import socket
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                opened[0] += 1
+                while not stop.wait(0.5):
+                    if slow:
+                        s.sendall(b"G")
+                    elif s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                        break  # cut
+        except BlockingIOError:
+            continue
+        except OSError:
+            stop.wait(0.01)
+
+
+def test_idle_and_slow_connections_do_not_hold_the_liveness_listener():
+    """M4 (issue 36): 16 connections that send nothing and 16 that send a byte every 0.5 s,
+    each reopened as soon as it is cut, from the probe's own address: probed once a second,
+    every probe is answered 200 within the probe's timeout. Before, they held its 16
+    connections and new ones were closed at once: 0-3 of 30 probes answered."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from exporter.web.server import MetricsServer, WebSettings
+    server = MetricsServer(WebSettings("127.0.0.1", 0, auth="none",
+                                       health_address=("127.0.0.1", 0)), CollectorRegistry())
+    assert server.health is not None
+    server.start()
+    stop, opened = threading.Event(), [0]
+    holders = [threading.Thread(target=_holders, args=(server.health.port, stop, i % 2 == 1,
+                                                       opened), daemon=True)
+               for i in range(32)]
+    try:
+        for t in holders:
+            t.start()
+        poll_until(lambda: opened[0], lambda n: n >= 64, 30, 0.05,
+                   lambda n: AssertionError(f"the holders never got going: {n}"))
+        probes = []
+        for _ in range(10):
+            time.sleep(1.0)  # the probe's period, not a wait for a condition
+            probes.append(_plain_healthz(server.health.port, PROBE_TIMEOUT))
+        evicted = getattr(server.health, "evicted", 0)
+    finally:
+        stop.set()
+        for t in holders:
+            t.join(10)
+        server.stop()
+    print(f"32 idle/slow connections, {opened[0]} opened: probes {probes}; {evicted} closed "
+          "for room")
+    assert [status for status, _ in probes] == [200] * 10, probes
+    assert max(seconds for _, seconds in probes) < PROBE_TIMEOUT, probes
+    assert evicted > 0
+
+
+def test_a_flood_from_60_addresses_leaves_a_new_scrapers_first_review_its_own_budget():
+    """M5 (issue 36), KubeAuth alone with a clock it is told: made-up tokens from 60 addresses,
+    2 a second each on average (at random moments, a fixed seed), for a minute; then a scraper
+    from an address never seen before, at a 30 s scrape interval, is allowed at its first
+    scrape, and twice more. Before, the 60 addresses spent the budget every address with no
+    allowed token shares (5 a second), and the new scraper got its first 200 at scrape 12, 6
+    minutes in."""
+    import asyncio
+    import random
+
+    from exporter.web.kubeauth import KubeAuth, Verdict
+    from testkit.kubeauth import ScriptedReviews
+
+    now, rng = [1000.0], random.Random(36)
+    flooders = [f"127.0.1.{n}" for n in range(60)]
+
+    async def flood(seconds: float) -> None:
+        for i in range(int(seconds * 2 * len(flooders))):
+            now[0] += rng.expovariate(2 * len(flooders))
+            await auth.authorize(f"Bearer made-up-{i}-{now[0]}", rng.choice(flooders))
+
+    async def run() -> list[Verdict]:
+        got = []
+        await flood(60)
+        for n in range(3):  # a new scraper (its own token each time: nothing cached)
+            got.append(await auth.authorize(f"Bearer good-{n}", "127.0.2.1"))
+            await flood(30)
+        return got
+
+    reviews = ScriptedReviews({f"good-{n}": "prom" for n in range(3)}, {"prom"})
+    auth = KubeAuth(lambda: reviews, "/metrics", clock=lambda: now[0])
+    got = asyncio.run(run())
+    token_reviews = reviews.posts["/apis/authentication.k8s.io/v1/tokenreviews"]
+    print(f"60 flooding addresses for 2.5 min: the new scraper {got}; {token_reviews} reviews")
+    assert got == [Verdict.ALLOWED] * 3, got
+    # The flood's reviews: the shared budget, and one first review per address at most more.
+    assert token_reviews <= REVIEW_BURST + REVIEW_RATE * 150 + len(flooders) + 3
+
+
+def test_a_flood_from_60_loopback_addresses_lets_a_new_scraper_in_within_2_scrapes(api):
+    """M5 (issue 36), a real `run`: made-up tokens from 60 loopback addresses (127.0.1.x), as
+    fast as the exporter answers, past the moment each address had its first review (5-6
+    a second: the shared budget and the newcomers'); a
+    Prometheus from an address never seen before gets its first 200 within 2 scrapes. Before,
+    the shared budget went to the 60 addresses and its first 200 came at scrape 12."""
+    flooders = tuple(f"127.0.1.{n}" for n in range(1, 61))
+    with KubeAuthExporter(api.kubeconfig) as exp:
+        with BearerFlood(exp.port, _made_up, connections=len(flooders),
+                         sources=flooders) as flood:
+            # Each address has had its first review (401, or 503 where the API server failed)
+            started = time.monotonic()
+            poll_until(lambda: {a for a, got in dict(flood.by_source).items()
+                                if got & {401, 503}},
+                       lambda reviewed: len(reviewed) == len(flooders), 120, 0.1,
+                       lambda r: AssertionError(f"{len(r)} flooding addresses reviewed"))
+            warm = time.monotonic() - started
+            _flood_at_its_budget(flood)
+            got = _scrapes_to_first_200(exp.port, _token(api, "prom-m5"), "127.0.2.1")
+        statuses = dict(flood.statuses)
+    print(f"60 addresses: {flood.sent} made-up tokens in {flood.elapsed:.1f} s (each reviewed "
+          f"once after {warm:.1f} s), {statuses}; new scraper {got}")
+    assert got[-1] == 200, got

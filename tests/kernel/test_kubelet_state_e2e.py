@@ -31,7 +31,7 @@ def kernel_offline(s) -> float | None:
 
 def test_restart_blocked_within_one_kernel_event(cpu1, tmp_path):
     root = tmp_path / "kubelet"
-    root.mkdir()
+    (root / "pods").mkdir(parents=True)  # a kubelet's root: its pods folder is always there
     shutil.copy(FIXTURES / "cpu_manager_state.static-0-1", root / "cpu_manager_state")
     with FakeApiServer() as api, kubepods_cgroup("0-1") as (cgroup_root, _):
         api.set_node(NODE, cpu="2", memory="8Gi")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.plan.planner import judge_blocks
+from exporter.plan.planner import judge_block, judge_blocks
 from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit import kernel
@@ -57,7 +57,14 @@ def test_a_block_judged_to_go_goes_and_one_judged_refused_is_refused():
             verdicts = judge_blocks(hw, reader.read, budget=len(hw.blocks))
         going = [v.number for v in verdicts if v.ok]
         if not going:
-            pytest.skip("no block above 4 GiB is judged to go on this machine now")
+            # None above 4 GiB now: the page verdict alone (the DMA policy aside) on the
+            # blocks below, which on this machine are the ones that go most often.
+            by_number = {b.number: b for b in hw.blocks}
+            with PageFlagsReader(hw.block_size) as reader:
+                going = [v.number for v in verdicts if v.reason == "dma"
+                         and judge_block(by_number[v.number],
+                                         reader.read(v.number)).ok][:1]
+        assert going, "no block is judged to go: the kernel cannot be asked"
         refused = [v.number for v in verdicts if v.reason == "unmovable_pages"][:1]
         for number, expected in [(going[0], True)] + [(n, False) for n in refused]:
             block = kernel.MemoryBlock(number)

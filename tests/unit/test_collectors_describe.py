@@ -4,14 +4,15 @@ takes only the values docs/metrics.md lists."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.correlate.ledger import KernelLedger
-from exporter.correlate.readmission_forecast import ReadmissionForecast
-from exporter.sinks.forecast_collector import ForecastCollector
+from exporter.sinks.collectors import COLLECTORS as TABLE
+from exporter.sinks.collectors import Wiring
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.kube_events import KubeEventsSink
 from exporter.sinks.kubelet_collector import KubeletSink
@@ -22,20 +23,41 @@ from exporter.sinks.traces.sink import TraceSink
 from exporter.web.authmetrics import WebAuthCollector
 from exporter.web.kubeauth import WebAuthStats
 from testkit import metrics_doc
-
-# What the composition root registers (exporter/app.py `serve`), one of each.
-COLLECTORS = {
-    "metrics": lambda: MetricsSink(threading.Lock(), KernelLedger()),
-    "kubelet": KubeletSink,
-    "running_pods": RunningPodsSink,
-    "forecast": lambda: ForecastCollector(threading.Lock(), ReadmissionForecast()),
-    "web_auth": lambda: WebAuthCollector(WebAuthStats()),
-}
+from testkit.plan import fake_host, plan_agent
 
 
-@pytest.mark.parametrize("name", list(COLLECTORS))
-def test_the_registry_names_each_collector_and_refuses_it_twice(name):
-    make = COLLECTORS[name]
+def _wiring(root: Path) -> Wiring:
+    """An agent without sources, wired as exporter/app.py serve wires it."""
+    root.mkdir()
+    agent, plan = plan_agent(*fake_host(root))
+    return Wiring(agent, MetricsSink(agent.lock, KernelLedger()), plan.shared.running,
+                  plan.shared.kubelet, plan)
+
+
+# What the composition root registers: the collectors' table (exporter/sinks/collectors.py),
+# and the web endpoint's own.
+MAKERS = {spec.name: spec.build for spec in TABLE}
+MAKERS["web_auth"] = lambda _: WebAuthCollector(WebAuthStats())
+
+
+def test_serve_and_check_read_the_collectors_from_the_table_alone():
+    import inspect
+
+    from exporter import app
+    from exporter.cli import check
+    for module in (app, check):
+        source = inspect.getsource(module)
+        for cls in ("ForecastCollector", "KubeletSink", "MetricsSink(", "PlanSink.check"):
+            assert f"register({cls}" not in source and f"{cls}.check" not in source, \
+                (module.__name__, cls)
+    assert [s.name for s in TABLE] == ["metrics", "kubelet", "running_pods", "forecast",
+                                       "plan"]
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_the_registry_names_each_collector_and_refuses_it_twice(name, tmp_path):
+    def make():
+        return MAKERS[name](_wiring(tmp_path / str(len(list(tmp_path.iterdir())))))
     first = make()
     assert not hasattr(first, "describe"), "a hand-made describe(): let the registry do it"
     registry = CollectorRegistry(auto_describe=True)

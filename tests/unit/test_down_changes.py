@@ -42,3 +42,18 @@ def test_transitions_after_the_snapshot_apply_in_kernel_order():
     before = state_at_stop(events)
     assert before is not None and before.cpus_online == {0, 1}
     assert state_at_stop([cpu1(Direction.OFFLINE, T0)]) is None  # no snapshot: nothing known
+
+
+def test_a_snapshot_naming_units_the_host_lacks_is_bounded_by_the_host():
+    """L8 (issue 36): a journal whose snapshot names 8,192 CPUs and 65,536 memory blocks, on a
+    host with 2 CPUs and 1 block: only the host's units are compared (before, 8,190 CPU and
+    65,535 memory down-changes were counted): blocks gone from sysfs count as many as the
+    host has at most. A real change on the host still counts."""
+    forged = KernelSnapshot(T0, frozenset(range(8192)), frozenset(), frozenset(range(8192)),
+                            frozenset(range(8192)), 128 << 20, frozenset(range(65536)),
+                            frozenset(), 1 << 30, 0)
+    before = state_at_stop([forged])
+    assert changes_while_down(before, snap(T0 + 10, {0, 1})) == {
+        (Resource.MEMORY, Direction.OFFLINE): 1}
+    assert changes_while_down(before, snap(T0 + 10, {0})) == {
+        (Resource.CPU, Direction.OFFLINE): 1, (Resource.MEMORY, Direction.OFFLINE): 1}

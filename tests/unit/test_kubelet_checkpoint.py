@@ -339,3 +339,14 @@ def test_an_unreadable_checkpoint_is_no_verdict_and_the_source_says_why(tmp_path
         "SourceStatus", "CpuManagerCheckpoint", "MemoryManagerCheckpoint"]
     assert emitted[1].up
     source.close()
+
+
+def test_a_checkpoint_source_gone_down_leaves_no_verdict_behind():
+    """A checkpoint read, then the root unmounted (or unreadable): the restart verdict that
+    was read says nothing now; restart_blocked is absent, not stuck at its last value."""
+    view = KubeletView()
+    for event in (snapshot({0}), parse_cpu_manager_state(fixture("static-0-1"), "p", 1.0)):
+        view.handle(event)
+    assert view.restart_blocked() == {"cpu_manager_state": 1}
+    view.handle(SourceStatus("kubelet_checkpoint", False, 2.0, "not mounted: ..."))
+    assert view.restart_blocked() == {}

@@ -192,6 +192,7 @@ def test_page_flags_are_read_only_until_enough_blocks_can_go_and_within_the_budg
     p = plan(Change(0, -2 * BLOCK), inputs(hw), flags, page_budget=2)
     assert read == [119, 118] and p.memory_take == (119,) and p.memory_short_bytes == 0
     assert p.verdict == "unknown" and any("page flags" in u for u in p.unjudged)
+    assert p.inputs["page_flags"].startswith("8 blocks of removable devices not read")
 
 
 def test_a_size_that_is_not_whole_blocks_takes_whole_blocks_and_says_so():
@@ -324,3 +325,17 @@ def test_the_forecast_runs_on_the_hypothetical_kernel_and_is_given_back():
     assert all(r.uid for r in p.rejected_pods)
     assert f.result() is not None and f.result().rejected_total == 0  # the real kernel again
     assert plan(Change(1, 0), Inputs(snapshot(1), hardware(), forecast=f)).cpu_add == (1,)
+
+
+def test_the_unpluggable_cpus_honour_the_kubelets_checkpoint():
+    """Issue 38: the gauge promised no harm while a static CPU manager checkpoint names every
+    CPU (the kubelet would not restart after any CPU goes): it is the plan's own verdict."""
+    from exporter.plan.planner import unpluggable
+    hw = hardware(hotpluggable=frozenset({1, 2, 3}))
+    none = CpuManagerCheckpoint(T, "/var/lib/kubelet/cpu_manager_state", True, "none")
+    static = CpuManagerCheckpoint(T, "/var/lib/kubelet/cpu_manager_state", True, "static",
+                                  frozenset({0, 1, 2, 3}))
+    mp = MemoryManagerCheckpoint(T, "/var/lib/kubelet/memory_manager_state", False)
+    for cp, want in ((none, 3), (static, 0)):
+        ins = inputs(hw, cpus=4, cpu_checkpoint=cp, memory_checkpoint=mp, no_kubelet=True)
+        assert unpluggable(ins, [])[0] == want

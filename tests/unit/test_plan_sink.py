@@ -31,7 +31,12 @@ def wired(tmp_path):
     assert isinstance(converted, NodeStatus)
     handle(agent, converted)
     for name in ("a", "b"):
-        handle(agent, pod_status(pod(name, {"cpu": "500m"}), T, None).event)
+        obj = pod(name, {"cpu": "500m"})
+        if name == "a":  # a ReplicaSet's pod; b is a bare pod
+            obj["metadata"]["ownerReferences"] = [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f",
+                 "uid": "rs-uid", "controller": True}]
+        handle(agent, pod_status(obj, T, None).event)
     pods_listed(agent)
     return agent, s
 
@@ -62,6 +67,8 @@ def test_a_plan_query_is_answered_with_the_pods_it_would_cost(sink):
     answer = json.loads(body)
     assert status == 200 and answer["cpu"]["take"] == [1] and not answer["safe"]
     assert [p["reason"] for p in answer["pods"]["rejected"]] == ["OutOfcpu", "OutOfcpu"]
+    assert [p["owner_kind"] for p in answer["pods"]["rejected"]] == ["ReplicaSet", None]
+    assert all(p["uid"] for p in answer["pods"]["rejected"])
     status, body = sink.http("memory=-256Mi")
     answer = json.loads(body)
     assert sorted(answer["memory"]["take"]) == [40, 41] and answer["safe"], answer
@@ -152,6 +159,8 @@ def test_the_plan_reads_the_pods_the_agent_keeps_and_keeps_none_of_its_own(agent
     # hold each pod a second time and handle each pod event a second time.
     assert not [name for name, v in vars(sink).items()
                 if isinstance(v, (ReadmissionForecast, RunningPodsView))]
+    # Nor the kubelet's checkpoints and gates: the kubelet sink's view keeps them (issue 34).
+    assert not {"cpu_checkpoint", "memory_checkpoint", "kubelet_resizes"} & set(vars(sink))
     assert sink.shared.forecast is agent.correlator.forecast
     fed: list[str] = []
     for cls, method in ((ReadmissionForecast, "on_pod"), (RunningPodsView, "handle")):
@@ -216,8 +225,8 @@ def test_a_fifo_where_kpageflags_should_be_is_not_read(tmp_path):
 
 @pytest.mark.parametrize("status, says", [
     (None, "have not been listed yet"),
-    (("list of pods: more than 10000 objects",), "cut at its bound"),
-    (("pods is forbidden: User cannot list resource",), "forbidden"),
+    (("list of pods: more than 10000 objects", "truncated"), "cut at its bound"),
+    (("pods is forbidden: User cannot list resource", "forbidden"), "forbidden"),
 ])
 def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_path, status,
                                                                          says):
@@ -233,7 +242,7 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
     kubelet_read(agent)
     handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
     if status is not None:
-        handle(agent, SourceStatus("kube_pods", False, T, status[0]))
+        handle(agent, SourceStatus("kube_pods", False, T, *status))
     answer = json.loads(s.http("memory=-128Mi")[1])
     assert answer["verdict"] == "unknown" and any(says in u for u in answer["unknown"]), answer
     got = values(s)
@@ -283,6 +292,13 @@ def test_with_kubernetes_off_the_pods_are_not_judged_and_the_plan_says_so(tmp_pa
         not answer["considered"]["kubernetes"], answer
     assert answer["inputs"]["pods"] == "not needed"
     assert values(s)[("node_resize_unpluggable", ("cpu", "core"))] == 3
+    # A kubepods cgroup on the host (a kubelet runs, its root elsewhere): the pods unread.
+    from testkit.container_cgroups import construct
+    s.cgroup_root = str(construct(tmp_path / "cg", 2, "cgroupfs", [
+        ("burstable", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "a" * 64, {})]))
+    answer = json.loads(s.http("cpu=-2")[1])
+    assert answer["verdict"] == "unknown" and answer["inputs"]["pods"].startswith(
+        "the Kubernetes side is off"), answer
 
 
 def test_page_flags_cached_are_not_charged_and_repeated_asks_read_further(tmp_path,
@@ -311,3 +327,13 @@ def test_page_flags_cached_are_not_charged_and_repeated_asks_read_further(tmp_pa
         assert answer["memory"]["short_bytes"] == 0  # not read is never "cannot"
     assert verdicts == ["unknown", "unknown", "safe"]
     assert answer["memory"]["take"] == list(range(47, 39, -1))
+
+
+def test_the_plan_reads_the_kubelets_checkpoint_from_the_kubelet_sinks_view(agent, sink):
+    """The CPU manager's checkpoint the agent hands on reaches the plan through the kubelet
+    sink's view (kept once): a static policy makes stopping the kubelet a step."""
+    from testkit.forecast import static_policy
+    handle(agent, static_policy())
+    assert sink.shared.kubelet.view.cpu_checkpoint is not None
+    answer = json.loads(sink.http("cpu=-1")[1])
+    assert "stop_kubelet" in [a["do"] for a in answer["actions"]], answer["actions"]

@@ -29,6 +29,7 @@ from exporter.correlate.readmission_forecast import (
 )
 from exporter.events import (
     Direction,
+    DownCause,
     PodsRelisted,
     PodStatus,
     Resource,
@@ -108,8 +109,8 @@ def test_the_episode_carries_the_forecast_the_restart_then_proved_right(pod_sour
     for e in before:
         feed(pod_status(e["object"], clock.t, None).event, clock.t)
     if pod_source == "forbidden":  # RBAC changed: the pods can no longer be seen
-        feed(SourceStatus("kube_pods", False, clock.t, 'API server answered 403 for pods: '
-                          'pods is forbidden'), clock.t)
+        feed(SourceStatus("kube_pods", False, clock.t, "RBAC: forbidden to list/watch pods: "
+                          "pods is forbidden", DownCause.FORBIDDEN), clock.t)
     off = at("08:31:00")
     feed(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS, off,
                     off - 0.0078125), off)
@@ -511,13 +512,25 @@ def test_the_forecast_is_valid_only_while_the_pod_source_has_listed_and_is_up():
     assert v.current.reason == "pods_not_listed"
     v.on_source_status(SourceStatus("kube_pods", True, T, "listed pods (3)"))
     assert (v.current.valid, v.current.reason, v.current.describe()) == (True, "ok", "")
-    for reason, why in (
-            ("list of pods has more than 10000 objects", "pods_truncated"),
-            ("RBAC: forbidden (403): pods is forbidden", "pods_forbidden"),
-            ("API server unreachable: connection refused", "pods_source_down")):
-        v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+    for reason, cause, why in (
+            ("list of pods has more than 10000 objects", DownCause.TRUNCATED, "pods_truncated"),
+            ("RBAC: forbidden (403): pods is forbidden", DownCause.FORBIDDEN, "pods_forbidden"),
+            ("API server unreachable: connection refused", "", "pods_source_down")):
+        v.on_source_status(SourceStatus("kube_pods", False, T, reason, cause))
         assert (v.current.valid, v.current.reason) == (False, why)
         assert reason in v.current.describe() and v.current.fix
+
+
+@pytest.mark.parametrize("reason", [
+    "API server did not answer the pods list after 4030ms", "more than 600 requests queued "
+    "(objects pending)", "pods is forbidden: the proxy said 403", "RBAC: forbidden (403)"])
+def test_the_invalid_reason_is_the_sources_typed_cause_never_its_words(reason):
+    """Issue 36 L5: "after 4030ms" read as forbidden, "more than 600 requests" as truncated.
+    Without a typed cause the source is down, whatever its (and the server's) words say."""
+    from exporter.correlate.forecast_validity import ForecastValidity
+    v = ForecastValidity()
+    v.on_source_status(SourceStatus("kube_pods", False, T, reason))
+    assert v.current.reason == "pods_source_down"
 
 
 def test_a_hypothetical_kernel_leaves_the_forecast_as_it_was():

@@ -294,6 +294,36 @@ def test_source_emits_a_scan_when_it_changes_and_counts_what_it_skipped(tmp_path
         source.close()
 
 
+def test_no_kubepods_cgroup_is_the_source_down_not_an_empty_scan(tmp_path):
+    """Issue 35 item 1: no kubepods cgroup under --cgroup-root is "not read" (the source
+    down, saying why; no scan handed on, so no series), never "no container is stale"."""
+    from exporter.events import SourceStatus
+
+    class Clock:
+        def now(self):
+            return 1.0
+
+    source = RunningPodsSource(Clock(), str(tmp_path / "cg"), str(tmp_path), min_interval=0.001)
+    got: list = []
+    try:
+        source.read(got.append)
+        [down] = got
+        assert isinstance(down, SourceStatus) and not down.up
+        assert "no kubepods cgroup found" in down.reason and "--cgroup-root" in down.reason
+        construct(tmp_path / "cg", 1, "cgroupfs", [("burstable", UID, CID, {
+            "cpuset.cpus": "0-1"})])
+        source.read(got.append)
+        assert [type(e) for e in got[1:]] == [SourceStatus, RunningContainers]
+        assert got[1].up
+        rmdir = __import__("shutil").rmtree
+        rmdir(tmp_path / "cg")  # gone again: down, and one empty scan clears the last
+        source.read(got.append)
+        assert [type(e) for e in got[3:]] == [SourceStatus, RunningContainers]
+        assert not got[3].up and got[4].cgroup_version == 0
+    finally:
+        source.close()
+
+
 # ---------------------------------------------------------------- check
 
 
@@ -332,7 +362,9 @@ def test_check_names_stale_containers_and_the_fix(tmp_path):
     assert check.fix.startswith("restart the pod")
     empty = Options(sysfs_root=str(tmp_path / "sys"), procfs_root=str(tmp_path / "proc"),
                     cgroup_root=str(tmp_path / "none"))
-    assert check_running_pods(empty, pods=[]).status == "ok"
+    check = check_running_pods(empty, pods=[])  # nothing seen: not "none stale"
+    assert check.status == "warn" and "no kubepods cgroup found" in check.detail
+    assert "--cgroup-root" in check.fix
 
 
 def test_without_a_checkpoint_cpus_only_guaranteed_containers_hold_are_exclusive():
@@ -594,3 +626,40 @@ def test_check_ends_with_a_fifo_in_the_cgroup_tree(tmp_path):
     t.join(60)
     assert not t.is_alive(), "check blocked on the FIFO"
     assert "1 unreadable" in out[0].detail and "not a regular file (a FIFO)" in out[0].detail
+
+
+def test_cpusets_are_shared_by_value_and_bounded_whatever_their_text(tmp_path):
+    """L6 (issue 36): 1,000 containers whose cpusets are written differently but name the same
+    CPUs (`0-8191,N`) share one set: a few MiB, not the +748 MiB of one set per text. Distinct
+    sets are bounded too: a tree whose every container names its own 8,191 CPUs costs at most
+    MEMBERS_PER_SCAN CPUs of sets, the containers past it unreadable (counted), not memory."""
+    import tracemalloc
+
+    from exporter.sources.kubelet import running_pods
+
+    def scanned(cpuset) -> tuple[object, int, list[str]]:
+        containers = [("burstable", f"{UID[:-4]}{i:04x}", f"{i:064x}",
+                       {"cpuset.cpus": cpuset(i)}) for i in range(1000)]
+        root = construct(tmp_path / f"cg{len(list(tmp_path.iterdir()))}", 1, "cgroupfs",
+                         containers)
+        problems: list[str] = []
+        tracemalloc.start()
+        try:
+            event = scan(root, tmp_path, 1.0, problems=problems, seconds=60)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        return event, peak, problems
+
+    event, peak, _ = scanned(lambda i: f"0-8191,{i}\n")
+    assert len(event.containers) == 1000 and event.skipped == 0
+    first = event.containers[0].cpus
+    assert len(first) == running_pods.NR_CPUS_MAX
+    assert all(c.cpus is first for c in event.containers)
+    assert peak < 16 * 2**20, peak
+    event, peak, problems = scanned(lambda i: f"0-{i},{i + 2}-8191\n")  # all distinct
+    held = sum(len(s) for s in {id(c.cpus): c.cpus for c in event.containers}.values())
+    assert held <= running_pods.MEMBERS_PER_SCAN
+    assert event.skipped == 1000 - len(event.containers) > 0
+    assert "distinct cpusets" in problems[0]
+    assert peak < 32 * 2**20, peak

@@ -132,3 +132,19 @@ def test_check_lists_the_toy_only_when_asked(toy, node):
     assert "bpf source" not in text and "BPF source" not in text  # not asked for
     text, _ = render(run_checks(Options(sources=("sysfs",), **common)))
     assert "toy source" not in text
+
+
+def test_the_registry_names_the_source_and_refuses_a_source_named_otherwise():
+    """Issue 34: a source's `name` was declared beside its spec's and nothing checked they
+    match: its series, pokes and log lines would name a source nobody registered."""
+    class Unnamed(ToySource):
+        name = Source.name  # the base's default: the registry gives it the spec's
+
+    class Misnamed(ToySource):
+        name = "toy2"
+
+    ctx = registry.SourceContext(Options(), MonotonicWallClock(), "n1")
+    built = SourceSpec("toy", KERNEL, "toy", lambda c: Unnamed(c.clock, "hi")).build(ctx)
+    assert built.name == "toy"
+    with pytest.raises(ValueError, match="named 'toy2'.*name = 'toy'"):
+        SourceSpec("toy", KERNEL, "toy", lambda c: Misnamed(c.clock, "hi")).build(ctx)

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter.web.kubeauth import MAX_WAITERS, KubeAuth, Verdict
+from exporter.web.kubeauth import (
+    MAX_WAITERS,
+    NEWCOMER_BURST,
+    NEWCOMER_RATE,
+    KubeAuth,
+    Verdict,
+)
 from testkit.kubeauth import ScriptedReviews
 
 
@@ -74,7 +80,8 @@ def test_no_token_is_kept_in_clear():
 
 def test_reviews_of_new_tokens_are_rate_bounded_and_a_known_scraper_is_renewed():
     """Made-up tokens from many addresses (one each) meet the budget addresses with no token
-    allowed share; the scraper's token is renewed outside every budget."""
+    allowed share, and the newcomers' (each address's first review); the scraper's token is
+    renewed outside every budget."""
     clock = Clock()
     reviews = ScriptedReviews({"p": "prom"}, {"prom"})
     auth = _auth(reviews, clock, rate=5, burst=10, allowed_ttl=120)
@@ -82,11 +89,11 @@ def test_reviews_of_new_tokens_are_rate_bounded_and_a_known_scraper_is_renewed()
     async def go():
         assert await auth.authorize("Bearer p", "10.0.0.1") is Verdict.ALLOWED  # of the burst
         got = [await auth.authorize(f"Bearer junk{i}", f"10.0.1.{i}") for i in range(100)]
-        assert got.count(Verdict.UNAUTHENTICATED) == 9
-        assert got.count(Verdict.THROTTLED) == 91
-        clock.now += 1.0  # five more
+        assert got.count(Verdict.UNAUTHENTICATED) == 9 + NEWCOMER_BURST
+        assert got.count(Verdict.THROTTLED) == 91 - NEWCOMER_BURST
+        clock.now += 1.0  # five more, and the newcomers' rate
         got = [await auth.authorize(f"Bearer more{i}", f"10.0.2.{i}") for i in range(100)]
-        assert got.count(Verdict.UNAUTHENTICATED) == 5
+        assert got.count(Verdict.UNAUTHENTICATED) == 5 + NEWCOMER_RATE
         clock.now += 121  # the scraper's decision expired while the flood used the bound
         for i in range(10):
             await auth.authorize(f"Bearer again{i}", f"10.0.3.{i}")
@@ -128,15 +135,17 @@ def test_a_known_scraper_stays_known_through_an_api_outage():
     async def go():
         assert await auth.authorize("Bearer p", "10.0.0.1") is Verdict.ALLOWED  # the burst
         clock.now += 121
-        # The shared burst again, then nothing left for strangers.
+        # The address's first review (the newcomers' budget), the shared burst again, then
+        # nothing left for strangers.
         assert await auth.authorize("Bearer stranger0", "10.0.0.2") is Verdict.UNAUTHENTICATED
+        assert await auth.authorize("Bearer stranger1", "10.0.0.2") is Verdict.UNAUTHENTICATED
         reviews.hang = True
         auth.timeout = 0.01
         assert await auth.authorize("Bearer p", "10.0.0.1") is Verdict.UNAVAILABLE  # API hung
         reviews.hang = False
         # The bucket is empty (the clock did not move), but p is still known.
         assert await auth.authorize("Bearer p", "10.0.0.1") is Verdict.ALLOWED
-        assert await auth.authorize("Bearer stranger", "10.0.0.3") is Verdict.THROTTLED
+        assert await auth.authorize("Bearer stranger", "10.0.0.2") is Verdict.THROTTLED
     _run(go())
 
 

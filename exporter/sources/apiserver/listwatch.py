@@ -45,7 +45,8 @@ import msgspec
 from lightkube.core.exceptions import ApiError
 
 from exporter.clock import Clock
-from exporter.events import MalformedInput, SourceStatus
+from exporter.events import DownCause, MalformedInput, SourceStatus
+from exporter.kube.bounds import LIST_MAX_OBJECTS
 from exporter.kube.client import (
     LIST_CHUNK,
     AnswerTooLarge,
@@ -59,8 +60,7 @@ from exporter.ratelog import RateLimitedLog
 from exporter.sources.base import Emit, Source, SourceUnavailable
 
 # Pods on one node are at most a few hundred (kubelet --max-pods, 110 by default); more is a
-# hostile or broken answer, not this node.
-LIST_MAX_OBJECTS = 10_000
+# hostile or broken answer, not this node: LIST_MAX_OBJECTS (exporter/kube/bounds.py).
 # What a quiet watch may go without a byte past its own timeoutSeconds before it is dead.
 WATCH_GRACE = 15.0
 # A Retry-After (429, 503) is honoured up to this: a server cannot park the source for longer.
@@ -302,7 +302,7 @@ class ListWatchSource(Source):
             self._set_up(emit, False,
                          f"{what} to list/watch {self.plural}: {message}; grant list, "
                          f"watch on {self.plural} to the exporter's service account "
-                         f"(deploy/clusterrole.yaml)")
+                         f"(deploy/clusterrole.yaml)", DownCause.FORBIDDEN)
             self._sleep()
             return None
         if code is not None:
@@ -310,7 +310,7 @@ class ListWatchSource(Source):
             self._sleep(_retry_after(e))  # 429/503 say when to come back: not sooner
             return None
         if isinstance(e, AnswerTooLarge):
-            self._set_up(emit, False, f"{e}; refused, relisting")
+            self._set_up(emit, False, f"{e}; refused, relisting", DownCause.TRUNCATED)
             self._sleep()
             return None
         if isinstance(e, WatchStalled) or (isinstance(e, httpx.TimeoutException)
@@ -356,11 +356,11 @@ class ListWatchSource(Source):
             delay = max(delay, min(at_least, MAX_RETRY_AFTER))
         self.stopping.wait(delay)
 
-    def _set_up(self, emit: Emit, up: bool, reason: str) -> None:
+    def _set_up(self, emit: Emit, up: bool, reason: str, cause: str = "") -> None:
         if self._up is up:
             return
         self._up = up  # the agent logs the change
-        emit(SourceStatus(self.name, up, self.clock.now(), reason))
+        emit(SourceStatus(self.name, up, self.clock.now(), reason, cause))
 
 
 def _retry_after(e: Exception) -> float | None:

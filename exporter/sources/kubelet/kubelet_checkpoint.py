@@ -201,6 +201,7 @@ def read_memory_manager_state(root: str | Path, now: float) -> MemoryManagerChec
 # kubelet's: its checkpoints were not mounted, which says nothing of what the kubelet has.
 KUBELET_MARKS = ("pods", "plugins", "plugin-containers", CPU_STATE, MEMORY_STATE)
 CONFIG_FILE = "config.yaml"  # kubeadm's --config: <root>/config.yaml
+ROOT_EMPTY = "--kubelet-root-dir is empty: not read"
 CONFIG_MAX_BYTES = 256 * 1024
 
 

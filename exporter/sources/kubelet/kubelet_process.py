@@ -11,6 +11,12 @@ and the start time, as psutil computes it: boot time + start ticks / CLK_TCK) co
 1.4 MB of imports in every pod (bench/README.md, "The pod's bill"), and the --path.procfs root
 is then this source's own instead of psutil's one module-wide PROCFS_PATH.
 
+Not any process named kubelet: a pod can run one (a kind or k3s node in a pod, a decoy), and
+the oldest of that name would hide the real kubelet's restarts. A process in a kubepods
+cgroup (any pod's container), or in another PID namespace than the table's PID 1 (a pod
+without hostPID; where PID 1's cannot be read, the exporter's own, the host's with hostPID),
+is not the node's kubelet (not_the_node_kubelet); the oldest of the others is.
+
 The source is up only while it sees a kubelet process: without hostPID none is visible, and it
 reports down saying so (the episodes' `resynced_by` is then "unknown", unless the kubelet's
 metrics give its start time).
@@ -86,10 +92,38 @@ def boot_time(procfs: str) -> float | None:
     return None
 
 
+CGROUP_BYTES = 16 * 1024  # /proc/<pid>/cgroup: a line per v1 hierarchy, paths of ~200 bytes
+
+
+def _pid_namespace(procfs: str, pid: int | str) -> str | None:
+    """The PID namespace a process is in ("pid:[4026531836]"), or None when it cannot be read
+    (gone, or no ptrace access to it)."""
+    try:
+        return os.readlink(f"{procfs}/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def not_the_node_kubelet(procfs: str, pid: int, host_namespace: str | None) -> bool:
+    """True for a process that cannot be the node's kubelet: in a kubepods cgroup (a pod's
+    container) or in a PID namespace other than `host_namespace` (PID 1's of the table)."""
+    try:
+        with open(f"{procfs}/{pid}/cgroup", "rb") as f:
+            if b"kubepods" in f.read(CGROUP_BYTES):
+                return True
+    except OSError:
+        pass
+    if host_namespace is None:
+        return False
+    namespace = _pid_namespace(procfs, pid)
+    return namespace is not None and namespace != host_namespace
+
+
 def find_process(name: str, procfs: str = "/proc",
                  booted: float | None = None) -> tuple[int, float] | None:
-    """(pid, start time in wall seconds) of the oldest process called `name`, or None (also
-    when `procfs` is no process table). `booted`: boot_time(procfs), if already read."""
+    """(pid, start time in wall seconds) of the oldest process called `name` that can be the
+    node's (not_the_node_kubelet), or None (also when `procfs` is no process table).
+    `booted`: boot_time(procfs), if already read."""
     booted = booted if booted is not None else boot_time(procfs)
     try:
         pids = [int(entry) for entry in os.listdir(procfs) if entry.isdigit()]
@@ -103,6 +137,12 @@ def find_process(name: str, procfs: str = "/proc",
         got = _name_and_ticks(procfs, pid)
         if got is not None and got[0] == wanted:
             found.append((got[1], pid))
+    if found:
+        # PID 1's namespace; where it cannot be read (no ptrace access to it), the reader's own:
+        # with hostPID, the host's.
+        host = _pid_namespace(procfs, 1) or _pid_namespace(procfs, "self")
+        found = [(ticks, pid) for ticks, pid in found
+                 if not not_the_node_kubelet(procfs, pid, host)]
     if not found:
         return None
     ticks, pid = min(found)

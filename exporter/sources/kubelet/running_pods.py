@@ -69,7 +69,8 @@ MIN_INTERVAL = 2.0
 MAX_FILE = 4096  # bytes read of a value file (a number, "max", "QUOTA PERIOD")
 CPUSET_MAX = 64 * 1024  # a cpuset of 8192 CPUs written one by one fits (the kubepods reader's)
 NR_CPUS_MAX = 8192  # the largest NR_CPUS a kernel is built with: no cpuset names a CPU past it
-CPUSETS_KEPT = 256  # distinct cpuset texts remembered (each parsed once, its set shared)
+CPUSETS_KEPT = 256  # distinct cpuset texts, and sets, remembered (each parsed once, shared)
+MEMBERS_PER_SCAN = 4 * NR_CPUS_MAX  # CPUs in the distinct cpuset sets one scan makes, at most
 WATCHDOG_GRACE = 5.0  # s past the scan's budget before a scan that has not ended is down
 PIDS_READ = 64 * 1024  # bytes of cgroup.procs read: thousands of PIDs, the lowest among them
 PIDS_TRIED = 8  # processes tried when the first ones exit while being read
@@ -122,22 +123,45 @@ def parse_cpuset(text: str) -> tuple[tuple[int, int], ...]:
 
 
 class CpusetCache:
-    """cpuset text -> its set of CPUs, each text parsed once and its frozenset shared by every
-    container that has it (the shared pool is one set, not one per container); bounded."""
+    """cpuset text -> its set of CPUs, shared by value: every text is parsed to its ranges
+    once, and one frozenset serves every container whose cpuset names the same CPUs, however
+    it is written ("0-8191" and "0-8191,5" are one set, not two of 8,192 ints each). Bounded:
+    the sets a scan makes hold at most MEMBERS_PER_SCAN CPUs in all (a real node's are its
+    exclusive CPUs and its shared pool: two sets of NR_CPUS_MAX at most, a third while the
+    pool changes); a container whose cpuset would make more is unreadable (ValueError)."""
 
     def __init__(self, kept: int = CPUSETS_KEPT) -> None:
         self.kept = kept
-        self._sets: dict[str, frozenset[int]] = {}
+        self._texts: dict[str, frozenset[int]] = {}
+        self._values: dict[tuple[tuple[int, int], ...], frozenset[int]] = {}
+        self._held = 0  # CPUs in the sets of _values
+        self._made = 0  # CPUs in the sets made this scan
+
+    def new_scan(self) -> None:
+        self._made = 0
 
     def cpus(self, text: str) -> frozenset[int]:
         key = text.strip()
-        found = self._sets.get(key)
+        found = self._texts.get(key)
+        if found is not None:
+            return found
+        ranges = parse_cpuset(key)
+        found = self._values.get(ranges)
         if found is None:
-            found = frozenset(c for first, last in parse_cpuset(key)
-                              for c in range(first, last + 1))
-            if len(self._sets) >= self.kept:
-                self._sets.clear()
-            self._sets[key] = found
+            size = sum(last - first + 1 for first, last in ranges)
+            if self._made + size > MEMBERS_PER_SCAN:
+                raise ValueError(f"more than {MEMBERS_PER_SCAN} CPUs in the distinct cpusets "
+                                 "of one scan (no node pins its CPUs so many ways)")
+            if self._held + size > MEMBERS_PER_SCAN or len(self._values) >= self.kept:
+                self._values.clear()
+                self._held = 0
+            found = self._values[ranges] = frozenset(
+                c for first, last in ranges for c in range(first, last + 1))
+            self._held += size
+            self._made += size
+        if len(self._texts) >= self.kept:
+            self._texts.clear()
+        self._texts[key] = found
         return found
 
 
@@ -360,6 +384,7 @@ def scan(root: str | Path, procfs: str | Path, now: float, *,
     procfs = str(procfs)
     r = reads if reads is not None else Reads()
     r.deadline, r.out_of_time = time.monotonic() + seconds, False
+    r.cpusets.new_scan()
     budget = [max(64, max_containers * MAX_ENTRIES_PER_CONTAINER)]
     found: list[ContainerCgroup] = []
     skipped, truncated = 0, False
@@ -387,6 +412,11 @@ def scan(root: str | Path, procfs: str | Path, now: float, *,
         truncated = True
     found.sort(key=lambda c: (c.qos, c.pod_uid, c.container_id))
     return RunningContainers(now, layout.version, tuple(found), truncated, skipped)
+
+
+NO_KUBEPODS = ("no kubepods cgroup found under {root}: the host's cgroup tree is not mounted "
+               "there, or no kubelet runs (fix: mount the host's /sys/fs/cgroup read-only and "
+               "pass it as --cgroup-root)")
 
 
 class RunningPodsSource(PokedSource):
@@ -435,6 +465,15 @@ class RunningPodsSource(PokedSource):
                          seconds=self.seconds, problems=problems, reads=self._reads)
         finally:
             watchdog.cancel()
+        if not event.cgroup_version:
+            # Not "no containers": nothing of the kubelet's cgroups is visible here. Down
+            # with the reason; no scan is handed on (the series stay absent), except one
+            # that empties what an earlier scan found.
+            self._set_up(emit, False, NO_KUBEPODS.format(root=self.root))
+            if self._last is not None and self._last.cgroup_version:
+                self._last = event
+                emit(event)
+            return
         if self._reads.out_of_time:
             self._set_up(emit, False, f"a scan of {self.root} did not complete within its "
                          f"{self.seconds:g} s budget ({problems[0]}); the containers past it "
