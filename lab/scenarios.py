@@ -390,8 +390,10 @@ AUTO_ONLINE = "/sys/devices/system/memory/auto_online_blocks"
 @scenario("plan: a DIMM onlined into Normal, then device_del")
 def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
     """A DIMM left offline at hot-add and onlined into ZONE_NORMAL by hand (online_kernel):
-    the gauges show it hot-added into Normal (the alert's case), `plan` (the CLI, reading
-    kpageflags as root) says whether its blocks can go, and device_del says whether they did."""
+    the gauges show it hot-added into Normal (the alert's case), and so does the exporter
+    restarted afterwards, which never saw the hot-add (the count is the kernel's state: the
+    blocks' device links and zones); `plan` (the CLI, reading kpageflags as root) says whether
+    its blocks can go, device_del says whether they did, and the count drops when they did."""
     lab = run.lab
     policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
     check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
@@ -413,6 +415,11 @@ def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
     c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
                                                  zone="Normal") == 8,
                         "8 hot-added blocks in Normal")
+    lab.stop_program(lab.exporter_pid)
+    lab.start_exporter(timeout=run.budget(240))
+    c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
+                                                 zone="Normal") == 8,
+                        "8 hot-added blocks in Normal after a restart")
     rc, text = lab.run_program([GUEST_PYTHON, "-m", "exporter", "plan", "--memory", "-1Gi",
                                 "--output", "json", "--kubernetes", "off"],
                                "plan-normal.json", timeout=run.budget(120))
@@ -428,7 +435,12 @@ def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
     out.kernel = (f"{block_range(blocks)} online in {', '.join(sorted(zones))}; device_del "
                   f"{'done' if removed else 'refused (not ejected)'}")
     added = c.scrape.value("node_resize_memory_hot_added_blocks", None, zone="Normal")
-    out.exporter = (f"hot-added Normal {added:.0f}; "
+    if removed:
+        run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,
+                                                 zone="Normal") is None,
+                        "no hot-added block in Normal once the DIMM left")
+    out.exporter = (f"hot-added Normal {added:.0f}, {added:.0f} after a restart"
+                    f"{', none once it left' if removed else ''}; "
                     f"plan -1Gi takes {block_range(taken) if taken else 'nothing'} "
                     f"({'all of the DIMM' if predicted else 'not all of the DIMM'})")
     check(zones == {"Normal"}, f"valid_zones {zones}")

@@ -19,9 +19,13 @@ def container_of(ds: dict) -> dict:
     return container
 
 
-def render(path: Path = DEPLOY, *components: Path) -> list[dict]:
+def render(path: Path = DEPLOY, *components: Path, stack: dict[str, str] | None = None,
+           namespace: str | None = None) -> list[dict]:
     """What `kubectl apply -k` would apply: the kustomization at `path` (with `components`, as
-    an overlay naming them would), rendered by kubectl's own kustomize, offline."""
+    an overlay naming them would), rendered by kubectl's own kustomize, offline. `stack`: the
+    overlay patches deploy/stack.yaml's values with these and runs deploy/names/ again after
+    its patches, as deploy/stack.yaml tells one to; `namespace`: the overlay sets `namespace:`
+    (what stack.yaml tells one not to do)."""
     import os
     import subprocess
     import sys
@@ -33,13 +37,21 @@ def render(path: Path = DEPLOY, *components: Path) -> list[dict]:
     assert kubectl.exists(), f"{kubectl} not found: run scripts/setup.sh test"
     with tempfile.TemporaryDirectory(prefix="nre-overlay-") as tmp:
         target = path
-        if components:
+        if components or stack or namespace:
             overlay = Path(tmp)
-            (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            kustomization: dict = {
                 "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                 # kustomize takes paths relative to the overlay, never absolute ones
                 "resources": [os.path.relpath(path, overlay)],
-                "components": [os.path.relpath(c, overlay) for c in components]}))
+                "components": [os.path.relpath(c, overlay) for c in components]}
+            if stack:
+                kustomization["patches"] = [{"patch": yaml.safe_dump({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": STACK_NAME}, "data": stack})}]
+                kustomization["transformers"] = [os.path.relpath(DEPLOY / "names", overlay)]
+            if namespace:
+                kustomization["namespace"] = namespace
+            (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
             target = overlay
         out = subprocess.run([kubectl, "kustomize", "--load-restrictor",
                               "LoadRestrictionsNone", str(target)],
@@ -48,9 +60,17 @@ def render(path: Path = DEPLOY, *components: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+STACK_NAME = "node-resize-exporter-stack"
+
+
+def stack() -> dict[str, str]:
+    """deploy/stack.yaml's names: namespace, release, prometheus-service-account,
+    prometheus-namespace (deploy/names/ gives them to every object)."""
+    doc = load_manifest("stack.yaml")
+    assert doc["metadata"]["name"] == STACK_NAME
+    return dict(doc["data"])
+
+
 def exporter_namespace() -> str:
-    """The namespace kustomization.yaml gives every manifest that names none."""
-    kustomization = load_manifest("kustomization.yaml")
-    (transformer,) = [yaml.safe_load(t) for t in kustomization["transformers"]]
-    assert transformer["kind"] == "NamespaceTransformer" and transformer["unsetOnly"] is True
-    return transformer["metadata"]["namespace"]
+    """The exporter's namespace, as deploy/stack.yaml names it."""
+    return stack()["namespace"]

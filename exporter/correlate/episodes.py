@@ -33,6 +33,7 @@ from exporter.correlate.model import (
 )
 from exporter.correlate.node_view import NodeView
 from exporter.events import Change, Direction, PodStatus, Resource, Result, Transition
+from exporter.words import amount, count
 
 __all__ = ["CorrelatorConfig", "EpisodeTracker", "EPISODE_RESOURCES"]
 
@@ -307,11 +308,11 @@ class EpisodeTracker:
             return [self._end_mismatch(track, at)]
         if what is Decide.RESYNC_TIMEOUT:
             ep.kubelet_after = self._view.kubelet(ep.resource)
+            kernel = amount(ep.resource, self._deadlines.kernel_now(ep))
             return [self._end(
                 track, Outcome.RESYNC_TIMEOUT, at,
-                f"Node capacity {ep.resource.value} {_num(ep.kubelet_after)} did not reach the "
-                f"kernel's {_num(self._deadlines.kernel_now(ep))} within "
-                f"{self._config.resync_deadline:g} s")]
+                f"Node capacity {ep.resource.value} {amount(ep.resource, ep.kubelet_after)} did "
+                f"not reach the kernel's {kernel} within {self._config.resync_deadline:g} s")]
         if what is Decide.SETTLE:
             return [self._settle(track, at)]
         return []
@@ -349,7 +350,8 @@ class EpisodeTracker:
         updates = [EpisodeUpdate(UpdateKind.RESYNCED, ep.copy(), ep.resynced)]
         if ep.change is Change.INCREASE:
             updates.append(self._end(track, Outcome.CONVERGED, ep.resynced,
-                                     f"Node capacity {ep.resource.value} {_num(kubelet)}"))
+                                     f"Node capacity {ep.resource.value} "
+                                     f"{amount(ep.resource, kubelet)}"))
             return updates
         self._open.set_phase(track, Phase.READMISSION)
         return updates
@@ -358,8 +360,9 @@ class EpisodeTracker:
         ep = track.ep
         ep.kubelet_after = self._view.kubelet(ep.resource)
         return self._end(track, Outcome.MISMATCH, at,
-                         f"Node capacity {ep.resource.value} settled on {_num(ep.kubelet_after)}, "
-                         f"the kernel has {_num(self._deadlines.kernel_now(ep))}")
+                         f"Node capacity {ep.resource.value} settled on "
+                         f"{amount(ep.resource, ep.kubelet_after)}, the kernel has "
+                         f"{amount(ep.resource, self._deadlines.kernel_now(ep))}")
 
     def _note_rejection(self, track: Track, pod: PodStatus, reason: str
                         ) -> list[EpisodeUpdate]:
@@ -395,7 +398,7 @@ class EpisodeTracker:
                        for pod in self._view.active_pods() if pod.uid not in track.rejected)
         kept = len(ep.pods) - len(track.rejected)
         return self._end(track, Outcome.CONVERGED, settled,
-                         f"readmission: {kept} pods kept, {len(track.rejected)} rejected")
+                         f"readmission: {count(kept, 'pod')} kept, {len(track.rejected)} rejected")
 
     def _end(self, track: Track, outcome: Outcome, at: float, detail: str) -> EpisodeUpdate:
         ep = self._shown(track) if track.following else track.ep
@@ -435,10 +438,3 @@ class EpisodeTracker:
             assert snap is not None  # following starts from a snapshot
             ep.kernel_after = snap.capacity(ep.resource)
         return ep
-
-
-def _num(value: float | None) -> str:
-    """A capacity for a log detail: whole numbers whole (536870912, not 5.36871e+08)."""
-    if value is None:
-        return "unknown"
-    return str(int(value)) if value.is_integer() and abs(value) < 1e18 else f"{value:g}"

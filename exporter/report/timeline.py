@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from exporter.correlate.model import Episode, Outcome, Phase, PodVerdict, ResyncedBy
 from exporter.events import Resource, Result, Transition
+from exporter.words import count
 
 KERNEL_LANE = "kernel"
 RESYNC_LANE = "kubelet.resync"
@@ -69,7 +70,7 @@ def rejected_words(ep: Episode) -> str:
     total = sum(reasons.values())
     if not total:
         return ""
-    pods = f"{total} pod{'s' if total != 1 else ''} rejected"
+    pods = f"{count(total, 'pod')} rejected"
     if len(reasons) == 1:
         return f"{pods} {next(iter(reasons))}"
     return f"{pods} ({', '.join(f'{n} {why}' for why, n in reasons.most_common())})"
@@ -216,10 +217,10 @@ def forecast_words(ep: Episode, named: int = 4) -> str:
         return ""
     head = "forecast before the resync: a kubelet restart would reject "
     if not f.rejected_total:
-        return head + f"none of {f.pods} pods"
+        return head + f"none of {count(f.pods, 'pod')}"
     pods = ", ".join(f"{r.namespace}/{r.name} {r.reason}" for r in f.rejected[:named])
     more = f.rejected_total - min(named, len(f.rejected))
-    return (head + f"{f.rejected_total} of {f.pods} pods: {pods}"
+    return (head + f"{f.rejected_total} of {count(f.pods, 'pod')}: {pods}"
             + (f" and {more} more" if more else ""))
 
 

@@ -19,6 +19,7 @@ from exporter.checks import Check, guarded
 from exporter.readnow import Reads
 from exporter.sinks.forecast_collector import ForecastCollector
 from exporter.sinks.kubelet_collector import KubeletSink
+from exporter.sinks.memory_zones_collector import MemoryZonesCollector
 from exporter.sinks.metrics import MetricsSink
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sinks.running_pods_collector import RunningPodsSink
@@ -62,8 +63,11 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
     # What a kubelet restart now would reject.
     CollectorSpec("forecast", _forecast, ForecastCollector.check, "readmission forecast",
                   kubernetes=True),
-    # Before you unplug: node_resize_unpluggable and the memory blocks by zone.
+    # Before you unplug: node_resize_unpluggable.
     CollectorSpec("plan", lambda w: w.plan),
+    # Memory by zone and the hot-added blocks that may never leave, from the kernel's state
+    # (read at the scrape, from the paths the plan reads).
+    CollectorSpec("memory_zones", lambda w: MemoryZonesCollector(w.plan.sysfs, w.plan.procfs)),
 )
 
 

@@ -37,6 +37,7 @@ from exporter.correlate.readmission_forecast import (
 )
 from exporter.events import CpuManagerCheckpoint, KernelSnapshot, PodStatus
 from exporter.readnow import Reads, Unlisted
+from exporter.words import count
 
 
 def take_forecast(lock: threading.Lock | threading.RLock, forecast: ReadmissionForecast,
@@ -172,11 +173,11 @@ def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Ch
     result = forecast.result()
     if result is None:
         return Check(name, "warn", "not checked: no Node status or kernel snapshot", "")
-    skipped = f" ({result.skipped} pods with unusable requests left out)" if result.skipped \
-        else ""
+    skipped = f" ({count(result.skipped, 'pod')} with unusable requests left out)" \
+        if result.skipped else ""
     if not result.rejected_total:
-        return Check(name, "ok", f"a kubelet restart now would readmit all {result.pods} pods"
-                     + skipped)
+        return Check(name, "ok", "a kubelet restart now would readmit "
+                     + ("its 1 pod" if result.pods == 1 else f"all {result.pods} pods") + skipped)
     named = ", ".join(f"{r.namespace}/{r.name} ({r.reason})"
                       for r in result.rejected[:FORECAST_NAMED])
     more = result.rejected_total - min(FORECAST_NAMED, len(result.rejected))
@@ -193,4 +194,4 @@ def forecast_check(forecast: ReadmissionForecast, offline: frozenset[int]) -> Ch
     fix = "drain these" + (", or " + " and ".join(restore) if restore else "") + \
         ", before restarting the kubelet (docs/runbooks.md: Before you restart the kubelet)"
     return Check(name, "fail", f"a kubelet restart now would reject {result.rejected_total} "
-                 f"of {result.pods} pods: {named}" + skipped, fix)
+                 f"of {count(result.pods, 'pod')}: {named}" + skipped, fix)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Protocol
 from exporter.correlate.model import EpisodeUpdate, Outcome, UpdateKind
 from exporter.events import Change, Resource
 from exporter.ratelog import RateLimitedLog
+from exporter.words import count
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def describe(update: EpisodeUpdate) -> tuple[str, str, str] | None:
         took = f" ({(ep.ended or update.time) - ep.opened:.0f} s)"
         if ep.outcome is Outcome.CONVERGED:
             rejected = [p for p in ep.pods if p.outcome.value == "rejected"]
-            tail = f"; {len(rejected)} pods rejected" if rejected else ""
+            tail = f"; {count(len(rejected), 'pod')} rejected" if rejected else ""
             return ("Warning" if rejected else "Normal", "ResizeResynced",
                     f"{what}: Node capacity now {_amount(ep.resource, ep.kubelet_after)}"
                     f"{tail}{took}")

@@ -16,8 +16,9 @@ pods: no Node seen yet, or pods not listed, down, forbidden or cut at their boun
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
 The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
-agent still hands it every event, for what nobody else keeps: whether a Node was seen, the
-memory blocks hot-added while it ran. The kernel's memory blocks are read when asked (a plan,
+agent still hands it every event, for what nobody else keeps: whether a Node was seen (memory
+by zone and the hot-added blocks: exporter/sinks/memory_zones_collector.py, from the kernel's
+state). The kernel's memory blocks are read when asked (a plan,
 a scrape), kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a
 plan, at most PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
 
@@ -58,7 +59,6 @@ from exporter.events import (
     DeviceChange,
     Event,
     NodeStatus,
-    Resource,
     SourceStatus,
     Transition,
 )
@@ -88,16 +88,10 @@ GAUGE_MIN_INTERVAL = 1.0  # seconds between two computations of the gauges, at l
 GAUGE_RECHECK = 15.0  # seconds after which the thread looks at the inputs without a wake-up
 QUERY_KEYS = ("cpu", "memory", "generation")
 MAX_QUERY = 256  # bytes of query string
-ZONES = ("DMA", "DMA32", "Normal", "Movable", "none")  # anything else is "other"
 FIX = ("ask as GET /plan?cpu=-2&memory=-4Gi (cpu and/or memory, each once; generation= the "
        "16 hex digits of an earlier answer's)")
 
 log = logging.getLogger(__name__)
-
-
-def _zone(block: Any) -> str:
-    zone = block.zones[0] if len(block.zones) == 1 else "none"
-    return zone if zone in ZONES else "other"
 
 
 @dataclass(frozen=True)
@@ -146,7 +140,6 @@ class PlanSink(ViewSink):
         self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
         self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
         self.node_seen = False  # a Node status was seen
-        self.hot_added: set[int] = set()  # memory blocks seen added while running
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
         # (blocks changed count, read at, the blocks' zones): kept HARDWARE_TTL seconds, and
         # only while no memory event came since
@@ -188,9 +181,6 @@ class PlanSink(ViewSink):
         elif isinstance(event, (Transition, DeviceChange)):
             # CPUs or blocks changed: read again when asked (a hot-added CPU's topology too)
             self._blocks_changed += 1
-            if isinstance(event, DeviceChange) and event.resource is Resource.MEMORY:
-                (self.hot_added.add if event.action == "add" else self.hot_added.discard)(
-                    event.unit)
 
     # ------------------------------------------------------------ reading the kernel
 
@@ -407,10 +397,8 @@ class PlanSink(ViewSink):
         return True
 
     def collect(self) -> Iterable[Metric]:
-        hw = self.hardware() if self._kernel_read() else None
         with self.lock:
             value = self._gauges
-            hot_added = set(self.hot_added)
         if self.kubernetes and not (self.node_seen and self.shared.validity.current.valid):
             value = None  # the pods are unjudged now, whatever was worked out before
         can = GaugeMetricFamily(
@@ -422,35 +410,10 @@ class PlanSink(ViewSink):
             "virtio-mem) whose blocks are in ZONE_MOVABLE, never boot memory (kernel-zone "
             "blocks need their page flags read: `node-resize-exporter plan` or GET /plan).",
             labels=["resource", "unit"])
-        blocks = GaugeMetricFamily(
-            "node_resize_memory_blocks_by_zone",
-            "Online memory blocks by the zone they are in (valid_zones; none: spans zones). "
-            "Only Movable ones can be counted on to leave again.", labels=["zone"])
-        added = GaugeMetricFamily(
-            "node_resize_memory_hot_added_blocks",
-            "Online memory blocks added while the exporter ran, by zone: in a zone other than "
-            "Movable they may never leave again.", labels=["zone"])
         if value is not None:
             can.add_metric(["cpu", "core"], value[0])
             can.add_metric(["memory", "byte"], value[1])
-        if hw is not None and hw.block_size:
-            # Only the zones this node has: a series per zone at 0 would be series at every
-            # node of a fleet that say nothing.
-            counts: dict[str, int] = {}
-            new: dict[str, int] = {}
-            for b in hw.blocks:
-                if b.online:
-                    zone = _zone(b)
-                    counts[zone] = counts.get(zone, 0) + 1
-                    if b.number in hot_added:
-                        new[zone] = new.get(zone, 0) + 1
-            for zone, n in counts.items():
-                blocks.add_metric([zone], n)
-            for zone, n in new.items():
-                added.add_metric([zone], n)
         yield can
-        yield blocks
-        yield added
 
 
 @dataclass(frozen=True)

@@ -190,10 +190,20 @@
           // Hot-added memory onlined into a kernel zone (Normal): the kernel may put unmovable pages
           // in it, and then refuses to offline it (EBUSY), so the hypervisor cannot take it back.
           // Only ZONE_MOVABLE memory can be counted on to leave again. 15m: a block onlined by hand
-          // and corrected at once is not a cause.
+          // and corrected at once is not a cause. The count is the kernel's (the exporter reads it
+          // at each scrape), so it survives an exporter restart; the alert does too: while the
+          // target is down (a restart), the last value of the last 10 minutes stands in, so the
+          // 15 minutes do not start again. It clears at the first scrape without such blocks.
           {
             alert: 'NodeResizeHotAddedMemoryNotMovable',
-            expr: 'sum by (%(by)s) (node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}) > 0' % c,
+            expr: |||
+              sum by (%(by)s) (
+                node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}
+                  or
+                (last_over_time(node_resize_memory_hot_added_blocks{%(jobSelector)s,zone!="Movable"}[10m])
+                  unless on (instance) up{%(jobSelector)s} == 1)
+              ) > 0
+            ||| % c,
             'for': '15m',
             labels: { severity: 'warning' },
             annotations: {

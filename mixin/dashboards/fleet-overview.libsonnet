@@ -280,6 +280,50 @@
       ],
     },
     {
+      title: 'What can leave now',
+      panels: [
+        {
+          type: 'stat',
+          title: 'CPUs reclaimable now',
+          w: 6,
+          description: 'The CPUs the fleet could give back now, summed over the nodes: on each, the most that can be removed with no pod rejected at the next kubelet restart, no running container left stale and no kernel refusal expected (node_resize_unpluggable). Nodes whose pods are unjudged count nothing. `node-resize-exporter plan` or GET /plan names them, node by node.',
+          alarm_at: 1000000000,
+          targets: [
+            {
+              expr: 'sum(max by (%(by)s) (node_resize_unpluggable{%(sel)s,resource="cpu"})) or vector(0)',
+            },
+          ],
+        },
+        {
+          type: 'stat',
+          title: 'Memory reclaimable now',
+          w: 6,
+          unit: 'bytes',
+          description: 'The memory the fleet could give back now, summed over the nodes (node_resize_unpluggable: blocks in ZONE_MOVABLE the plan would take with no harm; kernel-zone blocks need their page flags read, which only a plan does, so this is a floor).',
+          alarm_at: 1000000000000000000,
+          targets: [
+            {
+              expr: 'sum(max by (%(by)s) (node_resize_unpluggable{%(sel)s,resource="memory"})) or vector(0)',
+            },
+          ],
+        },
+        {
+          type: 'timeseries',
+          title: 'Top 10 nodes by memory reclaimable now',
+          w: 12,
+          unit: 'bytes',
+          description: "The 10 nodes that could give back the most memory now with no harm expected (node_resize_unpluggable). Click a line for the node's dashboard.",
+          node_link: true,
+          targets: [
+            {
+              expr: 'topk(10, max by (%(by)s) (node_resize_unpluggable{%(sel)s,resource="memory"}))',
+              legend: '{{node}}',
+            },
+          ],
+        },
+      ],
+    },
+    {
       title: 'Fleet trends',
       panels: [
         {

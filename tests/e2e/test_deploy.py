@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +22,14 @@ import pytest
 import yaml
 from kubernetes_validate.utils import Version, all_versions
 
-from testkit.deploy import container_of, exporter_namespace, load_manifest, render
+from testkit.deploy import (
+    STACK_NAME,
+    container_of,
+    exporter_namespace,
+    load_manifest,
+    render,
+    stack,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -646,35 +655,169 @@ def test_prometheus_may_get_exactly_the_telemetry_path():
     args = container_of(load_manifest("daemonset.yaml"))["args"]
     role = load_manifest("scrape-clusterrole.yaml")
     assert role["rules"] == [{"nonResourceURLs": [_telemetry_path(args)], "verbs": ["get"]}]
-    binding = load_manifest("scrape-clusterrolebinding.yaml")
+    (binding,) = [d for d in render() if d["metadata"]["name"] == "node-resize-exporter-scrape"
+                  and d["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    subjects = {(s["namespace"], s["name"]) for s in binding["subjects"]}
-    # kube-prometheus's Prometheus, and kube-prometheus-stack's for the release the
-    # kustomization's `release` label names.
-    release = yaml.safe_load(next(p["patch"] for p in load_manifest("kustomization.yaml")
-                                  ["patches"]))[0]["value"]
-    assert subjects == {("monitoring", "prometheus-k8s"),
-                        ("monitoring", f"{release}-prometheus")}
+    # Exactly the service account stack.yaml names, and nobody else.
+    names = stack()
+    assert binding["subjects"] == [{"kind": "ServiceAccount",
+                                    "name": names["prometheus-service-account"],
+                                    "namespace": names["prometheus-namespace"]}]
 
 
 def test_kube_prometheus_stack_default_selectors_find_monitor_and_rules():
     """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by
-    `release: <Helm release>`; the kustomization's patches add it to exactly those two."""
-    patches = load_manifest("kustomization.yaml")["patches"]
-    labelled = {}
-    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
-        doc = load_manifest(name)
-        for patch in patches:
-            target = patch["target"]
-            if (
-                target.get("kind") == doc["kind"]
-                and target.get("group", "") == doc["apiVersion"].split("/")[0]
-            ):
-                doc = _apply_json_patch(doc, yaml.safe_load(patch["patch"]))
-        labelled[doc["kind"]] = doc["metadata"]["labels"]
-    for kind, labels in labelled.items():
-        assert labels.get("release") == "kube-prometheus-stack", kind
-    assert {p["target"]["kind"] for p in patches} == OPERATOR_KINDS
+    `release: <Helm release>` and scrapes as `<release>-prometheus` when the release is named
+    kube-prometheus-stack (the chart's fullname is the release name when it contains the
+    chart's): the defaults are that install's, and every such object as rendered carries them."""
+    names = stack()
+    assert names["release"] == "kube-prometheus-stack"
+    assert names["prometheus-service-account"] == f"{names['release']}-prometheus"
+    assert names["prometheus-namespace"] == "monitoring"
+    docs = render()
+    labelled = [d for d in docs if d["kind"] in OPERATOR_KINDS]
+    assert {d["kind"] for d in labelled} == OPERATOR_KINDS
+    for doc in labelled:
+        assert doc["metadata"]["labels"]["release"] == names["release"], doc["metadata"]["name"]
+
+
+# --- one place for the stack's names, and overlays that move them ---------------------------
+
+OTHER_NAMES = {"namespace": "observability", "release": "prometheus",
+               "prometheus-service-account": "prometheus-kube-prometheus-prometheus",
+               "prometheus-namespace": "kps"}
+COMPONENTS = sorted(p.parent for p in (DEPLOY / "components").glob("*/kustomization.yaml"))
+# Roles (and their bindings) that live where what they grant is, whatever the exporter's
+# namespace: the node's Lease, the Node's Events, and the kube-events component's Role.
+ROLES_ELSEWHERE = {**FOREIGN_NAMESPACES,
+                   ("Role", "node-resize-exporter-events"): "default",
+                   ("RoleBinding", "node-resize-exporter-events"): "default"}
+
+
+def _check_references(docs: list[dict], names: dict[str, str]) -> None:
+    """Every cross-reference of a rendered install, against the names it was given."""
+    namespace = names["namespace"]
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("Namespace", namespace) in by
+    assert by[("Namespace", namespace)]["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "privileged"
+    for doc in docs:
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], doc["metadata"]["name"]
+            continue
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert doc["metadata"].get("namespace") == ROLES_ELSEWHERE.get(key, namespace), key
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    account = {"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+               "namespace": namespace}
+    assert ("ServiceAccount", account["name"]) in by
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert len(bindings) >= 4
+    for binding in bindings:
+        name = binding["metadata"]["name"]
+        if name == "node-resize-exporter-scrape":
+            assert binding["subjects"] == [{
+                "kind": "ServiceAccount", "name": names["prometheus-service-account"],
+                "namespace": names["prometheus-namespace"]}]
+        elif name != "node-resize-exporter-plan":  # your resizer's account, not the exporter's
+            assert binding["subjects"] == [account], name
+        role_kind = binding["roleRef"]["kind"]
+        if not binding["roleRef"]["name"].startswith("system:"):
+            role = by[(role_kind, binding["roleRef"]["name"])]
+            assert role["metadata"].get("namespace") == binding["metadata"].get("namespace")
+    (svc,) = [d for d in docs if d["kind"] == "Service"]
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    labelled_alerts = 0
+    for doc in docs:
+        if doc["kind"] in OPERATOR_KINDS:
+            assert doc["metadata"]["labels"]["release"] == names["release"]
+        for group in doc.get("spec", {}).get("groups", []) if doc["kind"] == "PrometheusRule" \
+                else []:
+            for rule in group["rules"]:
+                if "namespace" in rule.get("labels", {}):  # absent(): the exporter's own
+                    assert rule["labels"]["namespace"] == namespace, rule.get("alert")
+                    labelled_alerts += 1
+    assert labelled_alerts >= 1  # NodeResizeExporterAbsent
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for volume in volumes.values():
+        if "configMap" in volume:
+            assert ("ConfigMap", volume["configMap"]["name"]) in by
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    for cert in certificates:
+        issuer = by[(cert["spec"]["issuerRef"]["kind"], cert["spec"]["issuerRef"]["name"])]
+        assert issuer["metadata"]["namespace"] == cert["metadata"]["namespace"]
+    if ("Certificate", "node-resize-exporter-tls") in by:
+        cert = by[("Certificate", "node-resize-exporter-tls")]
+        service_name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+        assert cert["spec"]["dnsNames"] == [service_name]
+        tls = sm["spec"]["endpoints"][0]["tlsConfig"]
+        assert tls["serverName"] == service_name and "insecureSkipVerify" not in tls
+        assert tls["ca"]["secret"]["name"] == cert["spec"]["secretName"]
+        assert volumes["tls"]["secret"]["secretName"] == cert["spec"]["secretName"]
+        ca = by[("Issuer", "node-resize-exporter-ca")]["spec"]["ca"]["secretName"]
+        assert by[("Certificate", ca)]["spec"]["isCA"] is True
+
+
+def test_the_default_install_refers_to_its_own_names():
+    _check_references(render(), stack())
+
+
+def test_stack_names_set_once_from_an_overlay_move_every_object_and_component():
+    """An overlay that patches stack.yaml's four names (and runs deploy/names/ after its
+    patches) moves the exporter, its bindings' subjects, the ServiceMonitor's selector, the
+    certificate's names and the dashboards with it, relabels what Prometheus selects, grants the
+    other Prometheus, leaves the Roles in kube-node-lease and default, and keeps none of the
+    old names anywhere."""
+    assert set(OTHER_NAMES) == set(stack())
+    assert not set(OTHER_NAMES.values()) & set(stack().values())
+    docs = render(DEPLOY, *COMPONENTS, stack=OTHER_NAMES)
+    _check_references(docs, OTHER_NAMES)
+    # components/plan's binding names an example account for you to replace with your resizer's.
+    text = yaml.safe_dump_all([d for d in docs
+                               if d["metadata"]["name"] != "node-resize-exporter-plan"])
+    old = stack()
+    assert f".{old['namespace']}.svc" not in text
+    assert f"namespace: {old['namespace']}\n" not in text
+    assert old["release"] not in text  # the release and the account named after it
+    kinds = {d["kind"] for d in docs}
+    assert {"Certificate", "Issuer", "ConfigMap"} <= kinds  # the components were there
+    assert not [d for d in docs if d["metadata"]["name"] == STACK_NAME]  # local-config
+
+
+def test_the_overlay_recipe_stack_yaml_gives_renders(tmp_path):
+    """The commented overlay in stack.yaml, as written there (its resources and transformers
+    pointed at this deploy/), gives what it says."""
+    text = (DEPLOY / "stack.yaml").read_text()
+    start = text.index("#   resources: [../deploy]")
+    lines = []
+    for line in text[start:].splitlines():
+        if not line.startswith("#   "):
+            break
+        lines.append(line[4:])
+    recipe = "\n".join(lines).replace("../deploy", os.path.relpath(DEPLOY, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(recipe)
+    kubectl = Path(sys.executable).with_name("kubectl")
+    out = subprocess.run([kubectl, "kustomize", "--load-restrictor", "LoadRestrictionsNone",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    patch = yaml.safe_load(yaml.safe_load(recipe)["patches"][0]["patch"])
+    _check_references(docs, {**stack(), **patch["data"]})
+    assert patch["data"]["namespace"] != stack()["namespace"]
+
+
+def test_namespace_in_an_overlay_breaks_what_stack_yaml_says_it_does():
+    """Why stack.yaml says not to set `namespace:` in an overlay: it moves the Lease and
+    Event Roles out of kube-node-lease and default and leaves the ServiceMonitor's selector on
+    the old namespace. If kustomize stops doing that, the advice can go."""
+    docs = render(DEPLOY, namespace="observability")
+    with pytest.raises(AssertionError):
+        _check_references(docs, {**stack(), "namespace": "observability"})
+    moved = {(d["kind"], d["metadata"]["name"]) for d in docs
+             if d["metadata"].get("namespace") == "observability"}
+    assert set(FOREIGN_NAMESPACES) <= moved
 
 
 # --- Grafana dashboards for the dashboard sidecar -------------------------------------------

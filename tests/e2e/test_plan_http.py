@@ -92,6 +92,8 @@ def test_memory_plan_and_the_unpluggable_gauges(exporter):
     with hotplug_lock():  # the blocks stay as they are; the gauge catches up within 10 s
         online = sum(1 for p in Path("/sys/devices/system/memory").glob("memory*")
                      if (p / "state").read_text().strip() == "online")
+        # Memory by zone is read at the scrape (MemoryZonesCollector); the unpluggable gauges
+        # are worked out by the plan sink's thread after its inputs arrive: wait for both.
         s = exporter.wait_for(lambda s: sum(
             s.series("node_resize_memory_blocks_by_zone").values()) == online
             and s.value("node_resize_unpluggable", resource="cpu", unit="core") is not None)

@@ -51,7 +51,7 @@ def test_serve_and_check_read_the_collectors_from_the_table_alone():
             assert f"register({cls}" not in source and f"{cls}.check" not in source, \
                 (module.__name__, cls)
     assert [s.name for s in TABLE] == ["metrics", "kubelet", "running_pods", "forecast",
-                                       "plan"]
+                                       "plan", "memory_zones"]
 
 
 @pytest.mark.parametrize("name", list(MAKERS))

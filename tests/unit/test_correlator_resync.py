@@ -99,7 +99,7 @@ def test_kubelet_never_resyncs_times_out_and_drift_stays():
     ep = ended.episode
     assert ep.outcome is Outcome.RESYNC_TIMEOUT and ep.ended == T0 + 610.0
     assert ep.kubelet_after == 2 and ep.kernel_after == 1
-    assert "did not reach" in ep.detail
+    assert ep.detail == "Node capacity cpu 2 cores did not reach the kernel's 1 core within 600 s"
     assert s.stats.unplug_requests == {CPU: 1}
     assert s.stats.unplug_errors == {(CPU, "resync_timeout"): 1}
     assert s.stats.resync_errors == {}
@@ -281,6 +281,20 @@ def test_memory_outside_tolerance_does_not_converge():
     s.node(100.0, mem=24 * GiB + 100 * MiB)  # inside tolerance of the kernel's value now
     [ep] = s.ended()
     assert ep.outcome is Outcome.CONVERGED and ep.resync_seconds == 99.0
+
+
+def test_a_memory_timeout_says_its_bytes_in_binary_units():
+    """The detail says memory as the Node does, never as a float ("2.59098e+10")."""
+    s = Stream(kubernetes=True, resync_deadline=600.0)
+    s.snapshot(0, mem=24 * GiB)
+    s.node(0, mem=24 * GiB)
+    s.transition(1.0, MEM, 192, ON)
+    s.snapshot(1.0625, mem=24 * GiB + BLOCK)
+    s.tick(601.0)
+    [ep] = s.ended()
+    assert ep.outcome is Outcome.RESYNC_TIMEOUT
+    assert ep.detail == ("Node capacity memory 24 GiB did not reach the kernel's "
+                                    "24704 MiB within 600 s")
 
 
 def test_stale_snapshot_does_not_fake_a_resync():
