@@ -53,9 +53,11 @@ class GuestConfig:
     # keeps its own unmovable memory (memmap, page tables, slab). Splitting the base RAM puts
     # ZONE_NORMAL blocks in the guest from boot, so a refused (EBUSY) offline has a target.
     below_4g_mib: int = 512
-    slots: int = 4
-    max_mib: int = 6144  # boot RAM, two 1 GiB DIMMs, the virtio-mem regions, another DIMM
-    max_cpus: int = 2
+    slots: int = 8
+    max_mib: int = 8192  # boot RAM, the DIMMs of both suites of scenarios, the virtio-mem regions
+    # 3: two hot-pluggable vCPU slots, so the orchestrator's vCPU comes and goes while the other
+    # hot-added one stays (QEMU 7.2 under TCG aborts at a vCPU device_add after a vCPU device_del)
+    max_cpus: int = 3
     script: str = "run.sh"  # on the scratch share; /init runs it in the chroot
     # nokaslr: the kernel's physical placement (and so which boot blocks are busy) is stable.
     extra_append: tuple[str, ...] = ("nokaslr",)

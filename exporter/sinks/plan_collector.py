@@ -59,7 +59,6 @@ from exporter.events import (
     DeviceChange,
     Event,
     NodeStatus,
-    Resource,
     SourceStatus,
     Transition,
 )
@@ -179,9 +178,9 @@ class PlanSink(ViewSink):
             else:
                 down[event.source] = event.reason
             self.down = down
-        elif isinstance(event, (Transition, DeviceChange)) and \
-                event.resource is Resource.MEMORY:
-            self._blocks_changed += 1  # the blocks changed: read again when asked
+        elif isinstance(event, (Transition, DeviceChange)):
+            # CPUs or blocks changed: read again when asked (a hot-added CPU's topology too)
+            self._blocks_changed += 1
 
     # ------------------------------------------------------------ reading the kernel
 

@@ -18,25 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from lab import initramfs, scenarios_virtio
+from lab import initramfs
 from lab.control import LabGuest
 from lab.qemu import QEMU, Guest
 from lab.scenarios import (
     LabRun,
     Scenario,
     cpu_count,
-    cpu_episodes,
-    cpu_hot_add,
-    cpu_hot_remove,
-    cpu_offline_online_in_guest,
     exporter_up,
     hostfwd_http,
-    memory_hot_add,
-    memory_hot_remove,
-    memory_refused_offline,
-    plan_movable_dimm,
-    plan_normal_dimm,
 )
+from lab.scenarios_orchestrator import LAB_ORDER
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "lab" / "out"
@@ -146,21 +138,8 @@ def test_exporter_runs_in_the_guest_with_every_source(lab_run):
 
 @pytest.mark.lab
 @needs_lab
-@pytest.mark.parametrize("scenario", [
-    memory_hot_add, plan_movable_dimm, memory_refused_offline, memory_hot_remove,
-    plan_normal_dimm, cpu_hot_add, cpu_offline_online_in_guest, cpu_hot_remove, cpu_episodes,
-], ids=lambda s: s.fn.__name__)
+@pytest.mark.parametrize("scenario", LAB_ORDER, ids=lambda s: s.fn.__name__)
 def test_scenario(lab_run, scenario):
-    if lab_run.lab.exporter_pid is None:
-        pytest.fail("the exporter never started in the guest (see the test before)")
-    passes(scenario, lab_run)
-
-
-@pytest.mark.lab
-@needs_lab
-@pytest.mark.parametrize("scenario", scenarios_virtio.SCENARIOS, ids=lambda s: s.fn.__name__)
-def test_virtio_scenario(lab_run, scenario):
-    """virtio-mem (sub-block, big-block, kernel zone) and virtio-balloon on the same guest."""
     if lab_run.lab.exporter_pid is None:
         pytest.fail("the exporter never started in the guest (see the test before)")
     passes(scenario, lab_run)
