@@ -321,6 +321,24 @@ def file_sd(job: str, nodes: int, port: int) -> list[dict]:
             for n in range(nodes)]
 
 
+def get_json(url: str, timeout: float = 120.0) -> tuple[dict, float]:
+    """GET a Prometheus-API URL: the JSON answer (an error, as the API says one, when it did not
+    answer or answered no JSON) and the seconds it took."""
+    t = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = r.read()
+    except urllib.error.HTTPError as e:
+        body = e.read()
+    except OSError as e:  # a timeout: the query did not answer, an error like any other
+        return {"status": "error", "error": repr(e)}, time.perf_counter() - t
+    elapsed = time.perf_counter() - t
+    try:
+        return json.loads(body), elapsed
+    except ValueError:
+        return {"status": "error", "error": body[:300].decode(errors="replace")}, elapsed
+
+
 class Prometheus:
     def __init__(self, work: Path, job: str, nodes: int, fleet_port: int, interval: float,
                  rules: bool):
@@ -392,20 +410,7 @@ class Prometheus:
 
     def api(self, path: str, **params) -> tuple[dict, float]:
         """GET /api/v1/<path>; the answer and the seconds it took."""
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
-        t = time.perf_counter()
-        try:
-            with urllib.request.urlopen(url, timeout=120) as r:
-                body = r.read()
-        except urllib.error.HTTPError as e:
-            body = e.read()
-        except OSError as e:  # a timeout: the query did not answer, an error like any other
-            return {"status": "error", "error": repr(e)}, time.perf_counter() - t
-        elapsed = time.perf_counter() - t
-        try:
-            return json.loads(body), elapsed
-        except ValueError:
-            return {"status": "error", "error": body[:300].decode(errors="replace")}, elapsed
+        return get_json(f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}")
 
     def scalar(self, expr: str) -> float | None:
         answer, _ = self.api("query", query=expr)

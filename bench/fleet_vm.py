@@ -180,22 +180,6 @@ def shard_rules(rules_file: Path, shard: int, scope: dict[str, str]) -> dict:
 
 # ------------------------------------------------------------------------------ processes
 
-def _get_json(url: str, timeout: float = 120.0) -> tuple[dict, float]:
-    t = time.perf_counter()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            body = r.read()
-    except urllib.error.HTTPError as e:
-        body = e.read()
-    except OSError as e:
-        return {"status": "error", "error": repr(e)}, time.perf_counter() - t
-    elapsed = time.perf_counter() - t
-    try:
-        return json.loads(body), elapsed
-    except ValueError:
-        return {"status": "error", "error": body[:300].decode(errors="replace")}, elapsed
-
-
 class Proc:
     """One Debian VictoriaMetrics-family (or Alertmanager) process on a loopback port."""
 
@@ -261,7 +245,7 @@ class Store(Proc):
 
     def api(self, path: str, **params) -> tuple[dict, float]:
         """GET /api/v1/<path> (the Prometheus querying API VictoriaMetrics serves)."""
-        return _get_json(f"{self.url}/api/v1/{path}?"
+        return fleet.get_json(f"{self.url}/api/v1/{path}?"
                          f"{urllib.parse.urlencode(params, doseq=True)}")
 
     def vector(self, expr: str, **params) -> list[dict]:
@@ -344,7 +328,7 @@ def alertmanager(work: Path) -> Proc:
 
 def ruler_alerts(ruler: Proc) -> list[dict]:
     """vmalert's active alerts (pending and firing): name, labels, state."""
-    answer, _ = _get_json(ruler.url + "/api/v1/alerts")
+    answer, _ = fleet.get_json(ruler.url + "/api/v1/alerts")
     return [{"name": a["name"], "labels": a["labels"], "state": a["state"]}
             for a in (answer.get("data") or {}).get("alerts") or []]
 

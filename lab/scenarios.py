@@ -387,20 +387,16 @@ NORMAL_DIMM_ID = "dimm1"
 AUTO_ONLINE = "/sys/devices/system/memory/auto_online_blocks"
 
 
-@scenario("plan: a DIMM onlined into Normal, then device_del")
-def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
-    """A DIMM left offline at hot-add and onlined into ZONE_NORMAL by hand (online_kernel):
-    the gauges show it hot-added into Normal (the alert's case), and so does the exporter
-    restarted afterwards, which never saw the hot-add (the count is the kernel's state: the
-    blocks' device links and zones); `plan` (the CLI, reading kpageflags as root) says whether
-    its blocks can go, device_del says whether they did, and the count drops when they did."""
+def hot_add_kernel_dimm(run: LabRun, dimm_id: str) -> set[str]:
+    """A 1 GiB DIMM left offline at hot-add (auto_online_blocks set to offline meanwhile),
+    then onlined into ZONE_NORMAL by hand (online_kernel): its 8 blocks' names."""
     lab = run.lab
     policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
     check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
           "cannot set auto_online_blocks")
     try:
         before = set(lab.state()["memory_blocks"])
-        lab.guest.qmp.add_dimm(NORMAL_DIMM_ID, GiB)
+        lab.guest.qmp.add_dimm(dimm_id, GiB)
         st = run.wait_guest(lambda st: len(set(st["memory_blocks"]) - before) == 8,
                             "8 new (offline) memory blocks")
     finally:
@@ -410,6 +406,18 @@ def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
         r = lab.call("write", path=f"/sys/devices/system/memory/{name}/state",
                      value="online_kernel")
         check(r["errno"] == 0, f"online_kernel {name}: {r['error']}")
+    return blocks
+
+
+@scenario("plan: a DIMM onlined into Normal, then device_del")
+def plan_normal_dimm(run: LabRun, out: Outcome) -> None:
+    """A DIMM left offline at hot-add and onlined into ZONE_NORMAL by hand (online_kernel):
+    the gauges show it hot-added into Normal (the alert's case), and so does the exporter
+    restarted afterwards, which never saw the hot-add (the count is the kernel's state: the
+    blocks' device links and zones); `plan` (the CLI, reading kpageflags as root) says whether
+    its blocks can go, device_del says whether they did, and the count drops when they did."""
+    lab = run.lab
+    blocks = hot_add_kernel_dimm(run, NORMAL_DIMM_ID)
     zones = {lab.call("read", path=f"/sys/devices/system/memory/{n}/valid_zones")["value"]
              .strip() for n in blocks}
     c = run.wait_counts(lambda c: c.scrape.value("node_resize_memory_hot_added_blocks", None,

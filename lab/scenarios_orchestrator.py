@@ -35,7 +35,6 @@ from lab.control import EPISODES_ARGV, GUEST_PYTHON, LabGuest
 from lab.qemu import GiB
 from lab.qmp import CpuSlot
 from lab.scenarios import (
-    AUTO_ONLINE,
     SCENARIOS,
     LabRun,
     Outcome,
@@ -46,6 +45,7 @@ from lab.scenarios import (
     cpu_count,
     cpu_hot_add,
     cpu_hot_remove,
+    hot_add_kernel_dimm,
     online_blocks,
     scenario,
 )
@@ -197,22 +197,7 @@ def _hot_add_movable_dimm(run: LabRun) -> set[str]:
 
 def _hot_add_kernel_dimm(run: LabRun) -> list[int]:
     """A DIMM left offline at hot-add, then onlined into ZONE_NORMAL by hand."""
-    lab = run.lab
-    policy = lab.call("read", path=AUTO_ONLINE)["value"].strip()
-    check(lab.call("write", path=AUTO_ONLINE, value="offline")["errno"] == 0,
-          "cannot set auto_online_blocks")
-    try:
-        before = set(lab.state()["memory_blocks"])
-        lab.guest.qmp.add_dimm(KERNEL_DIMM, GiB)
-        st = run.wait_guest(lambda st: len(set(st["memory_blocks"]) - before) == 8,
-                            "8 new (offline) memory blocks")
-    finally:
-        lab.call("write", path=AUTO_ONLINE, value=policy)
-    blocks = sorted(int(b[6:]) for b in set(st["memory_blocks"]) - before)
-    for n in blocks:
-        r = lab.call("write", path=f"{MEM}/memory{n}/state", value="online_kernel")
-        check(r["errno"] == 0, f"online_kernel memory{n}: {r['error']}")
-    return blocks
+    return sorted(int(name[6:]) for name in hot_add_kernel_dimm(run, KERNEL_DIMM))
 
 
 def _pin(run: LabRun, blocks: list[int]) -> tuple[int, dict]:
