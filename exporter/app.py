@@ -389,7 +389,7 @@ def serve(options: Options) -> int:
     running, kubelet = RunningPodsSink.attach(agent), KubeletSink.attach(agent)
     plan = PlanSink.attach(agent, SharedViews.of(agent, running, kubelet),
                            SYSFS_ROOT.of(options), PROCFS_ROOT.of(options),
-                           KUBELET_ROOT_DIR.of(options) or KUBELET_ROOT_DIR.default,
+                           KUBELET_ROOT_DIR.of(options),
                            kubernetes=decisions.kubernetes, node=decisions.node,
                            cgroup_root=CGROUP_ROOT.of(options))
     try:
