@@ -1,2 +1,2 @@
 """node-resize-exporter: makes Kubernetes node resizing observable."""
-__version__ = "0.2.0"
+__version__ = "0.3.0"
