@@ -220,7 +220,7 @@ def _take_order(verdicts: Iterable[BlockVerdict]) -> list[BlockVerdict]:
 
 def _exclusive_cpus(inputs: Inputs) -> frozenset[int]:
     cp = inputs.cpu_checkpoint
-    if cp is not None and cp.present and not cp.error and cp.policy == "static":
+    if cp is not None and cp.static:
         return cp.assigned_cpus
     if inputs.running is not None:
         return inputs.running.assigned_cpus
@@ -375,7 +375,7 @@ def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
     """Which inputs the answer to `change` depends on."""
     removing = change.cpus < 0 or change.memory < 0
     cp = inputs.cpu_checkpoint
-    static = cp is not None and cp.present and not cp.error and cp.policy == "static"
+    static = cp is not None and cp.static
     return {"kernel": True, "memory_devices": change.memory != 0,
             "cpu_topology": change.cpu_unit != "cpu",
             "mem_available": change.memory < 0, "page_flags": change.memory < 0,
@@ -774,7 +774,7 @@ def _restart(change: Change, inputs: Inputs, hypo: KernelSnapshot,
         problem = cpu_manager_problem(cp, hypo.cpus_online)
         if problem:
             return False, problem
-        static = cp.present and not cp.error and cp.policy == "static"
+        static = cp.static
         reserved = inputs.kubelet_reserved_cpus
         if static and reserved is not None and reserved - hypo.cpus_online:
             return False, (f"its reservedSystemCPUs name {cpu_list(reserved - hypo.cpus_online)}"
@@ -805,7 +805,7 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
     capacity; uncordon. Undo: the rollbacks of the writes done, newest first, then uncordon."""
     out: list[Action] = []
     cp = inputs.cpu_checkpoint
-    static = cp is not None and cp.present and not cp.error and cp.policy == "static"
+    static = cp is not None and cp.static
     removing = bool(p.cpu_take or p.memory_take)
     kube = p.kubernetes
     if removing and kube:
