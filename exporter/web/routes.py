@@ -81,20 +81,14 @@ class Routes:
         if path == self.telemetry_path and self.kube_auth is not None:
             # Only the telemetry path is protected: /healthz is for probes, and the index
             # page and 404s are constant text.
-            decision = await self._kube_authorize(self.kube_auth, request, peer, evictable)
-            if decision is not Verdict.ALLOWED:
-                code, text, headers = REFUSALS[decision]
-                return code, "text/plain", text, headers
+            refused = await self._refused(request, peer, evictable, self.kube_auth)
+            if refused is not None:
+                return refused
         elif path != "/healthz" and self.auth.enabled:
-            verdict = await self._authorized(request)
-            if path == self.telemetry_path:
-                self.stats.decided(Verdict.THROTTLED if verdict is None else
-                                   Verdict.ALLOWED if verdict else Verdict.UNAUTHENTICATED)
-            if verdict is None:
-                return 429, "text/plain", b"too many password checks at once\n", \
-                    {"Retry-After": "1"}
-            if not verdict:
-                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+            refused = await self._refused(request, peer, evictable, None,
+                                          counted=path == self.telemetry_path)
+            if refused is not None:
+                return refused
         if path == self.telemetry_path:
             accept, encoding = _header(request, b"accept"), _header(request, b"accept-encoding")
             rendering = self.exposition.cached(accept, encoding)
@@ -119,18 +113,10 @@ class Routes:
         is, its wait evictable), PLAN_RATE a second and one at a time (429 past it), computed
         on the render pool."""
         assert self.plan is not None
-        if self.plan_auth is not None:
-            decision = await self._kube_authorize(self.plan_auth, request, peer, evictable)
-            if decision is not Verdict.ALLOWED:
-                code, text, headers = REFUSALS[decision]
-                return code, "text/plain", text, headers
-        elif self.auth.enabled:
-            verdict = await self._authorized(request)
-            if verdict is None:
-                return 429, "text/plain", b"too many password checks at once\n", \
-                    {"Retry-After": "1"}
-            if not verdict:
-                return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        if self.plan_auth is not None or self.auth.enabled:
+            refused = await self._refused(request, peer, evictable, self.plan_auth)
+            if refused is not None:
+                return refused
         query = request.target.partition(b"?")[2].decode("latin-1")
         malformed = getattr(self.plan, "malformed", None)  # PlanSink.endpoint()
         bad = malformed(query) if malformed is not None else None
@@ -146,6 +132,29 @@ class Routes:
         finally:
             self._planning = False
         return code, "application/json", body, {"Cache-Control": "no-store"}
+
+    async def _refused(self, request: h11.Request, peer: str,
+                       evictable: Callable[[bool], None], kube: KubeAuth | None, *,
+                       counted: bool = False) -> Response | None:
+        """The answer that refuses `request` (a bearer token's review with `kube`, else basic
+        auth), or None when it may go on. `counted`: the basic-auth verdict goes into the
+        telemetry path's statistics."""
+        if kube is not None:
+            decision = await self._kube_authorize(kube, request, peer, evictable)
+            if decision is Verdict.ALLOWED:
+                return None
+            code, text, headers = REFUSALS[decision]
+            return code, "text/plain", text, headers
+        verdict = await self._authorized(request)
+        if counted:
+            self.stats.decided(Verdict.THROTTLED if verdict is None else
+                               Verdict.ALLOWED if verdict else Verdict.UNAUTHENTICATED)
+        if verdict is None:
+            return 429, "text/plain", b"too many password checks at once\n", \
+                {"Retry-After": "1"}
+        if not verdict:
+            return 401, "text/plain", b"Unauthorized\n", {"WWW-Authenticate": REALM}
+        return None
 
     @staticmethod
     async def _kube_authorize(auth: KubeAuth, request: h11.Request, peer: str,
