@@ -61,15 +61,23 @@ class Deadlines:
     def schedule(self, track: Track) -> None:
         self._open.schedule(track, self.next_decision(track).due)
 
+    def _forget_seen(self, resource: Resource | None = None) -> None:
+        """Forget what was seen of one resource (None: of all) while nothing of it waits, so
+        that the next episode to wait is looked at again on the next change (an extra look,
+        never a missed one)."""
+        if resource is None:
+            self._seen_since.clear()
+            self._seen_apart.clear()
+        else:
+            self._seen_since.pop(resource, None)
+            self._seen_apart.pop(resource, None)
+
     def entered_resync(self, track: Track) -> None:
         """The track is now waiting for a resync: if no snapshot postdates its kernel phase
         yet, the first that does must look at it again."""
         if self._open.waiting == 1:
-            # The first to wait: forget what was seen before, so that it is looked at again on
-            # the next change (an extra look, never a missed one). The tracker does not call
-            # view_moved() while nothing waits.
-            self._seen_since.clear()
-            self._seen_apart.clear()
+            # The first to wait: the tracker does not call view_moved() while nothing waits.
+            self._forget_seen()
         if self.kernel_now(track.ep) is None:
             self._open.kernel_unknown(track)
 
@@ -108,19 +116,13 @@ class Deadlines:
         snapshot predates). `regressed`: a snapshot stamped before the one it replaced."""
         snap = self._view.snapshot
         if not self._open.waiting:
-            # Nothing waits: forget what was seen, so that the next episode to wait is
-            # looked at again on the next change (an extra look, never a missed one).
-            self._seen_since.clear()
-            self._seen_apart.clear()
+            self._forget_seen()
             return []
         agreeing: list[Track] = []
         for r in EPISODE_RESOURCES:
             waiting = self._open.resyncing(r)
             if not waiting:
-                # Nothing waits: forget what was seen, so that the next episode to wait is
-                # looked at again on the next change (an extra look, never a missed one).
-                self._seen_since.pop(r, None)
-                self._seen_apart.pop(r, None)
+                self._forget_seen(r)
                 continue
             kubelet = self._view.kubelet(r)
             kernel = None if snap is None else snap.capacity(r)
