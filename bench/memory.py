@@ -187,7 +187,10 @@ class PodShaped:
         self.socket = str(self.tmp / "kubelet.sock")
         server = Server(self.socket, kubelet)
         self.stack.callback(server.stop)
-        self.env = {"NODE_NAME": NODE}
+        # The DaemonSet's plain env values (MALLOC_ARENA_MAX), and its Node.
+        self.env = {e["name"]: e["value"] for e in container_of(load_manifest(
+            "daemonset.yaml")).get("env", []) if "value" in e}
+        self.env["NODE_NAME"] = NODE
         if self.traces:
             from testkit.fakes.otlp import HttpReceiver
             rx = self.stack.enter_context(HttpReceiver())
