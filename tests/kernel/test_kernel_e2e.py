@@ -70,7 +70,7 @@ def test_cpu1_cycles_counted_exactly_once_per_source(cpu1, source, args, duratio
         if source != "auto":
             # the chosen event source, the sysfs reconciler, and the state readers that run
             # whatever --source says (not --source choices)
-            expected = {source, "sysfs", "memory_auto_online"}
+            expected = {source, "sysfs", "memory_auto_online", "paravirt_memory"}
             assert {dict(k)["source"] for k in after.series("node_resize_exporter_source_up")} \
                 == expected
 
