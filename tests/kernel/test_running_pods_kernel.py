@@ -123,6 +123,8 @@ def test_exporter_and_check_report_the_pod_a_memory_block_left_stale(memory_bloc
     online = Path("/sys/devices/system/cpu/online").read_text().strip()
     with FakeApiServer() as api, real_v1_container(
             cpus=online, oom_score_adj=adj, cpu_quota_us=-1, memory_limit=capacity * 2) as c:
+        # The node's Node: check lists the Node and its pods in one bounded list (readnow).
+        api.set_node("n1", cpu="2", memory=f"{capacity // 1024}Ki")
         api.put_pod("cart-0", node="n1", namespace="shop", containers=1,
                     requests={"cpu": "100m", "memory": f"{request}Mi"},
                     limits={"memory": f"{request * 2}Mi"}, container_ids=[CID], uid=UID)
