@@ -106,8 +106,11 @@ def test_drift_alert_goes_pending_then_firing_and_reaches_the_webhook(cpu1, tmp_
         sock = str(tmp_path / "kubelet.sock")
         stops.append(Server(sock, kubelet).stop)
 
+        # No kubelet on this host: its root and the kubepods cgroup are not read (read and
+        # missing, their sources would be down, and NodeResizeExporterSourceDown would fire).
         exporter = RunningExporter(
-            "--kubeconfig", kubeconfig, "--node-name", NODE, "--podresources-socket", sock
+            "--kubeconfig", kubeconfig, "--node-name", NODE, "--podresources-socket", sock,
+            "--kubelet-root-dir", "", "--cgroup-root", "",
         )
         stops.append(lambda: exporter.__exit__(None, None, None))
         exporter.start()
