@@ -16,11 +16,13 @@ pods: no Node seen yet, or pods not listed, down, forbidden or cut at their boun
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
 The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
-agent still hands it every event, for what nobody else keeps: whether a Node was seen (memory
-by zone and the hot-added blocks: exporter/sinks/memory_zones_collector.py, from the kernel's
-state). The kernel's memory blocks are read when asked (a plan,
-a scrape), kept HARDWARE_TTL seconds or until a kernel event; /proc/kpageflags only for a
-plan, at most PAGE_BUDGET blocks a plan, each block's flags kept PAGE_FLAGS_TTL seconds.
+agent still hands it every event, for what nobody else keeps: whether a Node was seen, and
+which of the sources a plan depends on are down and why (the kubelet's checkpoints, the running
+containers: "not read", named in the answer). Memory by zone and the hot-added blocks are
+exporter/sinks/memory_zones_collector.py's, from the kernel's state. The kernel's CPUs and
+memory blocks are read when asked (a plan, the gauges' thread), kept HARDWARE_TTL seconds or
+until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each
+block's flags kept PAGE_FLAGS_TTL seconds (a cached block is not charged to the budget).
 
 The unpluggable gauges are worked out when an input changes, off the scrape path (as
 kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
@@ -137,7 +139,6 @@ class PlanSink(ViewSink):
         self.kubernetes = kubernetes  # the Kubernetes side is on: the pods are judged
         self.node = node
         self.cgroup_root = cgroup_root  # where a kubelet's kubepods cgroup would show
-        self.gates: dict[str, bool] = {}  # KEP-3953's gates as the kubelet reports them
         self.down: dict[str, str] = {}  # source -> why it is down (the checkpoints, the scan)
         self.node_seen = False  # a Node status was seen
         self._version = 0  # bumped by every input: with the agent's, the gauges' key
