@@ -510,15 +510,15 @@ def test_the_kernel_state_the_last_process_knew(tmp_path):
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
     from exporter.events import Direction, KernelSnapshot, Resource, Result, Transition
 
-    def snap(t: float, cpus: set[int], blocks: set[int]) -> KernelSnapshot:
+    def _snap(t: float, cpus: set[int], blocks: set[int]) -> KernelSnapshot:
         return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1, 2, 3} - cpus),
                               frozenset({0, 1, 2, 3}), frozenset({0, 1, 2, 3}), 128 << 20,
                               frozenset(blocks), frozenset(), 1 << 30, 0)
 
     j = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
     assert state_at_stop(j.last_kernel_events()) is None  # no snapshot yet: nothing to say
-    j.on_event(snap(T0, {0, 1, 2, 3}, {0, 1}))
-    j.on_event(snap(T0 + 1, {0, 1, 2}, {0, 1}))
+    j.on_event(_snap(T0, {0, 1, 2, 3}, {0, 1}))
+    j.on_event(_snap(T0 + 1, {0, 1, 2}, {0, 1}))
     j.on_event(Transition("bpf", Resource.CPU, 2, Direction.OFFLINE, Result.SUCCESS, end=T0 + 2))
     j.on_event(Transition("bpf", Resource.CPU, 1, Direction.OFFLINE, Result.FAILED, end=T0 + 3))
     j.on_event(lost(T0 + 4))
@@ -527,7 +527,7 @@ def test_the_kernel_state_the_last_process_knew(tmp_path):
     assert [type(e).__name__ for e in events] == ["KernelSnapshot", "Transition", "Transition"]
     before = state_at_stop(events)
     assert before.cpus_online == {0, 1} and before.memory_blocks_online == {0, 1}
-    changes = changes_while_down(before, snap(T0 + 100, {0, 1, 2, 3}, {0}))
+    changes = changes_while_down(before, _snap(T0 + 100, {0, 1, 2, 3}, {0}))
     assert changes == {(Resource.CPU, Direction.ONLINE): 2, (Resource.MEMORY, Direction.OFFLINE): 1}
     j.close()
 
@@ -542,29 +542,23 @@ def test_a_snapshot_ahead_of_what_was_counted_does_not_hide_a_down_change(tmp_pa
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
     from exporter.events import (
         Direction,
-        KernelSnapshot,
         Resource,
         Result,
         SourceStatus,
         Transition,
     )
 
-    def snap(t: float, cpus: set[int]) -> KernelSnapshot:
-        return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
-                              frozenset({0, 1}), 128 << 20, frozenset({0}), frozenset(),
-                              1 << 30, 0)
-
-    now = snap(T0 + 100, {0, 1})  # sysfs at the restart: cpu1 online
+    now = _snap(T0 + 100, {0, 1})  # sysfs at the restart: cpu1 online
     j = JournalSink(tmp_path / "j.db", clock=FakeClock(T0))
     j.on_event(SourceStatus("sysfs", True, T0))  # the killed process starts ...
-    j.on_event(snap(T0, {0, 1}))
+    j.on_event(_snap(T0, {0, 1}))
     for i in range(3):  # ... a storm: it counts offline, online, offline, online, offline
         j.on_event(Transition("uevent", Resource.CPU, 1, Direction.OFFLINE, Result.SUCCESS,
                               end=T0 + 1 + i))
         if i < 2:
             j.on_event(Transition("uevent", Resource.CPU, 1, Direction.ONLINE, Result.SUCCESS,
                                   end=T0 + 1.5 + i))
-    j.on_event(snap(T0 + 3.5, {0, 1}))  # read after the last online; its transition was lost
+    j.on_event(_snap(T0 + 3.5, {0, 1}))  # read after the last online; its transition was lost
     assert j.flush(10)
     before = state_at_stop(j.last_kernel_events())
     assert before is not None and before.cpus_online == {0}  # what it counted last: offline
@@ -573,7 +567,7 @@ def test_a_snapshot_ahead_of_what_was_counted_does_not_hide_a_down_change(tmp_pa
     j.on_event(SourceStatus("sysfs", True, T0 + 100))
     j.on_event(now)
     assert j.flush(10)
-    assert changes_while_down(state_at_stop(j.last_kernel_events()), snap(T0 + 200, {0, 1})) \
+    assert changes_while_down(state_at_stop(j.last_kernel_events()), _snap(T0 + 200, {0, 1})) \
         == {}
     j.close()
 
@@ -640,17 +634,11 @@ def test_a_backward_clock_step_between_restarts_counts_no_change_twice(tmp_path)
     from exporter.correlate.down_changes import changes_while_down, state_at_stop
     from exporter.events import (
         Direction,
-        KernelSnapshot,
         Resource,
         Result,
         SourceStatus,
         Transition,
     )
-
-    def snap(t: float, cpus: set[int]) -> KernelSnapshot:
-        return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
-                              frozenset({0, 1}), 128 << 20, frozenset({0}), frozenset(),
-                              1 << 30, 0)
 
     def cpu1(direction: Direction, end: float) -> Transition:
         return Transition("uevent", Resource.CPU, 1, direction, Result.SUCCESS, end=end)
@@ -659,7 +647,7 @@ def test_a_backward_clock_step_between_restarts_counts_no_change_twice(tmp_path)
     runs = [(T0 + 100, {0, 1}, cpu1(Direction.OFFLINE, T0 + 101)),  # A, clock ahead
             (T0, {0}, cpu1(Direction.ONLINE, T0 + 1))]  # B, the clock stepped back
     for started, cpus, transition in runs:
-        now = snap(started, cpus)
+        now = _snap(started, cpus)
         assert changes_while_down(state_at_stop(j.last_kernel_events()), now) == {}
         j.on_event(SourceStatus("sysfs", True, started))
         j.on_event(now)
@@ -668,5 +656,12 @@ def test_a_backward_clock_step_between_restarts_counts_no_change_twice(tmp_path)
     # C, and every later start: sysfs says what B counted last.
     for started in (T0 + 2, T0 + 3):
         before = state_at_stop(j.last_kernel_events())
-        assert changes_while_down(before, snap(started, {0, 1})) == {}
+        assert changes_while_down(before, _snap(started, {0, 1})) == {}
     j.close()
+
+
+def _snap(t: float, cpus: set[int]):
+    """A two-CPU host's kernel snapshot at `t` with `cpus` online (one memory block)."""
+    from exporter.events import KernelSnapshot
+    return KernelSnapshot(t, frozenset(cpus), frozenset({0, 1} - cpus), frozenset({0, 1}),
+                          frozenset({0, 1}), 128 << 20, frozenset({0}), frozenset(), 1 << 30, 0)
