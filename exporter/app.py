@@ -66,6 +66,7 @@ from exporter.sinks.plan_collector import PlanSink, SharedViews
 from exporter.sinks.running_pods_collector import RunningPodsSink
 from exporter.sources import registry
 from exporter.sources.base import Source, SourceUnavailable
+from exporter.sources.kernel import memory_devices
 from exporter.sources.kubelet.kubelet_checkpoint import KUBELET_ROOT_DIR
 from exporter.sources.kubelet.kubepods_cgroup import CGROUP_ROOT
 from exporter.sources.registry import SOURCES
@@ -398,6 +399,9 @@ def serve(options: Options) -> int:
     except StartupError as e:
         agent.close_sources()
         return _fail(str(e))
+    # /proc/iomem shows addresses only through a file opened with CAP_SYS_ADMIN: opened now,
+    # read again by the plan and the zones collector after the drop (memory_devices.py).
+    memory_devices.hold_iomem(PROCFS_ROOT.of(options))
     _drop_privileges(built.keep)
     events = collect(options, decisions, agent, journal, traces)
     collectors.register(metrics, collectors.Wiring(agent, built.metrics, running, kubelet, plan))

@@ -446,7 +446,7 @@ class VirtioMemDevice:
     # (memory block, plugged bytes in it) for every block added from the region.
     blocks: tuple[tuple[int, int], ...] = ()
     # How far the requested size can be lowered with the guest honouring it: plugged memory
-    # in offline and ZONE_MOVABLE blocks (paravirt_memory.lowerable_bytes).
+    # in offline and ZONE_MOVABLE blocks (memory_devices.lowerable_bytes).
     lowerable_bytes: int = 0
 
 

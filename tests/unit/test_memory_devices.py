@@ -118,3 +118,34 @@ def test_cpus_carry_package_die_core_thread_node_and_apic_id(tmp_path):
     assert sorted(whole(places, "core")) == [(0, 2), (1,)]
     assert sorted(whole(places, "socket")) == [(0, 2), (1, 3)]
     assert apic_ids("processor : 7\napicid : 14\nprocessor : x\napicid : 3\n") == {7: 14}
+
+
+def test_iomem_without_addresses_is_named_not_read_never_taken_as_no_device(tmp_path):
+    """/proc/iomem read through a file opened without CAP_SYS_ADMIN shows every range as
+    0-0: its virtio-mem blocks would read as boot memory. Named as not read instead."""
+    sysfs, procfs = _tree(tmp_path, range(0, 40), range(40, 48), range(64, 67))
+    hidden = "".join(
+        line.split(" : ")[0][:len(line) - len(line.lstrip())] + "00000000-00000000 : "
+        + line.split(" : ")[1] + "\n" for line in IOMEM.splitlines())
+    Path(procfs, "iomem").write_text(hidden)
+    found = read_devices(range(0, 67), BLOCK, sysfs, procfs)
+    assert "virtio3" not in {d.id for d in found.devices}
+    assert any("CAP_SYS_ADMIN" in why for why in found.not_read), found.not_read
+
+
+def test_a_held_iomem_is_read_again_from_the_file_opened_before(tmp_path):
+    """hold_iomem() opens the file before the privilege drop; every read after it is of that
+    open file (here: the path replaced afterwards, the held file still read)."""
+    from exporter.sources.kernel.memory_devices import hold_iomem, read_iomem, release_iomem
+    sysfs, procfs = _tree(tmp_path, range(0, 40), range(40, 48), range(64, 67))
+    assert hold_iomem(procfs)
+    try:
+        os.rename(Path(procfs, "iomem"), Path(procfs, "iomem.old"))
+        Path(procfs, "iomem").write_text("00000000-00000000 : System RAM\n")
+        assert read_iomem(procfs) == IOMEM
+        assert read_iomem(procfs) == IOMEM  # again, from offset 0
+        found = read_devices(range(0, 67), BLOCK, sysfs, procfs)
+        assert "virtio3" in {d.id for d in found.devices} and found.not_read == ()
+    finally:
+        release_iomem(procfs)
+    assert read_iomem(procfs).startswith("00000000-00000000")

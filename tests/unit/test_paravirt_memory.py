@@ -12,13 +12,8 @@ from prometheus_client import CollectorRegistry
 from exporter.clock import FakeClock
 from exporter.events import ParavirtMemory, VirtioMemDevice
 from exporter.sinks.paravirt_collector import ParavirtSink
-from exporter.sources.kernel.memory_devices import virtio_mem_ranges
-from exporter.sources.kernel.paravirt_memory import (
-    KPF_OFFLINE,
-    ParavirtMemorySource,
-    deflate_on_oom,
-    offline_pages,
-)
+from exporter.sources.kernel.memory_devices import KPF_OFFLINE, offline_pages, virtio_mem_ranges
+from exporter.sources.kernel.paravirt_memory import ParavirtMemorySource, deflate_on_oom
 
 MiB = 1 << 20
 # The lab guest's /proc/iomem with vmem0 (sub-block) plugged to 160 MiB: two blocks added,
@@ -155,15 +150,14 @@ def test_the_gauges_show_what_the_source_read(tmp_path):
 
 
 def test_lowerable_is_offline_and_movable_plugged_memory_only():
-    from exporter.sources.kernel.memory_blocks import MemoryBlock
-    from exporter.sources.kernel.paravirt_memory import lowerable_bytes
-    device = VirtioMemDevice("virtio4", 0, 512 * MiB, 200 * MiB,
-                             blocks=((40, 128 * MiB), (41, 32 * MiB), (42, 40 * MiB), (43, 0)))
-    blocks = {40: MemoryBlock(40, True, ("Movable",)), 41: MemoryBlock(41, True, ("Normal",)),
-              42: MemoryBlock(42, False, ("Normal", "Movable")),
-              43: MemoryBlock(43, True, ("none",))}
-    assert lowerable_bytes(device, blocks) == 168 * MiB
-    assert lowerable_bytes(device, {}) == 0  # blocks unknown: nothing is promised
+    from exporter.sources.kernel.memory_devices import lowerable_bytes
+    plugged = ((40, 128 * MiB), (41, 32 * MiB), (42, 40 * MiB), (43, 0), (8, 128 * MiB))
+    blocks = {40: (True, ("Movable",)), 41: (True, ("Normal",)),
+              42: (False, ("Normal", "Movable")), 43: (True, ("none",)),
+              8: (True, ("Movable",))}
+    # block 8 lies below 4 GiB: never given back, whatever its zone says
+    assert lowerable_bytes(plugged, 128 * MiB, blocks) == 168 * MiB
+    assert lowerable_bytes(plugged, 128 * MiB, {}) == 0  # blocks unknown: nothing promised
 
 
 def test_requested_sizes_are_the_last_logged_per_device():

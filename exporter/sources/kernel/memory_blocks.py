@@ -161,7 +161,8 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
         not_read["kernel"] = "; ".join(kernel)
     devices = None
     if procfs is not None:
-        devices = read_devices([b.number for b in blocks], size, sysfs, procfs)
+        devices = read_devices([b.number for b in blocks], size, sysfs, procfs,
+                               {b.number: (b.online, b.zones) for b in blocks})
         if devices.not_read:
             not_read["memory_devices"] = "; ".join(devices.not_read)
     params = os.path.join(sysfs, "module/memory_hotplug/parameters")

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+import stat
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from exporter.untrusted import read_text
@@ -31,6 +33,9 @@ from exporter.untrusted import read_text
 ACPI_MEMORY_HID = "PNP0C80"
 VIRTIO_MEM_DEVICE_ID = 0x18  # include/uapi/linux/virtio_ids.h VIRTIO_ID_MEM
 IOMEM_MAX = 4 << 20  # bytes of /proc/iomem read at most
+PAGE_SIZE = 4096
+KPF_OFFLINE = 23  # include/uapi/linux/kernel-page-flags.h: PageOffline (an unplugged sub-block)
+DMA32_LIMIT = 1 << 32  # below 4 GiB: ZONE_DMA/DMA32 on x86-64, never given back
 _IOMEM_LINE = re.compile(r"( *)([0-9a-fA-F]+)-([0-9a-fA-F]+) : (.*)")
 _VIRTIO_NAME = re.compile(r"virtio[0-9]{1,6}")
 
@@ -52,6 +57,14 @@ class MemoryDevice:
     acpi_path: str = ""  # the firmware's name for a DIMM (QEMU: \\_SB_.MHPC.MP<slot>)
     slot: int | None = None  # a QEMU DIMM's slot, from its ACPI path (query-memory-devices)
     nodes: tuple[int, ...] = ()  # NUMA nodes of its blocks
+    # virtio-mem: (memory block, plugged bytes in it) of every block added from its region
+    # (sub-blocks unplugged again, PageOffline, are not plugged; () when its page flags were
+    # not read), and how far its requested size can be lowered with the guest honouring it
+    # (lowerable_bytes(): the same number as node_resize_virtio_mem_lowerable_bytes).
+    block_plugged: tuple[tuple[int, int], ...] = ()
+    lowerable: int = 0
+    # What the hypervisor asked it for, as its driver logged it (None: not known here).
+    requested: int | None = None
 
     @property
     def removable(self) -> bool:
@@ -110,6 +123,114 @@ def _slot(acpi_path: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
+# /proc/iomem shows real addresses only to a reader whose file was opened with CAP_SYS_ADMIN
+# (kernel/resource.c checks the opener's credentials, file->f_cred), and the exporter drops
+# it after start: hold_iomem() opens the file before the drop, read_iomem() reads that open
+# file again from offset 0 (a seq_file regenerates its content per read) for the life of
+# the process.
+_HELD: dict[str, int] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def hold_iomem(procfs: str = "/proc") -> bool:
+    """Open procfs/iomem now, to be read by read_iomem() after the privilege drop."""
+    path = os.path.join(procfs, "iomem")
+    with _HELD_LOCK:
+        if path in _HELD:
+            return True
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return False
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return False
+        _HELD[path] = fd
+        return True
+
+
+def release_iomem(procfs: str = "/proc") -> None:
+    with _HELD_LOCK:
+        fd = _HELD.pop(os.path.join(procfs, "iomem"), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def read_fd(fd: int, limit: int = IOMEM_MAX) -> bytes:
+    """An open /proc file's content from offset 0, at most `limit` bytes."""
+    out = bytearray()
+    while len(out) < limit:
+        chunk = os.pread(fd, min(1 << 20, limit - len(out)), len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def read_iomem(procfs: str = "/proc") -> str:
+    """/proc/iomem through the file held open (hold_iomem), else opened now."""
+    path = os.path.join(procfs, "iomem")
+    with _HELD_LOCK:
+        fd = _HELD.get(path)
+        if fd is not None:
+            return read_fd(fd).decode(errors="replace")
+    return read_text(path, IOMEM_MAX)
+
+
+def addresses_hidden(iomem: str) -> bool:
+    """Every range reads 0-0: the file was opened without CAP_SYS_ADMIN."""
+    ranges = parse_iomem(iomem)
+    return bool(ranges) and all(start == 0 and end == 0 for _, start, end, _ in ranges)
+
+
+def offline_pages(flags: bytes) -> int:
+    """How many of these /proc/kpageflags entries (8 bytes each) have KPF_OFFLINE set: bit 7
+    of byte 2 of each little-endian entry, counted in C (bytes.translate, bytes.count), not in
+    a Python loop (seconds of CPU per read in the lab's emulated guest)."""
+    whole = flags[:len(flags) // 8 * 8]
+    return whole[KPF_OFFLINE // 8::8].translate(_HAS_OFFLINE_BIT).count(1)
+
+
+_HAS_OFFLINE_BIT = bytes(b >> (KPF_OFFLINE % 8) & 1 for b in range(256))
+
+
+def plugged_by_block(children: Iterable[tuple[int, int]], block_size: int,
+                     flags: Callable[[int, int], bytes | None]) -> list[tuple[int, int]]:
+    """(memory block, plugged bytes) of each block added from a virtio-mem region: memory is
+    added in whole memory blocks; sub-blocks unplugged again are PageOffline. `flags(offset,
+    length)` reads /proc/kpageflags (None: not readable, the block counted whole)."""
+    out: list[tuple[int, int]] = []
+    for child_start, child_size in children:
+        step = block_size if block_size > 0 else child_size
+        for at in range(child_start, child_start + child_size, step):
+            plugged = min(step, child_start + child_size - at)
+            got = flags(at // PAGE_SIZE * 8, plugged // PAGE_SIZE * 8)
+            if got is not None:
+                plugged -= offline_pages(got) * PAGE_SIZE
+            out.append((at // step if block_size > 0 else -1, plugged))
+    return out
+
+
+def lowerable_bytes(plugged: Iterable[tuple[int, int]], block_size: int,
+                    state: Mapping[int, tuple[bool, tuple[str, ...]]]) -> int:
+    """How far a virtio-mem device's requested size can be lowered with the guest honouring
+    it: its plugged memory in blocks the kernel can empty, i.e. offline blocks and blocks
+    online in ZONE_MOVABLE (the driver migrates movable pages away; a kernel zone holds
+    unmovable pages the driver cannot move, so memory there is counted as staying, even
+    where part of it would go: never a "safe" the guest would not honour), never below
+    4 GiB. `state`: block -> (online, valid_zones). One definition for the gauge
+    (node_resize_virtio_mem_lowerable_bytes) and the plan."""
+    total = 0
+    for number, bytes_ in plugged:
+        known = state.get(number)
+        if known is None or (block_size > 0 and number * block_size < DMA32_LIMIT):
+            continue
+        online, zones = known
+        if not online or zones == ("Movable",):
+            total += bytes_
+    return total
+
+
 def parse_iomem(text: str) -> list[tuple[int, int, int, str]]:
     """/proc/iomem as (depth, start, end inclusive, name); lines that do not parse skipped."""
     out = []
@@ -152,8 +273,12 @@ def virtio_mem_regions(iomem: str) -> list[tuple[str, int, int, int]]:
 
 
 def read_devices(blocks: Iterable[int], block_size: int, sysfs: str = "/sys",
-                 procfs: str = "/proc") -> MemoryDevices:
-    """Which device holds each of `blocks` (the numbers memory_blocks.read_hardware found)."""
+                 procfs: str = "/proc",
+                 state: Mapping[int, tuple[bool, tuple[str, ...]]] | None = None
+                 ) -> MemoryDevices:
+    """Which device holds each of `blocks` (the numbers memory_blocks.read_hardware found);
+    with `state` (block -> online, valid_zones), a virtio-mem device's plugged memory per
+    block (/proc/kpageflags, root) and how far it can be lowered."""
     numbers = sorted(set(blocks))
     mem = os.path.join(sysfs, "devices/system/memory")
     not_read: list[str] = []
@@ -180,21 +305,66 @@ def read_devices(blocks: Iterable[int], block_size: int, sysfs: str = "/sys",
     iomem = ""
     if block_size > 0:
         try:
-            iomem = read_text(os.path.join(procfs, "iomem"), IOMEM_MAX)
+            iomem = read_iomem(procfs)
         except (OSError, ValueError) as e:
             not_read.append(f"/proc/iomem ({e}): virtio-mem devices not found")
-    for name, start, size, plugged in virtio_mem_regions(iomem):
-        if name in dimm_blocks:
-            continue
-        own = [n for n in numbers if n not in owner
-               and start <= n * block_size and (n + 1) * block_size <= start + size]
-        for n in own:
-            owner[n] = name
-        devices.append(MemoryDevice(name, KIND_VIRTIO_MEM, tuple(own), start, size, plugged,
-                                    nodes=tuple(sorted({node[b] for b in own if b in node}))))
+        if addresses_hidden(iomem):
+            not_read.append("/proc/iomem shows no addresses (opened without CAP_SYS_ADMIN): "
+                            "virtio-mem devices not found")
+            iomem = ""
+    regions = [r for r in virtio_mem_ranges(iomem) if r[0] not in dimm_blocks
+               and sum(n for _, n in r[3]) > 0]
+    flags = _FlagsReader(procfs) if regions and state is not None else None
+    try:
+        for name, start, size, children in regions:
+            own = [n for n in numbers if n not in owner
+                   and start <= n * block_size and (n + 1) * block_size <= start + size]
+            for n in own:
+                owner[n] = name
+            per_block: tuple[tuple[int, int], ...] = ()
+            lowerable = 0
+            if flags is not None and state is not None:
+                per_block = tuple(plugged_by_block(children, block_size, flags))
+                lowerable = lowerable_bytes(per_block, block_size, state)
+            devices.append(MemoryDevice(
+                name, KIND_VIRTIO_MEM, tuple(own), start, size,
+                sum(p for _, p in per_block) if per_block else sum(n for _, n in children),
+                nodes=tuple(sorted({node[b] for b in own if b in node})),
+                block_plugged=per_block, lowerable=lowerable))
+    finally:
+        if flags is not None:
+            flags.close()
     boot = [n for n in numbers if n not in owner]
     if boot:
         devices.append(MemoryDevice("boot", KIND_BOOT, tuple(boot), boot[0] * block_size,
                                     len(boot) * block_size, len(boot) * block_size,
                                     nodes=tuple(sorted({node[b] for b in boot if b in node}))))
     return MemoryDevices(tuple(devices), owner, node, block_size, tuple(not_read))
+
+
+class _FlagsReader:
+    """pread of /proc/kpageflags for plugged_by_block(); None per read when not readable."""
+
+    def __init__(self, procfs: str) -> None:
+        try:
+            self.fd = os.open(os.path.join(procfs, "kpageflags"),
+                              os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                os.close(self.fd)
+                self.fd = -1
+        except OSError:
+            self.fd = -1
+
+    def __call__(self, offset: int, length: int) -> bytes | None:
+        if self.fd < 0:
+            return None
+        try:
+            got = os.pread(self.fd, length, offset)
+        except OSError:
+            return None
+        return got if len(got) == length else None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -24,11 +24,9 @@ seq_file and kpageflags regenerate their content per read).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from exporter.clock import Clock
@@ -42,13 +40,17 @@ from exporter.events import (
 )
 from exporter.sources.base import Emit
 from exporter.sources.kernel.managed_pages import PAGE_SIZE, balloon_pages
-from exporter.sources.kernel.memory_blocks import MemoryBlock, read_hardware
-from exporter.sources.kernel.memory_devices import IOMEM_MAX, virtio_mem_ranges
+from exporter.sources.kernel.memory_blocks import read_hardware
+from exporter.sources.kernel.memory_devices import (
+    lowerable_bytes,
+    plugged_by_block,
+    read_fd,
+    virtio_mem_ranges,
+)
 from exporter.sources.registry import KERNEL, SourceSpec, register
 from exporter.sources.wake import STATE_INTERVAL, PokedSource
 from exporter.untrusted import read_text
 
-KPF_OFFLINE = 23  # include/uapi/linux/kernel-page-flags.h
 VIRTIO_BALLOON_F_DEFLATE_ON_OOM = 2  # include/uapi/linux/virtio_balloon.h
 BALLOON_INTERVAL = 1.0  # s between balloon reads while a balloon is bound
 MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a guest
@@ -63,19 +65,6 @@ KMSG_RECORD = 8192  # the kernel's own bound on a record
 def requested_sizes(text: bytes) -> dict[str, int]:
     """The last "requested size" virtio_mem logged per device, from /dev/kmsg records."""
     return {m.group(1).decode(): int(m.group(2), 16) for m in _REQUESTED.finditer(text)}
-
-
-# KPF_OFFLINE is bit 7 of byte 2 of each little-endian 8-byte entry: 0/1 per byte value, so a
-# block's 32768 entries are counted in C (bytes.translate, bytes.count), not in a Python loop,
-# which cost seconds of CPU per read in the lab's emulated guest.
-_OFFLINE_BYTE = KPF_OFFLINE // 8
-_HAS_OFFLINE_BIT = bytes(b >> (KPF_OFFLINE % 8) & 1 for b in range(256))
-
-
-def offline_pages(flags: bytes) -> int:
-    """How many of these /proc/kpageflags entries (8 bytes each) have KPF_OFFLINE set."""
-    whole = flags[:len(flags) // 8 * 8]
-    return whole[_OFFLINE_BYTE::8].translate(_HAS_OFFLINE_BIT).count(1)
 
 
 def deflate_on_oom(features: str) -> bool | None:
@@ -155,30 +144,25 @@ class ParavirtMemorySource(PokedSource):
         names = frozenset(self._bound("virtio_mem"))
         if not names or self._iomem < 0:
             return ()
-        text = self._pread(self._iomem, IOMEM_MAX, 0).decode(errors="replace")
+        text = read_fd(self._iomem).decode(errors="replace")
         block_size = self._block_size()
-        found = []
         regions = [r for r in virtio_mem_ranges(text) if r[0] in names][:MAX_DEVICES]
-        for name, start, size, children in regions:
-            blocks: list[tuple[int, int]] = []
-            for child_start, child_size in children:
-                # Memory is added from the region in whole memory blocks; sub-blocks unplugged
-                # again are PageOffline.
-                step = block_size if block_size > 0 else child_size
-                for at in range(child_start, child_start + child_size, step):
-                    plugged = min(step, child_start + child_size - at)
-                    if self._kpageflags >= 0:
-                        flags = self._pread(self._kpageflags, plugged // PAGE_SIZE * 8,
-                                            at // PAGE_SIZE * 8)
-                        plugged -= offline_pages(flags) * PAGE_SIZE
-                    blocks.append((at // step if block_size > 0 else -1, plugged))
-            found.append(VirtioMemDevice(name, start, size, sum(p for _, p in blocks),
-                                         self._requested.get(name), tuple(blocks)))
-        if not found:
+        if not regions:
             return ()
-        zones = {b.number: b for b in read_hardware(str(self.sysfs)).blocks}
-        return tuple(dataclasses.replace(d, lowerable_bytes=lowerable_bytes(d, zones))
-                     for d in found)
+        hw = read_hardware(str(self.sysfs))
+        state = {b.number: (b.online, b.zones) for b in hw.blocks}
+        found = []
+        for name, start, size, children in regions:
+            blocks = tuple(plugged_by_block(children, block_size, self._flags))
+            found.append(VirtioMemDevice(name, start, size, sum(p for _, p in blocks),
+                                         self._requested.get(name), blocks,
+                                         lowerable_bytes(blocks, block_size, state)))
+        return tuple(found)
+
+    def _flags(self, offset: int, length: int) -> bytes | None:
+        if self._kpageflags < 0:
+            return None
+        return self._pread(self._kpageflags, length, offset)
 
     def balloon(self) -> tuple[int | None, bool | None]:
         bound = self._bound("virtio_balloon")
@@ -237,17 +221,3 @@ register(SourceSpec(
                                      PROCFS_ROOT.of(ctx.options)),
     order=75, selectable=False, poked_by=frozenset({Resource.MEMORY})))
 
-
-def lowerable_bytes(device: VirtioMemDevice, blocks: Mapping[int, MemoryBlock]) -> int:
-    """How far the device's requested size can be lowered with the guest honouring it: its
-    plugged memory in blocks the kernel can empty, i.e. offline blocks and blocks online in
-    ZONE_MOVABLE (the driver migrates movable pages away; a kernel zone holds unmovable pages
-    the driver cannot move, so memory there is counted as staying, even where part of it
-    would go: never a "safe" the guest would not honour). For the planner (exporter/plan/):
-    `blocks` as exporter/sources/kernel/memory_blocks.read_hardware() reads them."""
-    total = 0
-    for number, plugged in device.blocks:
-        block = blocks.get(number)
-        if block is not None and (not block.online or block.zones == ("Movable",)):
-            total += plugged
-    return total
