@@ -141,7 +141,10 @@ class HardwareLike(Protocol):
 # ---------------------------------------------------------------- the answer
 
 SCHEMA_ID = "urn:node-resize-exporter:plan"  # docs/plan.schema.json's $id
-SCHEMA_VERSION = 2  # 1: the unversioned answer of 0.2.0; 2: this one (docs/plan.schema.json)
+# 1: the unversioned answer of 0.2.0; 2: this one (docs/plan.schema.json; keys added within
+# it with that file, as its schema_version says: a virtio-mem device's `virtio_mem`, its
+# action's `requested_size_bytes` and `hypervisor_rollback`)
+SCHEMA_VERSION = 2
 VERDICTS = ("safe", "harmful", "unknown")
 # KEP-3953 has named its gate both ways; an answer names each, as the kubelet reported it.
 LIVE_RESIZE_GATES = ("InPlaceNodeResourceResize", "NodeResourceHotPlug")
@@ -206,11 +209,39 @@ class DeviceTake:
     slot: int | None = None
     start: int = 0
     acpi_path: str = ""
+    virtio_mem: VirtioMemTake | None = None  # kind virtio-mem: the device as the guest sees it
 
     def json(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "blocks": list(self.blocks),
-                "bytes": self.bytes, "whole": self.whole, "kept_by": list(self.kept_by),
-                "slot": self.slot, "start": self.start, "acpi_path": self.acpi_path or None}
+        out = {"id": self.id, "kind": self.kind, "blocks": list(self.blocks),
+               "bytes": self.bytes, "whole": self.whole, "kept_by": list(self.kept_by),
+               "slot": self.slot, "start": self.start, "acpi_path": self.acpi_path or None}
+        if self.virtio_mem is not None:
+            out["virtio_mem"] = self.virtio_mem.json()
+        return out
+
+
+@dataclass(frozen=True)
+class VirtioMemTake:
+    """A virtio-mem device as the guest kernel shows it, and what the hypervisor sets: the
+    requested size lowered from `base` (what it asked for, else what is plugged) to
+    `requested_after`; the rollback sets `base` again."""
+
+    region_bytes: int
+    plugged_bytes: int
+    requested_bytes: int | None  # as the driver logged it; None: not known here
+    lowerable_bytes: int  # node_resize_virtio_mem_lowerable_bytes: offline and movable plugged
+    pci_address: str = ""
+    block_size: int | None = None  # the device's block size, where the driver logged it
+
+    @property
+    def base(self) -> int:
+        return self.requested_bytes if self.requested_bytes is not None else self.plugged_bytes
+
+    def json(self) -> dict[str, Any]:
+        return {"region_bytes": self.region_bytes, "plugged_bytes": self.plugged_bytes,
+                "requested_bytes": self.requested_bytes,
+                "lowerable_bytes": self.lowerable_bytes,
+                "pci_address": self.pci_address or None, "block_size": self.block_size}
 
 
 @dataclass(frozen=True)
@@ -289,6 +320,8 @@ class Plan:
 
     @property
     def memory_bytes(self) -> int:
+        if self.memory_take and self.memory_devices:  # what the devices give back
+            return sum(d.bytes for d in self.memory_devices)
         return len(self.memory_take or self.memory_add) * self.block_size
 
     @property

@@ -41,6 +41,7 @@ from exporter.plan.model import (
     Refusal,
     RejectedPod,
     StaleContainer,
+    VirtioMemTake,
     plural,
     size,
 )
@@ -343,6 +344,9 @@ def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_bud
     if memory.not_present:
         hypo = dataclasses.replace(hypo, mem_total_bytes=hypo.mem_total_bytes
                                    + memory.not_present * memory.size)
+    unplugged = len(memory.take) * memory.size - sum(d.bytes for d in memory.devices)
+    if memory.take and unplugged > 0:  # virtio-mem sub-blocks unplugged already: not in MemTotal
+        hypo = dataclasses.replace(hypo, mem_total_bytes=hypo.mem_total_bytes + unplugged)
     capacity = {"cpu": len(hypo.cpus_online), "memory": hypo.mem_total_bytes}
 
     pods = _pods_after(inputs, hypo, notes)
@@ -581,7 +585,8 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
         return _MemoryMoved([], [], needed, 0, size_, 0)
     online = inputs.snapshot.memory_blocks_online
     by_block = {v.number: v for v in verdicts}
-    units: list[tuple[int, int, Any, list[int]]] = []  # (pages to move, -start, device, blocks)
+    # (pages to move, -start, device, blocks, bytes the hypervisor gets back)
+    units: list[tuple[int, int, Any, list[int], int]] = []
     why: list[Refusal] = []  # named when the change cannot be met
     maybe = 0  # blocks that could go if what was not read allowed it
     for d in devices.devices:
@@ -599,14 +604,19 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
                                                     "not judged: enough found before it")
                for b, v in zip(mine, judged) if v is None or not v.ok]
         if d.partial:
+            # A virtio-mem block gives what is plugged in it (sub-blocks unplugged again are
+            # the device's already); its plugged size per block where its flags were read.
+            plugged = dict(d.block_plugged)
             for v in judged:
-                if v is not None and v.ok:
-                    units.append((v.in_use, -v.number, d, [v.number]))
+                if v is not None and v.ok and plugged.get(v.number, size_) > 0:
+                    units.append((v.in_use, -v.number, d, [v.number],
+                                  min(size_, plugged.get(v.number, size_))))
             maybe += sum(1 for v in bad if v.reason in UNREAD)
             why += [Refusal("memory", v.number, v.reason, v.detail) for v in bad
                     if v.reason not in UNREAD]
         elif not bad and mine:
-            units.append((sum(v.in_use for v in judged if v is not None), -d.start, d, mine))
+            units.append((sum(v.in_use for v in judged if v is not None), -d.start, d, mine,
+                          len(mine) * size_))
         elif mine:
             if all(v.reason in UNREAD for v in bad):
                 maybe += len(mine)
@@ -615,39 +625,48 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
                 f"{d.id} (a DIMM, {size(len(d.blocks) * size_)}) is kept by "
                 + ", ".join(f"memory{v.number} ({v.detail})" for v in bad[:4])
                 + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")))
-    want = needed
-    chosen: list[tuple[int, int, Any, list[int]]] = []
+    want = needed * size_
+    chosen: list[tuple[int, int, Any, list[int], int]] = []
     units.sort(key=lambda u: (u[0], u[1]))
     while want > 0 and units:
         # The cheapest unit that covers what is left, else the largest, then again.
-        fits = [u for u in units if len(u[3]) >= want]
-        u = fits[0] if fits else max(units, key=lambda u: (len(u[3]), -u[0]))
+        fits = [u for u in units if u[4] >= want]
+        u = fits[0] if fits else max(units, key=lambda u: (u[4], -u[0]))
         units.remove(u)
         chosen.append(u)
-        want -= len(u[3])
+        want -= u[4]
     take = sorted((b for u in chosen for b in u[3]), reverse=True)
+    given = sum(u[4] for u in chosen)
     takes: dict[str, DeviceTake] = {}
-    for _, _, d, blocks in chosen:
+    for _, _, d, blocks, bytes_ in chosen:
         old = takes.get(d.id)
         blocks_ = tuple(sorted((*(old.blocks if old else ()), *blocks)))
-        takes[d.id] = DeviceTake(d.id, d.kind, blocks_, len(blocks_) * size_, True, (),
-                                 d.slot, d.start, d.acpi_path)
-    if len(take) > needed:
+        takes[d.id] = DeviceTake(d.id, d.kind, blocks_, (old.bytes if old else 0) + bytes_,
+                                 True, (), d.slot, d.start, d.acpi_path, _virtio(d, size_))
+    if given > needed * size_:
         notes.append(f"the devices that cover {size(needed * size_)} give "
-                     f"{size(len(take) * size_)}: a DIMM goes whole")
-    short = max(0, needed - len(take))
+                     f"{size(given)}: a DIMM goes whole")
+    short = max(0, needed * size_ - given)
     if short and maybe:
         unjudged.append(f"page flags: {plural(maybe, 'block')} of removable devices not read "
                         "(the page-flag budget, or their zone unreadable): whether "
-                        f"{size(short * size_)} more can go is not known")
+                        f"{size(short)} more can go is not known")
         short = 0
-    out = _MemoryMoved(take, [], needed, short * size_, size_, 0, list(takes.values()))
+    out = _MemoryMoved(take, [], needed, short, size_, 0, list(takes.values()))
     if short:
         refusals += why
-        notes.append((f"only {size(len(take) * size_)} of removable memory" if take else
-                      "no removable memory") + f" can be expected to go; {size(short * size_)}"
+        notes.append((f"only {size(given)} of removable memory" if take else
+                      "no removable memory") + f" can be expected to go; {size(short)}"
                      " cannot")
     return _room(out, inputs, by_block, unjudged)
+
+
+def _virtio(d: Any, block_size: int) -> VirtioMemTake | None:
+    """A virtio-mem device's own account (memory_devices.MemoryDevice), for its action."""
+    if not d.partial:
+        return None
+    return VirtioMemTake(d.size, d.plugged, d.requested, d.lowerable, d.pci_address,
+                         d.device_block_size)
 
 
 def _room(moved: _MemoryMoved, inputs: Inputs, by_block: Mapping[int, BlockVerdict],
@@ -837,8 +856,19 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
         detail: dict[str, Any] = {"resource": "memory", "device": d.json()}
         if d.kind == "virtio-mem":
             detail["requested_size_less_bytes"] = d.bytes
-            says = (f"lower virtio-mem device {d.id}'s requested size by {size(d.bytes)} "
-                    "(its driver unplugs the offline blocks)")
+            vm = d.virtio_mem
+            if vm is not None:
+                to = max(0, vm.base - d.bytes)
+                detail["requested_size_bytes"] = to
+                detail["hypervisor_rollback"] = {"requested_size_bytes": vm.base}
+                where = f" at PCI {vm.pci_address}" if vm.pci_address else ""
+                says = (f"set virtio-mem device {d.id}{where}'s requested-size to {size(to)} "
+                        f"(from {size(vm.base)}; QEMU: qom-set its virtio-mem-pci device's "
+                        "requested-size): its driver unplugs the offline blocks first; roll "
+                        f"back: set it to {size(vm.base)} again")
+            else:
+                says = (f"lower virtio-mem device {d.id}'s requested size by {size(d.bytes)} "
+                        "(its driver unplugs the offline blocks)")
         else:
             says = (f"remove the DIMM {d.id}" + (f" (slot {d.slot})" if d.slot is not None
                                                  else "") + f", {size(d.bytes)}, from the "

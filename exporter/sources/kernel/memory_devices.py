@@ -63,8 +63,13 @@ class MemoryDevice:
     # (lowerable_bytes(): the same number as node_resize_virtio_mem_lowerable_bytes).
     block_plugged: tuple[tuple[int, int], ...] = ()
     lowerable: int = 0
-    # What the hypervisor asked it for, as its driver logged it (None: not known here).
+    # What the hypervisor asked it for and its device block size, as its driver logged them
+    # (/dev/kmsg, read by paravirt_memory.py; None: not known here).
     requested: int | None = None
+    device_block_size: int | None = None
+    # virtio-mem: the PCI function the virtio device sits on (QEMU's query-pci names the
+    # virtio-mem-pci device there); "" when not on PCI or not shown.
+    pci_address: str = ""
 
     @property
     def removable(self) -> bool:
@@ -231,6 +236,20 @@ def lowerable_bytes(plugged: Iterable[tuple[int, int]], block_size: int,
     return total
 
 
+_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _pci_of(sysfs: str, name: str) -> str:
+    """The PCI address a virtio device sits on: /sys/bus/virtio/devices/virtioN links into
+    its PCI function's directory (.../0000:00:05.0/virtioN)."""
+    try:
+        parent = os.path.basename(os.path.dirname(os.path.realpath(
+            os.path.join(sysfs, "bus/virtio/devices", name))))
+    except (OSError, ValueError):
+        return ""
+    return parent if _PCI.fullmatch(parent) else ""
+
+
 def parse_iomem(text: str) -> list[tuple[int, int, int, str]]:
     """/proc/iomem as (depth, start, end inclusive, name); lines that do not parse skipped."""
     out = []
@@ -330,7 +349,8 @@ def read_devices(blocks: Iterable[int], block_size: int, sysfs: str = "/sys",
                 name, KIND_VIRTIO_MEM, tuple(own), start, size,
                 sum(p for _, p in per_block) if per_block else sum(n for _, n in children),
                 nodes=tuple(sorted({node[b] for b in own if b in node})),
-                block_plugged=per_block, lowerable=lowerable))
+                block_plugged=per_block, lowerable=lowerable,
+                pci_address=_pci_of(sysfs, name)))
     finally:
         if flags is not None:
             flags.close()
