@@ -448,6 +448,8 @@ class VirtioMemDevice:
     # How far the requested size can be lowered with the guest honouring it: plugged memory
     # in offline and ZONE_MOVABLE blocks (memory_devices.lowerable_bytes).
     lowerable_bytes: int = 0
+    # The device's block size, as the driver logged it at probe (None: not in the log).
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 # include/uapi/linux/kernel-page-flags.h, and the kernel-internal bits fs/proc/page.c exports
 KPF_LRU, KPF_SLAB, KPF_BUDDY = 1 << 5, 1 << 7, 1 << 10
 KPF_HUGE = 1 << 17
+KPF_OFFLINE = 1 << 23  # PageOffline: a virtio-mem sub-block unplugged again (or a balloon's)
 KPF_NOPAGE, KPF_PGTABLE = 1 << 20, 1 << 26
 KPF_RESERVED = 1 << 32
 
@@ -37,6 +38,10 @@ class PageCounts:
     page_tables: int = 0
     other: int = 0  # in use, not on an LRU list: the kernel's own
     holes: int = 0
+    # PageOffline: in a virtio-mem block, sub-blocks its driver unplugged (the device's, not
+    # the kernel's: its memory notifier lets offline_pages() pass them); elsewhere a balloon
+    # driver's pages, counted as unmovable by judge_block
+    offline: int = 0
 
     @property
     def unmovable(self) -> int:
@@ -45,13 +50,14 @@ class PageCounts:
     def describe(self) -> str:
         parts = [f"{n} {what}" for n, what in (
             (self.reserved, "reserved"), (self.slab, "slab"), (self.page_tables, "page-table"),
-            (self.other, "other kernel"), (self.holes, "missing")) if n]
+            (self.other, "other kernel"), (self.holes, "missing"),
+            (self.offline, "PageOffline")) if n]
         return ", ".join(parts) + " pages"
 
 
 def count_pages(flags: Mapping[int, int]) -> PageCounts:
     """Pages by kind, from their flags counted by value."""
-    free = lru = reserved = slab = tables = other = holes = 0
+    free = lru = reserved = slab = tables = other = holes = offline = 0
     # A tail page carries its folio's flags (fs/proc/page.c reads the folio), so one rule
     # fits heads, tails and small pages.
     for value, n in flags.items():
@@ -59,6 +65,8 @@ def count_pages(flags: Mapping[int, int]) -> PageCounts:
             holes += n
         elif value & KPF_BUDDY:
             free += n
+        elif value & KPF_OFFLINE:
+            offline += n
         elif value & KPF_RESERVED:
             reserved += n
         elif value & KPF_SLAB:
@@ -69,4 +77,4 @@ def count_pages(flags: Mapping[int, int]) -> PageCounts:
             lru += n
         else:
             other += n
-    return PageCounts(free, lru, reserved, slab, tables, other, holes)
+    return PageCounts(free, lru, reserved, slab, tables, other, holes, offline)

@@ -130,7 +130,9 @@ UNREAD = ("pages_not_read", "zones_not_read")  # verdicts that say "not read", n
 
 
 def judge_block(block: BlockLike, flags: Mapping[int, int] | None,
-                block_size: int = 0) -> BlockVerdict:
+                block_size: int = 0, virtio_mem: bool = False) -> BlockVerdict:
+    """`virtio_mem`: the block is a virtio-mem device's, whose PageOffline pages are its
+    unplugged sub-blocks (elsewhere they are a balloon driver's: counted as staying)."""
     zones = block.zones
     if not zones:
         return BlockVerdict(block.number, False, "", "zones_not_read",
@@ -155,7 +157,7 @@ def judge_block(block: BlockLike, flags: Mapping[int, int] | None,
     if pages.holes:
         return BlockVerdict(block.number, False, zone, "holes",
                             f"{pages.holes} pages missing (a hole): the kernel refuses (EINVAL)")
-    if pages.unmovable:
+    if pages.unmovable or (pages.offline and not virtio_mem):
         return BlockVerdict(block.number, False, zone, "unmovable_pages",
                             f"{pages.describe()} cannot be migrated: the kernel refuses "
                             "(EBUSY)", pages.lru)
@@ -179,6 +181,8 @@ def judge_blocks(hardware: HardwareLike, page_flags: PageFlags | None, budget: i
     ok = 0
     reads = 0
     removable = _removable_blocks(hardware)
+    virtio = frozenset() if hardware.devices is None else frozenset(
+        n for d in hardware.devices.devices if d.partial for n in d.blocks)
     if hardware.devices is not None and any(d.removable and not d.partial
                                             for d in hardware.devices.devices):
         # A DIMM goes whole: one block found to go says nothing of the DIMM, so every block
@@ -196,7 +200,7 @@ def judge_blocks(hardware: HardwareLike, page_flags: PageFlags | None, budget: i
                 and (enough is None or ok < enough)):
             flags = page_flags(block.number)
             reads += 1
-        verdict = judge_block(block, flags, hardware.block_size)
+        verdict = judge_block(block, flags, hardware.block_size, block.number in virtio)
         ok += verdict.ok
         out.append(verdict)
     return out

@@ -27,7 +27,7 @@ from exporter.kube.bounds import LIST_MAX_OBJECTS
 from exporter.kube.client import KubeUnavailable, load_config, node_and_pods
 from exporter.kube.convert import node_status, pod_status
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
-from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
+from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices, with_logged
 from exporter.sources.kernel.sysfs import SysfsReader
 from exporter.sources.kubelet.kubelet_checkpoint import (
     KUBELET_ROOT_DIR,
@@ -46,7 +46,7 @@ from exporter.sources.kubelet.running_pods import (
 )
 
 __all__ = ["HotplugHardware", "PageFlagsReader", "read_hardware", "Reads", "NodeAndPods",
-           "MemoryDevices", "read_devices",
+           "MemoryDevices", "read_devices", "with_logged",
            "Unlisted", "KUBELET_ROOT_DIR", "CGROUP_ROOT", "LIST_MAX_OBJECTS", "ROOT_EMPTY",
            "NO_KUBEPODS", "find_layout", "not_mounted", "read_reserved_cpus"]
 

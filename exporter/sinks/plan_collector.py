@@ -61,6 +61,7 @@ from exporter.events import (
     DeviceChange,
     Event,
     NodeStatus,
+    ParavirtMemory,
     SourceStatus,
     Transition,
 )
@@ -77,6 +78,7 @@ from exporter.readnow import (
     not_mounted,
     read_hardware,
     read_reserved_cpus,
+    with_logged,
 )
 from exporter.sinks import ViewSink
 from exporter.sinks.forecast_collector import take_forecast
@@ -146,6 +148,7 @@ class PlanSink(ViewSink):
         # only while no memory event came since
         self._hardware: tuple[int, float, HotplugHardware] | None = None
         self._blocks_changed = 0
+        self._virtio: dict[str, tuple[int | None, int | None]] = {}  # virtio-mem: as logged
         self._flags: dict[int, tuple[float, Any]] = {}  # block -> (read at, flags)
         self._gauges: tuple[int, int] | None = None  # the last value worked out
         self._gauges_key: tuple[int, int, int, int] | None = None  # of the inputs it is of
@@ -179,6 +182,11 @@ class PlanSink(ViewSink):
             else:
                 down[event.source] = event.reason
             self.down = down
+        elif isinstance(event, ParavirtMemory):
+            # What the virtio-mem driver logged (requested size, block size): the plan's
+            # account of each device; its plugged memory changed, so read the kernel again.
+            self._virtio = {d.name: (d.requested_bytes, d.block_size) for d in event.virtio_mem}
+            self._blocks_changed += 1
         elif isinstance(event, (Transition, DeviceChange)):
             # CPUs or blocks changed: read again when asked (a hot-added CPU's topology too)
             self._blocks_changed += 1
@@ -192,6 +200,8 @@ class PlanSink(ViewSink):
             return cached[2]
         with self._io:
             hw = read_hardware(self.sysfs, self.procfs)
+        if hw.devices is not None and self._virtio:
+            hw = dataclasses.replace(hw, devices=with_logged(hw.devices, self._virtio))
         self._hardware = (blocks, now, hw)  # one reference: no lock needed
         return hw
 

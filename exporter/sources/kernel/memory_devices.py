@@ -21,6 +21,7 @@ loop, a FIFO, a huge /proc/iomem) leaves a block as boot memory, never fails the
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -289,6 +290,17 @@ def virtio_mem_regions(iomem: str) -> list[tuple[str, int, int, int]]:
         if plugged:
             out.append((name, start, size, plugged))
     return out
+
+
+def with_logged(devices: MemoryDevices,
+                logged: Mapping[str, tuple[int | None, int | None]]) -> MemoryDevices:
+    """`devices` with what the virtio-mem driver logged per device (requested size, device
+    block size: paravirt_memory.py reads /dev/kmsg, which the plan does not)."""
+    if not logged:
+        return devices
+    return dataclasses.replace(devices, devices=tuple(
+        dataclasses.replace(d, requested=logged[d.id][0], device_block_size=logged[d.id][1])
+        if d.kind == KIND_VIRTIO_MEM and d.id in logged else d for d in devices.devices))
 
 
 def read_devices(blocks: Iterable[int], block_size: int, sysfs: str = "/sys",

@@ -58,13 +58,18 @@ MAX_DEVICES = 64  # more virtio-mem devices than this in one guest is not a gues
 # a process writing to /dev/kmsg gets LOG_USER at least, so it cannot forge these.
 _REQUESTED = re.compile(rb"(?m)^[0-7],\d+,\d+,[^;]*;virtio_mem (virtio\d+): "
                         rb"requested size: 0x([0-9a-f]{1,16})$")
+# Logged once, at the driver's probe (drivers/virtio/virtio_mem.c virtio_mem_init): a
+# requested size is a multiple of it. Gone from the ring on a host that logged much since.
+_BLOCK_SIZE = re.compile(rb"(?m)^[0-7],\d+,\d+,[^;]*;virtio_mem (virtio\d+): "
+                         rb"device block size: 0x([0-9a-f]{1,16})$")
 KMSG_READS = 4096  # records read from /dev/kmsg per wake-up at most (one per read(2))
 KMSG_RECORD = 8192  # the kernel's own bound on a record
 
 
-def requested_sizes(text: bytes) -> dict[str, int]:
-    """The last "requested size" virtio_mem logged per device, from /dev/kmsg records."""
-    return {m.group(1).decode(): int(m.group(2), 16) for m in _REQUESTED.finditer(text)}
+def requested_sizes(text: bytes, pattern: re.Pattern[bytes] = _REQUESTED) -> dict[str, int]:
+    """The last "requested size" virtio_mem logged per device, from /dev/kmsg records (with
+    `pattern` _BLOCK_SIZE: its device block size)."""
+    return {m.group(1).decode(): int(m.group(2), 16) for m in pattern.finditer(text)}
 
 
 def deflate_on_oom(features: str) -> bool | None:
@@ -88,6 +93,7 @@ class ParavirtMemorySource(PokedSource):
         self._kpageflags = -1
         self._kmsg = -1
         self._requested: dict[str, int] = {}
+        self._block_sizes: dict[str, int] = {}
         self._last: ParavirtMemory | None = None
 
     def open(self) -> None:
@@ -116,9 +122,11 @@ class ParavirtMemorySource(PokedSource):
                 break
             if b"virtio_mem" in chunk:
                 got.append(chunk)
-        new = requested_sizes(b"\n".join(got))
+        text = b"\n".join(got)
+        new = requested_sizes(text)
         changed = any(self._requested.get(k) != v for k, v in new.items())
         self._requested.update(new)
+        self._block_sizes.update(requested_sizes(text, _BLOCK_SIZE))
         return changed
 
     def up_reason(self) -> str:
@@ -156,7 +164,8 @@ class ParavirtMemorySource(PokedSource):
             blocks = tuple(plugged_by_block(children, block_size, self._flags))
             found.append(VirtioMemDevice(name, start, size, sum(p for _, p in blocks),
                                          self._requested.get(name), blocks,
-                                         lowerable_bytes(blocks, block_size, state)))
+                                         lowerable_bytes(blocks, block_size, state),
+                                         self._block_sizes.get(name)))
         return tuple(found)
 
     def _flags(self, offset: int, length: int) -> bytes | None:
