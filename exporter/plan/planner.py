@@ -183,10 +183,12 @@ def judge_blocks(hardware: HardwareLike, page_flags: PageFlags | None, budget: i
     removable = _removable_blocks(hardware)
     virtio = frozenset() if hardware.devices is None else frozenset(
         n for d in hardware.devices.devices if d.partial for n in d.blocks)
-    if hardware.devices is not None and any(d.removable and not d.partial
-                                            for d in hardware.devices.devices):
-        # A DIMM goes whole: one block found to go says nothing of the DIMM, so every block
-        # of a removable device is judged (boot memory without its flags: it never goes).
+    if hardware.devices is not None and any(
+            d.removable and (not d.partial or (d.device_block_size or 0) > hardware.block_size)
+            for d in hardware.devices.devices):
+        # A DIMM (a virtio-mem big block) goes whole: one block found to go says nothing of
+        # the rest, so every block of a removable device is judged (boot memory without its
+        # flags: it never goes).
         enough = None
     for block in _read_order(hardware.blocks):
         if enough is not None and ok >= enough and block.zones[:1] != (MOVABLE_ZONE,):
@@ -610,11 +612,25 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
         if d.partial:
             # A virtio-mem block gives what is plugged in it (sub-blocks unplugged again are
             # the device's already); its plugged size per block where its flags were read.
+            # In big-block mode a big block (several memory blocks) goes whole or not at all.
             plugged = dict(d.block_plugged)
-            for v in judged:
-                if v is not None and v.ok and plugged.get(v.number, size_) > 0:
-                    units.append((v.in_use, -v.number, d, [v.number],
-                                  min(size_, plugged.get(v.number, size_))))
+            if d.device_block_size is None and mine:
+                unjudged.append(
+                    f"memory devices: virtio-mem device {d.id}'s block size was not read "
+                    "(its driver logs it at probe, in /dev/kmsg): whether it gives back a "
+                    "memory block at a time or only whole big blocks is not known")
+            granule = max(1, (d.device_block_size or 0) // size_) if size_ else 1
+            groups: dict[int, list[BlockVerdict | None]] = {}
+            for b, v in zip(mine, judged):
+                groups.setdefault((b * size_ - d.start) // (granule * size_), []).append(v)
+            for group in groups.values():
+                if len(group) != granule and granule > 1:
+                    continue  # part of the big block offline or unread: not offered
+                oks = [v for v in group if v is not None and v.ok]
+                given = sum(min(size_, plugged.get(v.number, size_)) for v in oks)
+                if len(oks) == len(group) and given > 0:
+                    units.append((sum(v.in_use for v in oks), -oks[0].number, d,
+                                  [v.number for v in oks], given))
             maybe += sum(1 for v in bad if v.reason in UNREAD)
             why += [Refusal("memory", v.number, v.reason, v.detail) for v in bad
                     if v.reason not in UNREAD]

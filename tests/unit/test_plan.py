@@ -58,7 +58,7 @@ def devices(numbers, dimms=None) -> MemoryDevices:
     virtio = tuple(n for n in rest if n * BLOCK >= 4 * GiB)
     if virtio:
         out.append(MemoryDevice("virtio0", "virtio-mem", virtio, 4 * GiB, 64 * GiB,
-                                len(virtio) * BLOCK))
+                                len(virtio) * BLOCK, device_block_size=2 * MiB))
         owner.update({n: "virtio0" for n in virtio})
     boot = tuple(n for n in rest if n * BLOCK < 4 * GiB)
     if boot:

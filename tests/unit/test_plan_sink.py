@@ -9,12 +9,20 @@ import pytest
 
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
-from exporter.events import NodeStatus
+from exporter.events import NodeStatus, ParavirtMemory, VirtioMemDevice
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
 from testkit.forecast import T, node, pod
 from testkit.plan import fake_host, handle, kubelet_read, plan_agent, pods_listed
+
+
+def virtio_logged(agent, blocks: range) -> None:
+    """What the paravirt source read of fake_host's virtio0 (its driver's log): 2 MiB device
+    blocks, sub-block mode, so it gives back a memory block at a time."""
+    start, size = blocks.start << 27, len(blocks) << 27
+    handle(agent, ParavirtMemory(T, (VirtioMemDevice("virtio0", start, size, size,
+                                                     block_size=2 << 20),)))
 
 
 @pytest.fixture
@@ -26,6 +34,7 @@ def wired(tmp_path):
                               virtio_mem=range(40, 48))
     agent, s = plan_agent(sysfs, procfs)
     handle(agent, SysfsReader(sysfs, procfs).read(T))
+    virtio_logged(agent, range(40, 48))
     kubelet_read(agent)
     converted = node_status(node(cpu="2", allocatable_cpu="1"), T).event
     assert isinstance(converted, NodeStatus)
@@ -235,6 +244,7 @@ def test_a_plan_on_pods_never_listed_is_not_safe_and_the_gauge_is_absent(tmp_pat
                               virtio_mem=range(40, 48))
     agent, s = plan_agent(sysfs, procfs)
     handle(agent, SysfsReader(sysfs, procfs).read(T))
+    virtio_logged(agent, range(40, 48))
     kubelet_read(agent)
     handle(agent, node_status(node(cpu="2", allocatable_cpu="1"), T).event)
     if status is not None:
@@ -313,6 +323,7 @@ def test_page_flags_cached_are_not_charged_and_repeated_asks_read_further(tmp_pa
         array("Q", [KPF_BUDDY] * (8 * pages)).tofile(f)
     agent, s = plan_agent(sysfs, procfs, kubernetes=False)
     handle(agent, SysfsReader(sysfs, procfs).read(T))
+    virtio_logged(agent, range(40, 48))
     s.kubelet_root = str(tmp_path / "no-kubelet")
     monkeypatch.setattr(module, "PAGE_BUDGET", 3)
     verdicts = []

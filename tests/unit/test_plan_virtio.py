@@ -35,7 +35,8 @@ IOMEM = """\
 KPF_LRU, KPF_BUDDY, KPF_SLAB = 1 << 5, 1 << 10, 1 << 7
 
 
-def _guest(root: Path, zone41: str = "Normal", slab_in_41: bool = False) -> tuple[str, str]:
+def _guest(root: Path, zone41: str = "Normal", slab_in_41: bool = False,
+           device_block: int = 0x200000) -> tuple[str, str]:
     """Block 40 whole, in ZONE_MOVABLE (free pages); block 41 in `zone41` with 32 MiB plugged
     (LRU pages, or one slab page among them) and its other 96 MiB unplugged (PageOffline)."""
     proc, sys_ = root / "proc", root / "sys"
@@ -51,8 +52,8 @@ def _guest(root: Path, zone41: str = "Normal", slab_in_41: bool = False) -> tupl
         f.write(lru)
         f.write(struct.pack("<Q", 1 << KPF_OFFLINE) * (96 * MiB // 4096))
     (root / "kmsg").write_bytes(
-        b"6,12,1000,-;virtio_mem virtio4: device block size: 0x200000\n"
-        b"6,301,144456000,-;virtio_mem virtio4: requested size: 0xa000000\n")
+        b"6,12,1000,-;virtio_mem virtio4: device block size: 0x%x\n" % device_block
+        + b"6,301,144456000,-;virtio_mem virtio4: requested size: 0xa000000\n")
     memory = sys_ / "devices/system/memory"
     memory.mkdir(parents=True)
     (memory / "block_size_bytes").write_text("8000000\n")
@@ -146,3 +147,13 @@ def test_without_the_driver_log_the_requested_size_is_lowered_from_what_is_plugg
     [act] = [a.json(0) for a in p.actions if a.do == "hypervisor_remove"]
     assert act["requested_size_bytes"] == 0
     assert act["hypervisor_rollback"] == {"requested_size_bytes": 160 * MiB}
+    # Whether it gives a memory block at a time (sub-block mode) is only in the driver's log
+    assert any("block size was not read" in u for u in p.unjudged)
+
+
+def test_in_big_block_mode_a_big_block_goes_whole_or_is_not_offered(tmp_path):
+    """256 MiB device blocks: blocks 40 and 41 are one big block, which the driver removes
+    whole. Block 41's slab page keeps it, so block 40 alone is not offered either."""
+    sysfs, procfs = _guest(tmp_path, slab_in_41=True, device_block=256 * MiB)
+    p = _plan(sysfs, procfs, -128 * MiB, _gauge(tmp_path, sysfs, procfs))
+    assert p.verdict == "harmful" and p.memory_take == () and p.memory_short_bytes == BLOCK

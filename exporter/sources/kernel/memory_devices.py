@@ -67,6 +67,9 @@ class MemoryDevice:
     # What the hypervisor asked it for and its device block size, as its driver logged them
     # (/dev/kmsg, read by paravirt_memory.py; None: not known here).
     requested: int | None = None
+    # The driver works in sub-blocks of a memory block when this is smaller than one, else in
+    # big blocks of this size that go whole (its ranges in /proc/iomem are merged: only the
+    # log tells the two apart).
     device_block_size: int | None = None
     # virtio-mem: the PCI function the virtio device sits on (QEMU's query-pci names the
     # virtio-mem-pci device there); "" when not on PCI or not shown.
