@@ -86,8 +86,10 @@ def free_in(blocks: list[int]) -> int:
 
 
 def take_the_rest(blocks: list[int]) -> int:
-    """Huge pages for ZONE_NORMAL's free memory outside the target blocks; how many."""
-    spare = zone_free_pages("Normal") - free_in(blocks) - (32 << 20) // PAGE
+    """Huge pages for ZONE_NORMAL's free memory outside the target blocks; how many. Huge pages
+    are movable allocations, which ZONE_MOVABLE serves first: its free memory is added."""
+    spare = zone_free_pages("Normal") + zone_free_pages("Movable") - free_in(blocks) \
+        - (32 << 20) // PAGE
     want = max(0, spare * PAGE // HUGE_PAGE)
     NR_HUGEPAGES.write_text(str(want))
     return int(NR_HUGEPAGES.read_text())
