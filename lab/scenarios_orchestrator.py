@@ -135,7 +135,9 @@ class QMPHypervisor:
         qmp = self.run.lab.guest.qmp
         assert qmp is not None
         target = device_of(action)
-        if action.raw.get("resource") == "memory":
+        if action.raw.get("resource") == "memory" and target.get("kind") == "virtio-mem":
+            self.lower_virtio_mem(action, target)
+        elif action.raw.get("resource") == "memory":
             dimm = qemu_dimm_id(qmp.memory_devices(), target)
             qmp.remove_dimm(dimm, timeout=self.run.budget(90))
             self.removed.append(dimm)
@@ -143,6 +145,30 @@ class QMPHypervisor:
             cpu = qemu_cpu_id(qmp.hotpluggable_cpus(), target)
             qmp.remove_device(cpu, timeout=self.run.budget(90))
             self.removed.append(cpu)
+
+
+    def lower_virtio_mem(self, action: Action, target: dict) -> None:
+        """hypervisor_remove of a virtio-mem device: its requested-size set as the plan says
+        (qom-set), then QEMU's plugged size must reach it; else it is set back (the action's
+        hypervisor_rollback) and the step fails, so the client undoes its writes."""
+        qmp = self.run.lab.guest.qmp
+        assert qmp is not None
+        found = [d["data"]["id"] for d in qmp.memory_devices() if d.get("type") == "virtio-mem"
+                 and d["data"].get("memaddr") == target.get("start")]
+        if len(found) != 1:
+            raise ScenarioFailed(f"no one QEMU virtio-mem device at {target.get('start')}: "
+                                 f"{found}")
+        want = int(action.raw["requested_size_bytes"])
+        back = int(action.raw["hypervisor_rollback"]["requested_size_bytes"])
+        qmp.set_virtio_mem_size(found[0], want)
+        deadline = time.monotonic() + self.run.budget(90)
+        while qmp.virtio_mem(found[0])["size"] != want:
+            if time.monotonic() > deadline:
+                qmp.set_virtio_mem_size(found[0], back)
+                raise OSError(errno.EBUSY, f"{found[0]} plugged "
+                              f"{qmp.virtio_mem(found[0])['size']}, asked {want}: set back")
+            time.sleep(0.2)
+        self.removed.append(found[0])
 
 
 # ---------------------------------------------------------------- the contract, read

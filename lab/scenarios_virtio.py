@@ -309,6 +309,54 @@ def vmem_and_dimm(run: LabRun, out: Outcome) -> None:
     qmp.remove_dimm(DIMM_ID, timeout=run.budget(120))
 
 
+@scenario("orchestrator: a virtio-mem device shrunk as the plan says (requested-size, QMP)")
+def vmem_orchestrator(run: LabRun, out: Outcome) -> None:
+    """examples/orchestrator.py on a plan for 128 MiB with only virtio-mem to give (vmem0's
+    movable blocks after the DIMM went): it offlines the block the plan names, then sets the
+    device's requested-size to what the action says (lab/scenarios_orchestrator.py
+    QMPHypervisor); the driver unplugs the offline block. The guest shrinks by exactly that,
+    QEMU's plugged size is the action's, the exporter follows."""
+    from lab.scenarios_orchestrator import carry_out, client, executor
+    lab, qmp = run.lab, run.lab.guest.qmp
+    assert qmp is not None
+    quiet()
+    name = guest_device(run, VIRTIO_MEM_SBM)
+    plugged = qmp.virtio_mem(VIRTIO_MEM_SBM)["size"]
+    before = lab.state()
+    s = lab.wait_scrape(lambda s: plugged_gauge(s, name) == plugged, run.budget(30),
+                        f"{name} plugged {plugged}")
+    lowerable = s.value("node_resize_virtio_mem_lowerable_bytes", None, device=name)
+    c = client(run)
+    answer = c.ask(memory="-128Mi")
+    check(answer.safe, f"the plan for -128Mi is {answer.body.get('verdict')}: "
+          f"{answer.body.get('harm')} {answer.body.get('unknown')}")
+    [act] = [a for a in answer.actions() if a.do == "hypervisor_remove"]
+    device = act.raw["device"]
+    ex, node, hv = executor(run)
+    t0 = time.monotonic()
+    done = carry_out(c, answer, ex)
+    want = int(act.raw["requested_size_bytes"])
+    st = mem_settled(run, f"{VIRTIO_MEM_SBM} to {want // MiB} MiB")
+    _, took = follow(run, t0, st["mem_total_kb"], "virtio-mem sub-block (orchestrator)",
+                     lambda s: plugged_gauge(s, name) == want)
+    offlined = [p.split("/")[-2] for p, v, e in node.writes if v == "offline" and not e]
+    out.kernel = (f"client: {', '.join(a.do for a in done.done)}; offlined "
+                  f"{', '.join(offlined)}, {VIRTIO_MEM_SBM} requested-size {plugged // MiB} -> "
+                  f"{want // MiB} MiB; MemTotal {before['mem_total_kb']} -> "
+                  f"{st['mem_total_kb']} kB")
+    out.exporter = (f"plan -128Mi safe: {device['id']} ({device['virtio_mem']}); capacity = "
+                    f"MemTotal and plugged {want // MiB} MiB after {took * 1000:.0f} ms")
+    check(device["id"] == name and hv.removed == [VIRTIO_MEM_SBM],
+          f"the plan named {device['id']}, QEMU's {hv.removed}; want {name}, {VIRTIO_MEM_SBM}")
+    check(want == plugged - 128 * MiB and act.raw["hypervisor_rollback"] ==
+          {"requested_size_bytes": plugged}, f"requested-size {want}, rollback "
+          f"{act.raw['hypervisor_rollback']}, plugged was {plugged}")
+    check((before["mem_total_kb"] - st["mem_total_kb"]) * 1024 == 128 * MiB,
+          f"MemTotal moved {before['mem_total_kb'] - st['mem_total_kb']} kB, not 128 MiB")
+    check(device["virtio_mem"]["lowerable_bytes"] == lowerable,
+          f"the plan's lowerable_bytes {device['virtio_mem']} is not the gauge's {lowerable}")
+
+
 @scenario("virtio-mem in a kernel zone: an unplug the guest honours in part, as the plan said")
 def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
     """vmem1 (big blocks of 256 MiB) plugged to 512 MiB with auto_online_blocks=online_kernel:
@@ -488,6 +536,6 @@ def virtio_episodes(run: LabRun, out: Outcome) -> None:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    vmem_sub_block, vmem_big_block, vmem_and_dimm, balloon_inflate_deflate,
+    vmem_sub_block, vmem_big_block, vmem_and_dimm, vmem_orchestrator, balloon_inflate_deflate,
     balloon_deflate_on_oom, vmem_kernel_zone, virtio_episodes,
 )
