@@ -27,7 +27,9 @@ def generation(inputs: Inputs) -> str:
         "cpus": sorted(snap.cpus_online), "cpus_present": sorted(snap.cpus_present),
         "blocks": sorted(snap.memory_blocks_online),
         "blocks_offline": sorted(snap.memory_blocks_offline),
+        # a virtio-mem device's plugged size too: its sub-blocks move with no block
         "devices": [] if hw.devices is None else [[d.id, list(d.blocks)]
+                                                  + ([d.plugged] if d.partial else [])
                                                   for d in hw.devices.devices],
     }
     cp, mp = inputs.cpu_checkpoint, inputs.memory_checkpoint

@@ -157,3 +157,15 @@ def test_in_big_block_mode_a_big_block_goes_whole_or_is_not_offered(tmp_path):
     sysfs, procfs = _guest(tmp_path, slab_in_41=True, device_block=256 * MiB)
     p = _plan(sysfs, procfs, -128 * MiB, _gauge(tmp_path, sysfs, procfs))
     assert p.verdict == "harmful" and p.memory_take == () and p.memory_short_bytes == BLOCK
+
+
+def test_a_sub_block_change_moves_the_generation(tmp_path):
+    """Sub-blocks unplugged from an online block change no block: the generation an
+    orchestrator echoes still moves (the device's plugged size is in it)."""
+    sysfs, procfs = _guest(tmp_path)
+    first = _plan(sysfs, procfs, -128 * MiB).generation
+    assert _plan(sysfs, procfs, -128 * MiB).generation == first
+    with open(Path(procfs) / "kpageflags", "r+b") as f:  # 2 MiB more of block 40 unplugged
+        f.seek(40 * BLOCK // 4096 * 8)
+        f.write(struct.pack("<Q", 1 << KPF_OFFLINE) * (2 * MiB // 4096))
+    assert _plan(sysfs, procfs, -128 * MiB).generation != first
