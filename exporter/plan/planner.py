@@ -448,7 +448,8 @@ def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
             "running_containers": removing and not inputs.no_kubelet,
             "cpu_manager_checkpoint": change.cpus != 0 and not inputs.no_kubelet,
             "memory_manager_checkpoint": change.memory != 0 and not inputs.no_kubelet,
-            "kubelet_config": change.cpus < 0 and static}
+            "kubelet_config": change.cpus < 0 and static,
+            PDB_INPUT: False}  # only when the actions evict a pod: _with_budgets
 
 
 def missing(inputs: Inputs) -> dict[str, str]:
