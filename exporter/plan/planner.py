@@ -1000,8 +1000,8 @@ def _refused(p: Plan, pods: Iterable[tuple[str, str]]) -> str:
     if not refused:
         return ""
     return (f"; the API server would refuse to evict {', '.join(refused[:8])} (a "
-            "PodDisruptionBudget, see each pod's pdb_detail): wait until it allows, or delete "
-            "them yourself, knowing the budget is there to prevent it")
+            "PodDisruptionBudget, see each pod's pdb_detail): wait until the budget allows it "
+            "(more of its pods healthy elsewhere: scale the workload out first)")
 
 
 # ---------------------------------------------------------------- what can leave now
