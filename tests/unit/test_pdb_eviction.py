@@ -14,9 +14,9 @@ import pytest
 
 from exporter.events import PdbsRelisted, PdbStatus, PodStatus, SelectorTerm, SourceStatus
 from exporter.kube.convert import LABELS_MAX, pdb_status, pod_status, selects
+from exporter.plan.answer import answer
 from exporter.plan.eviction import NOT_LISTED, Budgets, BudgetsView, judge
 from exporter.plan.model import Change
-from exporter.plan.answer import answer
 from exporter.plan.planner import plan, unpluggable
 from testkit.forecast import T, forecaster, node, pod, snapshot
 from tests.unit.test_plan import hardware, inputs
