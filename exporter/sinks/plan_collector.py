@@ -172,15 +172,18 @@ class PlanSink(ViewSink):
         self.feed(event)
 
     def feed(self, event: Event) -> None:
+        if isinstance(event, (PdbStatus, PdbsRelisted)) or (
+                isinstance(event, SourceStatus) and event.source == PDB_SOURCE):
+            # Only a plan reads the budgets, never the gauges: no recomputation for them (they
+            # change with any pod's readiness anywhere in the cluster).
+            with self._budgets_lock:
+                self._budgets.handle(event)
+            return
         # Pods, relists, kernel snapshots and running containers: the forecast and the
         # running-pods view have them (SharedViews); only the count sees them here.
         self._version += 1
         if not self._stale.is_set():
             self._stale.set()
-        if isinstance(event, (PdbStatus, PdbsRelisted)) or (
-                isinstance(event, SourceStatus) and event.source == PDB_SOURCE):
-            with self._budgets_lock:
-                self._budgets.handle(event)
         if isinstance(event, NodeStatus):
             self.node_seen = True
         elif isinstance(event, SourceStatus) and event.source in DOWN_MEANS:

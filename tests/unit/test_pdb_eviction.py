@@ -278,3 +278,20 @@ def test_a_plan_that_evicts_nobody_does_not_need_the_budgets():
     doc = plan(Change(-1, 0), i).json()
     assert doc["inputs"]["pod_disruption_budgets"] == "not needed"
     assert not any("disruption" in u for u in doc["unknown"])
+
+
+def test_no_journal_keeps_the_clusters_budgets(tmp_path):
+    """Cluster state that changes with any pod's readiness anywhere: a node's journal would
+    fill with it. The node's own events beside them are kept."""
+    from exporter.clock import FakeClock
+    from exporter.events import EventsLost
+    from exporter.sinks.journal.reader import JournalReader
+    from exporter.sinks.journal.sink import JournalSink
+    j = JournalSink(tmp_path / "journal.db", clock=FakeClock(T))
+    j.on_event(budget("a"))
+    j.on_event(PdbsRelisted(T, frozenset({"default/a"})))
+    j.on_event(EventsLost(source="bpf", count=1, time=T))
+    assert j.flush(10)
+    j.close()
+    assert [type(e).__name__ for e in JournalReader(tmp_path / "journal.db").events()] == \
+        ["EventsLost"]

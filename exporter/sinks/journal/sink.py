@@ -37,7 +37,7 @@ from exporter import codec
 from exporter.clock import Clock
 from exporter.config.decide import default_journal_path
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
-from exporter.events import Event, Transition
+from exporter.events import Event, PdbsRelisted, PdbStatus, Transition
 from exporter.ratelog import RateLimitedLog
 from exporter.sinks.journal import reader
 from exporter.sinks.journal.path import WRITABLE_FIX, cannot_create, check_journal
@@ -50,6 +50,11 @@ from exporter.sinks.journal.schema import (
     event_time,
 )
 from exporter.sinks.journal.store import JournalStore
+
+# The cluster's PodDisruptionBudgets are cluster state, not this node's: they change with any
+# pod's readiness anywhere, and only a plan asked now reads them (the API server judges an
+# eviction by the budget it holds then), so no node's journal keeps them.
+NOT_JOURNALED = (PdbStatus, PdbsRelisted)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -266,7 +271,7 @@ class JournalSink:
     # ------------------------------------------------------------ Sink
 
     def on_event(self, event: Event) -> None:
-        if not self.up:
+        if not self.up or isinstance(event, NOT_JOURNALED):
             return
         with self._cv:
             if len(self._events) >= self.queue_size:
