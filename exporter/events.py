@@ -268,10 +268,11 @@ class PodStatus:
     # or not known: the plan names it beside each pod it would hurt.
     owner_kind: str = ""
     # metadata.labels, sorted (key, value) pairs: which PodDisruptionBudget selects the pod.
-    # None: not kept (past the converter's bound, exporter/kube/convert.py LABELS_MAX): no
-    # budget can be judged for it. metadata.deletionTimestamp set: being deleted (an eviction
-    # then deletes it without asking its budget).
-    labels: tuple[tuple[str, str], ...] | None = ()
+    # None: not known (past the converter's bound, exporter/kube/convert.py LABELS_MAX, or an
+    # event from an older journal): no budget can be judged for it, never "none selects it".
+    # metadata.deletionTimestamp set: being deleted (an eviction then deletes it without
+    # asking its budget).
+    labels: tuple[tuple[str, str], ...] | None = None
     deleting: bool = False
 
 
