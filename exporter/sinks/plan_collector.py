@@ -16,6 +16,8 @@ pods: no Node seen yet, or pods not listed, down, forbidden or cut at their boun
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
 The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
+cluster's PodDisruptionBudgets (the kube_pdbs source) are kept here, in a BudgetsView under a
+lock of their own (plan/eviction.py): only a plan reads them, for each eviction it asks for. The
 agent still hands it every event, for what nobody else keeps: whether a Node was seen, and
 which of the sources a plan depends on are down and why (the kubelet's checkpoints, the running
 containers: "not read", named in the answer). Memory by zone and the hot-added blocks are
