@@ -456,6 +456,7 @@ class JournalSink:
                 exported: list[str]) -> _Batch:
         """The batch's rows; what does not encode is counted malformed and left out."""
         batch = _Batch(exported=exported)
+        counted = False
         for event in events:
             try:
                 batch.events.append((event_time(event), type(event).__name__,
@@ -468,10 +469,9 @@ class JournalSink:
                 # Counted even if this batch then fails: the agent counted it, and a row
                 # below what a scrape showed would be a counter reset at the next start.
                 self._tally.handle(event)
-                batch.counters = (self._boot or "", "")
-        if batch.counters is not None and self._tally is not None:
-            batch.counters = (batch.counters[0],
-                              counters.encode(self._tally.transitions, self._down))
+                counted = True
+        if counted and self._boot is not None and self._tally is not None:
+            batch.counters = (self._boot, counters.encode(self._tally.transitions, self._down))
         for ep in episodes:
             try:
                 row, transitions, cut, written = self._episode_rows(ep)
