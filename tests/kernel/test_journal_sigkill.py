@@ -104,6 +104,7 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
     rng = random.Random(int(os.environ.get("NRE_KILL_SEED", "16")))
     rows = []
     journaled_before = 0
+    shown = 0.0  # what increase() over each round's scrapes showed, summed
     for round_ in range(ROUNDS):
         writes = 0
         a = RunningExporter(*args).start()
@@ -113,6 +114,8 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
             scraper = _Scraper(a)
             base = scraper.last
             before = _counted(base)  # what earlier rounds' processes already counted
+            # (carried across restarts within this boot, as the down changes are)
+            down_before, net_before = _down(base), _down_offline_minus_online(base)
             scraper.start()
             started = time.monotonic()
             for i in range(rng.randint(*WRITES)):
@@ -134,7 +137,7 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
         try:
             s = b.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                              source="uevent") == 1, timeout=120)
-            restarted, down = _counted(s), _down(s)
+            restarted, down = _counted(s), _down(s) - down_before
         finally:
             b.stop()
         rows.append((round_, writes, killed, journaled - journaled_before, restarted - before, down,
@@ -144,13 +147,14 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
         # scrape of it showed (a counter reset would make increase() count everything again)...
         assert restarted >= _counted(last), rows[-1]
         # ...and increase() over both processes' scrapes never shows more than happened.
+        shown += _increase([_counted(base), _counted(last), restarted])
         assert _increase([_counted(base), _counted(last), restarted]) <= writes, rows[-1]
         # Never more than happened: a down change for a transition the killed process had
         # counted (and shown) would push the sum past the writes.
         assert killed + down <= writes, rows[-1]
         # Never a down change lost: where the state the killed process counted last (its
         # journal) is not the kernel's, the restart counts the difference, in its direction.
-        assert _down_offline_minus_online(s) == (
+        assert _down_offline_minus_online(s) - net_before == (
             0 if journal_online == kernel_online else 1 if journal_online else -1), rows[-1]
     print("round, sysfs writes, counted by the killed (its last scrape), cpu1 transitions its "
           "journal held, counted by the restarted, down changes, storm s, cpu1 at the end")
@@ -160,7 +164,8 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
     unscraped = sum(j - k for _, _, k, j, _, _, _, _ in rows)
     print(f"{ROUNDS} kills: {sum(r[1] for r in rows)} writes, {unseen} in no scrape of either "
           f"process, {unscraped} of them journaled (counted by the killed process after its "
-          f"last scrape), {sum(r[5] for r in rows)} down changes")
+          f"last scrape), {sum(r[5] for r in rows)} down changes; increase() over both "
+          f"processes' scrapes showed {shown}")
 
 
 @pytest.mark.kernel
