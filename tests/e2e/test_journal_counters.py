@@ -100,6 +100,8 @@ HOSTILE = {
     "short-entry": '{"transitions": [["cpu", "online"]]}',
     "bad-down": '{"transitions": [], "down_changes": [["cpu", "sideways", 1]]}',
     "deep": "[" * 100_000 + "]" * 100_000,
+    "deep-under-64k": "[" * 30_000 + "]" * 30_000,
+    "a-blob": b'{"transitions": []}',
     "huge": json.dumps({"transitions": [], "pad": "x" * (1 << 20)}),
 }
 
