@@ -168,3 +168,20 @@ def test_a_run_on_a_journal_with_a_hostile_row_counts_it_and_starts_at_zero(tmp_
     assert s.value("node_resize_exporter_malformed_total", source="journal") == 1
     assert s.total("node_resize_kernel_transitions_total") == 0
     assert "counters row of this boot refused" in logs
+
+
+def test_transitions_the_full_queue_dropped_are_in_the_row_all_the_same(tmp_path):
+    """A stuck disk: the queue holds 2, the agent counted (and a scrape may have shown) 5.
+    The row must not fall below that, or the next start is a counter reset."""
+    path = tmp_path / "j.db"
+    j = JournalSink(path, clock=FakeClock(T0), queue_size=2, start=False)
+    j.carry(BOOT, {})
+    for i in range(5):
+        j.on_event(_t("uevent", Direction.OFFLINE if i % 2 == 0 else Direction.ONLINE,
+                      T0 + i))
+    assert j.dropped == 3
+    assert j.flush(10)
+    j.close()
+    assert counters.decode(_rows(path)[BOOT]).transitions == {
+        (Resource.CPU, Direction.OFFLINE, Result.SUCCESS): 3,
+        (Resource.CPU, Direction.ONLINE, Result.SUCCESS): 2}

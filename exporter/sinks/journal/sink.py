@@ -156,6 +156,10 @@ class JournalSink:
         self._boot: str | None = None
         self._tally: KernelLedger | None = None
         self._down: dict[counters.DownKey, int] = {}
+        self._recount = False  # the tally moved without a batch (a dropped transition)
+        # The tally's own lock: the writer's batches and the agent's drops (rare), so the
+        # agent's hand-over never waits for a batch being counted.
+        self._tally_lock = threading.Lock()
         self.counters_refused = ""  # why this boot's row was refused (hostile or broken)
         self._cv = threading.Condition()
         self._events: deque[Event] = deque()
@@ -290,6 +294,12 @@ class JournalSink:
         with self._cv:
             if len(self._events) >= self.queue_size:
                 self._drop()
+                if self._tally is not None and type(event) is Transition:
+                    # Not journaled, but counted (the agent counts it): a row below what a
+                    # scrape showed would be a counter reset at the next start.
+                    with self._tally_lock:
+                        self._tally.handle(event)
+                        self._recount = True
                 return
             self._events.append(event)
             self._cv.notify()
@@ -456,7 +466,19 @@ class JournalSink:
                 exported: list[str]) -> _Batch:
         """The batch's rows; what does not encode is counted malformed and left out."""
         batch = _Batch(exported=exported)
-        counted = False
+        with self._tally_lock:
+            counted, self._recount = self._recount, False
+            if self._tally is not None:
+                for event in events:
+                    if type(event) is Transition:
+                        # Counted even if this batch then fails: the agent counted it, and a
+                        # row below what a scrape showed would be a counter reset at the next
+                        # start.
+                        self._tally.handle(event)
+                        counted = True
+            if counted and self._boot is not None and self._tally is not None:
+                batch.counters = (self._boot,
+                                  counters.encode(self._tally.transitions, self._down))
         for event in events:
             try:
                 batch.events.append((event_time(event), type(event).__name__,
@@ -464,14 +486,6 @@ class JournalSink:
             except codec.CodecError as e:
                 self.malformed += 1
                 log.debug("journal: event not stored: %s", e)
-                continue
-            if self._tally is not None and type(event) is Transition:
-                # Counted even if this batch then fails: the agent counted it, and a row
-                # below what a scrape showed would be a counter reset at the next start.
-                self._tally.handle(event)
-                counted = True
-        if counted and self._boot is not None and self._tally is not None:
-            batch.counters = (self._boot, counters.encode(self._tally.transitions, self._down))
         for ep in episodes:
             try:
                 row, transitions, cut, written = self._episode_rows(ep)
