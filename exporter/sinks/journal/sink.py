@@ -25,8 +25,9 @@ this leaves is in docs/reliability.md.
 The hotplug counters are carried across restarts within one boot (counters.py): `carry` at
 start reads this boot's row and writes the new start's, and from then on every transaction
 holding transitions also rewrites the row with what the writer has counted of them (a
-KernelLedger of its own, fed in the writer thread, deduplicating across sources the way the
-agent's does), so the row and the events it counts commit together.
+KernelLedger of its own, fed in the writer thread and with what a full queue drops,
+deduplicating across sources the way the agent's does), so the row and the events it counts
+commit together.
 """
 from __future__ import annotations
 
