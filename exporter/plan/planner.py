@@ -728,7 +728,7 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
         old = takes.get(d.id)
         blocks_ = tuple(sorted((*(old.blocks if old else ()), *blocks)))
         takes[d.id] = DeviceTake(d.id, d.kind, blocks_, (old.bytes if old else 0) + bytes_,
-                                 True, (), d.slot, d.start, d.acpi_path, _virtio(d, size_))
+                                 True, (), d.slot, d.start, d.acpi_path, _virtio(d))
     if given > needed * size_:
         notes.append(f"the devices that cover {size(needed * size_)} give "
                      f"{size(given)}: a DIMM goes whole")
@@ -747,7 +747,7 @@ def _memory_to_take(needed: int, size_: int, inputs: Inputs, verdicts: list[Bloc
     return _room(out, inputs, by_block, unjudged)
 
 
-def _virtio(d: Any, block_size: int) -> VirtioMemTake | None:
+def _virtio(d: Any) -> VirtioMemTake | None:
     """A virtio-mem device's own account (memory_devices.MemoryDevice), for its action."""
     if not d.partial:
         return None
