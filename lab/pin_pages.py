@@ -11,7 +11,10 @@ then pipes are filled in steps until /proc/kpageflags shows in-use, non-LRU page
 target blocks (or a bound is hit), then the huge pages are given back. Without the huge pages
 the pipes had to fill all of ZONE_NORMAL first: 0.4-1.3 GiB copied, 13-150 s under TCG.
 
-    python -m lab.pin_pages READY_FILE BLOCK [BLOCK...]     (as root, in the guest)
+    python -m lab.pin_pages READY_FILE [--movable-too] BLOCK [BLOCK...]     (root, in the guest)
+
+--movable-too: the huge pages fill ZONE_MOVABLE's free memory too (a guest with movable memory
+beside the targets: huge pages come from there first).
 
 Writes READY_FILE (JSON: bytes held, the in-use non-LRU pages per target block, ok) and then
 holds the pipes until SIGTERM; the pages go back to the kernel when the process exits.
@@ -85,24 +88,25 @@ def free_in(blocks: list[int]) -> int:
     return free
 
 
-def take_the_rest(blocks: list[int]) -> int:
+def take_the_rest(blocks: list[int], movable: bool = False) -> int:
     """Huge pages for ZONE_NORMAL's free memory outside the target blocks; how many. Huge pages
-    are movable allocations, which ZONE_MOVABLE serves first: its free memory is added."""
-    spare = zone_free_pages("Normal") + zone_free_pages("Movable") - free_in(blocks) \
-        - (32 << 20) // PAGE
+    are movable allocations, which ZONE_MOVABLE serves first: with `movable`, its free memory
+    is added (else the pipes fill what they leave of ZONE_NORMAL first)."""
+    spare = zone_free_pages("Normal") + (zone_free_pages("Movable") if movable else 0) \
+        - free_in(blocks) - (32 << 20) // PAGE
     want = max(0, spare * PAGE // HUGE_PAGE)
     NR_HUGEPAGES.write_text(str(want))
     return int(NR_HUGEPAGES.read_text())
 
 
-def fill(blocks: list[int]) -> tuple[list[int], dict]:
+def fill(blocks: list[int], movable: bool = False) -> tuple[list[int], dict]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     chunk = b"\xa5" * PIPE_BYTES
     fds: list[int] = []
     held = 0
     t0 = time.monotonic()
-    huge = take_the_rest(blocks)
+    huge = take_the_rest(blocks, movable)
     try:
         while True:
             counts = pinned_pages(blocks)
@@ -138,9 +142,10 @@ def fill_step(fds: list[int], chunk: bytes) -> int:
 
 def main(argv: list[str]) -> int:
     ready = Path(argv[0])
-    blocks = [int(a) for a in argv[1:]]
+    movable = "--movable-too" in argv[1:]
+    blocks = [int(a) for a in argv[1:] if a != "--movable-too"]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    fds, result = fill(blocks)
+    fds, result = fill(blocks, movable)
     tmp = ready.with_name(f".{ready.name}.tmp")
     tmp.write_text(json.dumps(result))
     os.rename(tmp, ready)

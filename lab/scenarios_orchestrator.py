@@ -226,13 +226,14 @@ def _hot_add_kernel_dimm(run: LabRun) -> list[int]:
     return sorted(int(name[6:]) for name in hot_add_kernel_dimm(run, KERNEL_DIMM))
 
 
-def _pin(run: LabRun, blocks: list[int]) -> tuple[int, dict]:
-    """Start lab/pin_pages.py in the guest and wait until it holds pages in `blocks`."""
+def _pin(run: LabRun, blocks: list[int], *flags: str) -> tuple[int, dict]:
+    """Start lab/pin_pages.py in the guest (with `flags`) and wait until it holds pages in
+    `blocks`."""
     lab = run.lab
     ready = lab.guest.scratch / "pinned.json"
     ready.unlink(missing_ok=True)
     pid = lab.spawn([GUEST_PYTHON, "-m", "lab.pin_pages", "/tmp/scratch/pinned.json",
-                     *map(str, blocks)], "pin_pages.log")
+                     *flags, *map(str, blocks)], "pin_pages.log")
     deadline = time.monotonic() + run.budget(180)
     while not ready.exists():
         if lab.call("poll", pid=pid)["returncode"] is not None:

@@ -388,7 +388,8 @@ def vmem_kernel_zone(run: LabRun, out: Outcome) -> None:
         zones = {n: lab.call("read", path=f"{MEMORY}/memory{n}/valid_zones")["value"].strip()
                  for n in blocks}
         check(set(zones.values()) == {"Normal"}, f"{VIRTIO_MEM_BBM}'s blocks: {zones}")
-        pin, pinned = _pin(run, blocks)
+        # vmem0's movable blocks serve huge pages first: --movable-too fills them as well
+        pin, pinned = _pin(run, blocks, "--movable-too")
         check(bool(pinned.get("ok")), f"no pipe buffer landed in {VIRTIO_MEM_BBM}'s blocks "
               f"{blocks}: {pinned}")
         name = guest_device(run, VIRTIO_MEM_BBM)
