@@ -337,8 +337,11 @@ def vmem_orchestrator(run: LabRun, out: Outcome) -> None:
     done = carry_out(c, answer, ex)
     want = int(act.raw["requested_size_bytes"])
     st = mem_settled(run, f"{VIRTIO_MEM_SBM} to {want // MiB} MiB")
-    _, took = follow(run, t0, st["mem_total_kb"], "virtio-mem sub-block (orchestrator)",
-                     lambda s: plugged_gauge(s, name) == want)
+    _, took = follow(run, t0, st["mem_total_kb"], "virtio-mem sub-block (orchestrator)")
+    # The driver removes the offline block after MemTotal moved (at the offline): the plugged
+    # gauge follows at that removal's event, or at the paravirt source's 30 s re-read.
+    lab.wait_scrape(lambda s: plugged_gauge(s, name) == want, run.budget(45),
+                    f"{name} plugged {want}")
     offlined = [p.split("/")[-2] for p, v, e in node.writes if v == "offline" and not e]
     out.kernel = (f"client: {', '.join(a.do for a in done.done)}; offlined "
                   f"{', '.join(offlined)}, {VIRTIO_MEM_SBM} requested-size {plugged // MiB} -> "
