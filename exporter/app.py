@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,7 +30,7 @@ from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAcc
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from prometheus_client import CollectorRegistry
 
-from exporter import buildinfo, privileges
+from exporter import buildinfo, privileges, untrusted
 from exporter.agent import Agent
 from exporter.checks import quoted
 from exporter.clock import MonotonicWallClock
@@ -52,9 +53,10 @@ from exporter.correlate.correlator import Correlator
 from exporter.correlate.down_changes import changes_while_down, state_at_stop
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.node_view import NodeView
-from exporter.events import Resource, SourceStatus
+from exporter.events import Direction, Resource, SourceStatus
 from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
 from exporter.sinks import collectors
+from exporter.sinks.journal.counters import BOOT_ID_PATH, valid_boot_id
 from exporter.sinks.journal.path import DEFAULT_UNWRITABLE, WRITABLE_FIX
 from exporter.sinks.journal.schema import JournalRefused
 from exporter.sinks.journal.sink import JournalSink
@@ -343,13 +345,15 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
     for sink in sinks:
         agent.add_sink(sink)
     if journal is not None:
-        _resume(agent, journal, opened.reconciler, ledger)
+        _resume(agent, journal, opened.reconciler, ledger, PROCFS_ROOT.of(options))
     return Built(agent, metrics, opened.capabilities_after_start())
 
 
-def _resume(agent: Agent, journal: JournalSink, reconciler: Any, ledger: KernelLedger) -> None:
+def _resume(agent: Agent, journal: JournalSink, reconciler: Any, ledger: KernelLedger,
+            procfs: str) -> None:
     """The episodes the journal kept open, through every sink; what changed while no exporter
-    ran (what the reconciler reads now against what the journal last knew)."""
+    ran (what the reconciler reads now against what the journal last knew); the hotplug
+    counters carried from this boot's earlier processes (exporter/sinks/journal/counters.py)."""
     updates = agent.correlator.resume(journal.open_episodes())
     if updates:
         log.info("resumed %d open episode(s) from the journal", len(updates))
@@ -357,13 +361,33 @@ def _resume(agent: Agent, journal: JournalSink, reconciler: Any, ledger: KernelL
         agent.episode_log.on_update(update)
         for sink in agent.sinks:
             sink.on_update(update)
-    if reconciler.initial is None:
-        return
-    changes = changes_while_down(state_at_stop(journal.last_kernel_events()), reconciler.initial)
-    ledger.down_changes.update(changes)
+    changes = Counter[tuple[Resource, Direction]]() if reconciler.initial is None else \
+        changes_while_down(state_at_stop(journal.last_kernel_events()), reconciler.initial)
     for (resource, direction), n in sorted(changes.items(), key=str):
         log.info("while the exporter was down: %d %s %s transition(s)", n, resource.value,
                  direction.value)
+    # The counters go on from what this boot's earlier processes committed (issue 36 M6):
+    # a transition the killed process counted after its last scrape shows in this one's.
+    carried = journal.carry(boot_id(procfs), changes)
+    for key, n in carried.transitions.items():
+        ledger.transitions[key] = ledger.transitions.get(key, 0) + n
+    ledger.down_changes.update(carried.down_changes)
+    if journal.counters_refused:
+        ledger.malformed["journal"] += 1
+
+
+def boot_id(procfs: str) -> str | None:
+    """The kernel's boot id (a UUID), or None (a tree without it: nothing is carried)."""
+    path = os.path.join(procfs, BOOT_ID_PATH)
+    try:
+        text = untrusted.read_text(path, 64, what=path)
+    except (OSError, ValueError) as e:
+        log.info("no boot id at %s (%s): the hotplug counters start at 0", path, e)
+        return None
+    boot = valid_boot_id(text)
+    if boot is None:
+        log.info("no boot id at %s (not a UUID): the hotplug counters start at 0", path)
+    return boot
 
 
 # ---------------------------------------------------------------- run

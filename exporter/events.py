@@ -267,6 +267,13 @@ class PodStatus:
     # The kind of its controller (ReplicaSet, DaemonSet, StatefulSet, Job, ...), "" when none
     # or not known: the plan names it beside each pod it would hurt.
     owner_kind: str = ""
+    # metadata.labels, sorted (key, value) pairs: which PodDisruptionBudget selects the pod.
+    # None: not known (past the converter's bound, exporter/kube/convert.py LABELS_MAX, or an
+    # event from an older journal): no budget can be judged for it, never "none selects it".
+    # metadata.deletionTimestamp set: being deleted (an eviction then deletes it without
+    # asking its budget).
+    labels: tuple[tuple[str, str], ...] | None = None
+    deleting: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,6 +282,55 @@ class PodsRelisted:
 
     time: float
     uids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """One matchExpressions entry of a label selector: `operator` In, NotIn, Exists or
+    DoesNotExist (anything else makes the whole selector invalid, as the API server reads it)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+# PdbStatus.selector: "set" (terms to match), "nothing" (no selector, or an empty one: the
+# eviction subresource skips it), "invalid" (the API server's LabelSelectorAsSelector refuses
+# it: it matches no pod), "unread" (past the converter's bounds: whom it selects is not known).
+SELECTOR_STATES = ("set", "nothing", "invalid", "unread")
+
+
+@dataclass(frozen=True)
+class PdbStatus:
+    """One PodDisruptionBudget (policy/v1), what the eviction subresource reads of it."""
+
+    time: float
+    namespace: str
+    name: str
+    selector: str = "nothing"  # SELECTOR_STATES
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[SelectorTerm, ...] = ()
+    disruptions_allowed: int = 0
+    current_healthy: int = 0
+    desired_healthy: int = 0
+    generation: int = 0
+    observed_generation: int = 0
+    disrupted_pods: int = 0  # entries of status.disruptedPods (past 2,000 evictions are refused)
+    unhealthy_pod_eviction_policy: str = ""  # "" (IfHealthyBudget), IfHealthyBudget, AlwaysAllow
+    deleted: bool = False
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PdbsRelisted:
+    """A relist replaced the budgets: those not in `keys` ("namespace/name") are gone."""
+
+    time: float
+    keys: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -463,7 +519,7 @@ class ParavirtMemory:
 
 KernelEvent = Transition | DeviceChange | KernelSnapshot
 KubeEvent = (NodeStatus | PodStatus | PodsRelisted | PodResourcesAllocatable | KubeletFeatures
-             | NodeHeartbeat)
+             | NodeHeartbeat | PdbStatus | PdbsRelisted)
 NodeStateEvent = (CpuManagerCheckpoint | MemoryManagerCheckpoint | KubepodsCpuset
                   | MemoryAutoOnline | KubeletProcess | NodeCapacityConfigured
                   | NodeWarningEvents | RunningContainers | ParavirtMemory)

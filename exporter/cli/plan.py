@@ -66,8 +66,9 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     from exporter.config.decide import kubernetes_enabled, resolve_node_name
     from exporter.correlate.running_pods_view import RunningPodsView
     from exporter.kube.client import KubeUnavailable, load_config
+    from exporter.plan.eviction import Budgets
     from exporter.plan.planner import Inputs
-    from exporter.readnow import Unlisted
+    from exporter.readnow import Reads, Unlisted
     from exporter.sinks.forecast_collector import list_forecast
     from exporter.sources.kernel.memory_blocks import PageFlagsReader, read_hardware
     from exporter.sources.kernel.sysfs import SysfsReader
@@ -123,24 +124,34 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     forecast = None
     node = resolve_node_name(opts)
     owners: dict[str, str] = {}
+    pods: dict[str, Any] = {}
+    budgets = None
     kubernetes = kubernetes_enabled(opts)
     if kubernetes:
         try:
             load_config(KUBECONFIG.of(opts))
         except KubeUnavailable as e:
             raise BadConfig(f"{e.reason}" + (f" (fix: {e.fix})" if e.fix else "")) from None
-        listed = list_forecast(opts, node, snap, cpu_cp)
+        reads = Reads(opts)
+        listed = list_forecast(reads, node, snap, cpu_cp)
         if isinstance(listed, Unlisted):
             not_read["pods"] = listed.message + (f" ({listed.fix})" if listed.fix else "")
         else:
             forecast = listed.forecast
             owners = {p.uid: p.owner_kind for p in listed.pods if p.owner_kind}
+            pods = {p.uid: p for p in listed.pods}
             if running is not None:
                 for p in listed.pods:
                     running.handle(p)
+            listed_budgets = reads.budgets()
+            if isinstance(listed_budgets, str):
+                not_read["pod_disruption_budgets"] = listed_budgets
+            else:
+                budgets = Budgets.of(listed_budgets)
     else:
         not_read["pods"] = ("Kubernetes is off (no --kubeconfig, not in a cluster): the node's "
                             "pods were not read; pass --kubeconfig")
+        not_read["pod_disruption_budgets"] = "Kubernetes is off"
     if running is not None and cpu_cp is not None:
         running.handle(cpu_cp)
     # Nothing of a kubelet here: no pods or containers to hurt, rather than unread ones.
@@ -151,7 +162,7 @@ def gather(opts: Options, *, page_budget: int) -> tuple[Any, Any, str]:
     inputs = Inputs(snap, hardware, forecast, running, cpu_cp, mem_cp,
                     kubelet_root=root or "/var/lib/kubelet", not_read=not_read,
                     kubelet_reserved_cpus=reserved, pod_owners=owners,
-                    no_kubelet=no_kubelet)
+                    no_kubelet=no_kubelet, budgets=budgets, pods=pods)
     return inputs, reader, node
 
 
@@ -192,7 +203,8 @@ def text(p: Plan) -> str:
             lines.append(f"  ... and {p.refusals_total - len(p.refusals)} more")
     if p.rejected_total:
         lines.append(f"pods the kubelet would reject at its next restart ({p.rejected_total}):")
-        lines += [f"  {r.namespace}/{r.name}: {r.reason}" for r in p.rejected_pods]
+        lines += [f"  {r.namespace}/{r.name}: {r.reason}" + _pdb_words(p, r.namespace, r.name)
+                  for r in p.rejected_pods]
         if p.rejected_total > len(p.rejected_pods):
             lines.append(f"  ... and {p.rejected_total - len(p.rejected_pods)} more")
     if p.stale_containers:
@@ -209,6 +221,15 @@ def text(p: Plan) -> str:
     for note in p.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _pdb_words(p: Plan, namespace: str, name: str) -> str:
+    v = p.pdb.get(f"{namespace}/{name}")
+    if v is None:
+        return ""
+    words: dict[bool | None, str] = {True: " (eviction refused: ", False: " (evictable: ",
+                                     None: " (eviction: cannot tell: "}
+    return words[v.blocked] + str(v.detail) + ")"
 
 
 def register(main: click.Group) -> None:

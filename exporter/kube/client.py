@@ -87,6 +87,13 @@ class RawPod(GenericNamespacedResource):
     _api_info = create_api_info("", "v1", "Pod", "pods", verbs=_VERBS)
 
 
+class RawPdb(GenericNamespacedResource):
+    """policy/v1 PodDisruptionBudget: whether an eviction the plan asks for would be refused."""
+
+    _api_info = create_api_info("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets",
+                                verbs=_VERBS)
+
+
 def load_config(kubeconfig: str | None = None, *,
                 service_account_dir: str = SERVICE_ACCOUNT_DIR,
                 env: Mapping[str, str] | None = None) -> SingleConfig:
@@ -338,3 +345,16 @@ def node_and_pods(config: SingleConfig, node: str, max_pods: int = NODE_PODS_MAX
     finally:
         transport.close()
     return (nodes[0] if nodes else None), pods[:max_pods], len(pods) > max_pods
+
+
+def disruption_budgets(config: SingleConfig, max_objects: int = LIST_MAX_OBJECTS,
+                       timeout: float = 10.0) -> tuple[list[dict[str, Any]], bool]:
+    """One list of the cluster's PodDisruptionBudgets, as `plan` takes them: (at most
+    `max_objects` of them, whether there were more). Raises what the API answered."""
+    client, transport = make_client(config, request_timeout=timeout)
+    try:
+        items = [dict(o) for o in itertools.islice(
+            client.list(RawPdb, namespace=ALL_NAMESPACES, chunk_size=500), max_objects + 1)]
+    finally:
+        transport.close()
+    return items[:max_objects], len(items) > max_objects

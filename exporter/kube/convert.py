@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from exporter.events import ContainerResize, ContainerSizing, NodeStatus, PodStatus, Resource
+from exporter.events import (
+    ContainerResize,
+    ContainerSizing,
+    NodeStatus,
+    PdbStatus,
+    PodStatus,
+    Resource,
+    SelectorTerm,
+)
 from exporter.kube.quantity import parse_quantity
 
 # Node/Pod resource names we track; everything else (ephemeral-storage, pods, devices) is ignored.
@@ -27,13 +35,25 @@ _MESSAGE_MAX = 256  # a condition message kept for its reason; an API object's, 
 NODE_CRITICAL_CLASS = "system-node-critical"
 _CONTAINERS_MAX = 64  # containers of one pod carried for the running-pods judge
 _ID_MAX = 128  # a runtime's container id (64 hex digits for containerd and CRI-O)
+# A pod's labels kept for the PodDisruptionBudgets that select it: at most this many, each key
+# at most a qualified name (253-character prefix, "/", 63-character name) and each value at most
+# 63 characters (what the API server validates). Past a bound the pod's labels are not kept at
+# all (None: its budget is not judged, never judged on a part of its labels).
+LABELS_MAX = 64
+LABEL_KEY_MAX = 317
+LABEL_VALUE_MAX = 63
+# A PodDisruptionBudget's selector: matchLabels entries, matchExpressions, values of one
+# expression; past a bound whom it selects is not known ("unread").
+SELECTOR_TERMS_MAX = 64
+SELECTOR_VALUES_MAX = 256
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
 @dataclass
 class Converted:
     """A conversion result plus the malformed bits that were skipped (for MalformedInput)."""
 
-    event: NodeStatus | PodStatus | None
+    event: NodeStatus | PodStatus | PdbStatus | None
     problems: list[str] = field(default_factory=list)
 
 
@@ -302,8 +322,163 @@ def _pod_status(obj: Any, now: float, selector: LabelSelector | None,
         created=_timestamp(meta.get("creationTimestamp"), f"{where} creationTimestamp",
                            problems),
         owner_kind=_owner_kind(meta),
+        labels=_labels(meta, where, problems),
+        deleting=meta.get("deletionTimestamp") is not None,
     )
     return Converted(event, problems)
+
+
+def _labels(meta: Mapping[str, Any], where: str,
+            problems: list[str]) -> tuple[tuple[str, str], ...] | None:
+    """metadata.labels as sorted (key, value) pairs; None (with a problem) past the bounds or
+    when one is not a string pair: its PodDisruptionBudget cannot be judged."""
+    raw = meta.get("labels")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        problems.append(f"{where} metadata.labels: not an object: labels not kept")
+        return None
+    if len(raw) > LABELS_MAX:
+        problems.append(f"{where} metadata.labels: {len(raw)} labels, more than {LABELS_MAX}: "
+                        "labels not kept (its PodDisruptionBudget is not judged)")
+        return None
+    out = []
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key \
+                or len(key) > LABEL_KEY_MAX or len(value) > LABEL_VALUE_MAX:
+            problems.append(f"{where} metadata.labels: a label {str(key)[:40]!r} that is not a "
+                            "valid key and value: labels not kept (its PodDisruptionBudget is "
+                            "not judged)")
+            return None
+        out.append((key, value))
+    return tuple(sorted(out))
+
+
+def pdb_status(obj: Any, now: float, deleted: bool = False) -> Converted:
+    """A policy/v1 PodDisruptionBudget -> PdbStatus (None when it has no namespace or name).
+    Never raises."""
+    try:
+        return _pdb_status(obj, now, deleted)
+    except _UNEXPECTED as e:
+        return Converted(None, [f"poddisruptionbudget object not readable: {e!r}"[:300]])
+
+
+def _int(raw: Any, where: str, problems: list[str]) -> int:
+    """An int32/int64 field; absent: 0; anything else: 0 and a problem (0 is what an unset
+    field reads as, and the reading that never lets an eviction through by mistake)."""
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or abs(raw) >= 1 << 63:
+        problems.append(f"{where}: not an integer: {str(raw)[:40]!r}")
+        return 0
+    return raw
+
+
+def _pdb_status(obj: Any, now: float, deleted: bool) -> Converted:
+    obj = _dict(obj)
+    meta = _dict(obj.get("metadata"))
+    name, namespace = _str(meta.get("name")), _str(meta.get("namespace"))
+    if not name or not namespace:
+        return Converted(None, [f"poddisruptionbudget {namespace[:63]}/{name[:253]} without "
+                                "metadata.namespace or name"])
+    where = f"poddisruptionbudget {namespace}/{name}"
+    problems: list[str] = []
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    state, labels, terms = _selector(spec.get("selector"), where, problems)
+    policy = _str(spec.get("unhealthyPodEvictionPolicy"))[:32]
+    disrupted = status.get("disruptedPods")
+    event = PdbStatus(
+        time=now, namespace=namespace, name=name, selector=state, match_labels=labels,
+        match_expressions=terms,
+        disruptions_allowed=_int(status.get("disruptionsAllowed"),
+                                 f"{where} status.disruptionsAllowed", problems),
+        current_healthy=_int(status.get("currentHealthy"), f"{where} status.currentHealthy",
+                             problems),
+        desired_healthy=_int(status.get("desiredHealthy"), f"{where} status.desiredHealthy",
+                             problems),
+        generation=_int(meta.get("generation"), f"{where} metadata.generation", problems),
+        observed_generation=_int(status.get("observedGeneration"),
+                                 f"{where} status.observedGeneration", problems),
+        disrupted_pods=len(disrupted) if isinstance(disrupted, dict) else 0,
+        unhealthy_pod_eviction_policy=policy, deleted=deleted,
+        resource_version=_str(meta.get("resourceVersion"))[:64])
+    return Converted(event, problems)
+
+
+def _selector(raw: Any, where: str, problems: list[str]
+              ) -> tuple[str, tuple[tuple[str, str], ...], tuple[SelectorTerm, ...]]:
+    """spec.selector -> (state, matchLabels, matchExpressions), the state as
+    metav1.LabelSelectorAsSelector and the eviction subresource read it: no selector or an
+    empty one selects nothing; a malformed one (an unknown operator, In/NotIn without values,
+    Exists/DoesNotExist with values) is an error there, so it selects nothing; past our bounds,
+    or not shaped as JSON a server would send, "unread"."""
+    if raw is None:
+        return "nothing", (), ()
+    if not isinstance(raw, dict):
+        problems.append(f"{where} spec.selector: not an object: whom it selects is not known")
+        return "unread", (), ()
+    match_labels = raw.get("matchLabels") or {}
+    expressions = raw.get("matchExpressions") or []
+    if not isinstance(match_labels, dict) or not isinstance(expressions, list) \
+            or len(match_labels) > SELECTOR_TERMS_MAX or len(expressions) > SELECTOR_TERMS_MAX:
+        problems.append(f"{where} spec.selector: not readable or more than "
+                        f"{SELECTOR_TERMS_MAX} terms: whom it selects is not known")
+        return "unread", (), ()
+    labels = []
+    for key, value in match_labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            problems.append(f"{where} spec.selector.matchLabels: not strings: whom it selects "
+                            "is not known")
+            return "unread", (), ()
+        labels.append((key[:LABEL_KEY_MAX + 1], value[:LABEL_VALUE_MAX + 1]))
+    terms = []
+    invalid = False
+    for item in expressions:
+        item = _dict(item)
+        values = item.get("values") or []
+        if not isinstance(values, list) or len(values) > SELECTOR_VALUES_MAX \
+                or not all(isinstance(v, str) for v in values) \
+                or not isinstance(item.get("key"), str) \
+                or not isinstance(item.get("operator"), str):
+            problems.append(f"{where} spec.selector.matchExpressions: not readable or more "
+                            f"than {SELECTOR_VALUES_MAX} values: whom it selects is not known")
+            return "unread", (), ()
+        op = item["operator"]
+        if op not in SELECTOR_OPERATORS or (op in ("In", "NotIn")) != bool(values):
+            invalid = True
+        terms.append(SelectorTerm(item["key"][:LABEL_KEY_MAX + 1], op[:16],
+                                  tuple(v[:LABEL_VALUE_MAX + 1] for v in values)))
+    if invalid:
+        return "invalid", tuple(sorted(labels)), tuple(terms)
+    if not labels and not terms:
+        return "nothing", (), ()
+    return "set", tuple(sorted(labels)), tuple(terms)
+
+
+def selects(pdb: PdbStatus, labels: Mapping[str, str]) -> bool | None:
+    """Whether `pdb` selects a pod with these labels, as the eviction subresource decides
+    (k8s.io/apimachinery labels.Selector): matchLabels and every expression must hold; In:
+    the label present with one of the values; NotIn: absent or none of them; Exists;
+    DoesNotExist. No, empty or invalid selectors select nothing. None: the selector was not
+    read."""
+    if pdb.selector == "unread":
+        return None
+    if pdb.selector != "set":
+        return False
+    for key, value in pdb.match_labels:
+        if labels.get(key) != value:
+            return False
+    for term in pdb.match_expressions:
+        present = term.key in labels
+        if term.operator == "In" and not (present and labels[term.key] in term.values):
+            return False
+        if term.operator == "NotIn" and present and labels[term.key] in term.values:
+            return False
+        if term.operator == "Exists" and not present:
+            return False
+        if term.operator == "DoesNotExist" and present:
+            return False
+    return True
 
 
 def _owner_kind(meta: Mapping[str, Any]) -> str:

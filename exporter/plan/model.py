@@ -286,6 +286,9 @@ class Plan:
     memory_move_bytes: int = 0  # in-use memory the taken blocks hold (migrated elsewhere)
     memory_available_after: int | None = None  # MemAvailable less what is taken; None: unread
     other_harm: tuple[str, ...] = ()  # the planner's other reasons (the memory that stays)
+    # "namespace/name" of each pod the actions evict -> whether a PodDisruptionBudget makes
+    # the API server refuse its eviction (plan/eviction.py); empty: budgets not read
+    pdb: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def memory_bytes(self) -> int:

@@ -29,8 +29,10 @@ from exporter.events import (
     CpuManagerCheckpoint,
     KernelSnapshot,
     MemoryManagerCheckpoint,
+    PodStatus,
     RunningContainers,
 )
+from exporter.plan.eviction import Budgets, Verdict, judge
 from exporter.plan.model import (
     Action,
     BlockLike,
@@ -93,6 +95,11 @@ class Inputs:
     # off): the pods and containers are none, not unread.
     no_kubelet: bool = False
     pods_unjudged: str = ""
+    # The cluster's PodDisruptionBudgets (None: not read; not_read["pod_disruption_budgets"]
+    # says why) and this node's pods by uid as last seen (their labels, phase, readiness):
+    # whether the evictions the actions ask for would be refused (plan/eviction.py).
+    budgets: Budgets | None = None
+    pods: Mapping[str, PodStatus] = field(default_factory=dict)
 
 
 DMA32_LIMIT = 1 << 32  # physical addresses below 4 GiB: ZONE_DMA and ZONE_DMA32 on x86-64
@@ -100,7 +107,8 @@ DMA32_LIMIT = 1 << 32  # physical addresses below 4 GiB: ZONE_DMA and ZONE_DMA32
 # The inputs an answer can depend on (docs/plan.schema.json `inputs`)
 INPUTS = ("kernel", "memory_devices", "cpu_topology", "mem_available", "page_flags", "pods",
           "running_containers", "cpu_manager_checkpoint", "memory_manager_checkpoint",
-          "kubelet_config")
+          "kubelet_config", "pod_disruption_budgets")
+PDB_INPUT = "pod_disruption_budgets"  # needed only when the actions evict a pod
 # Memory that must stay available after an offline, beyond what the pages moved take: the
 # larger of this and MARGIN_FRACTION of what stays (migration needs free pages, the kernel's
 # watermarks and the pods' working sets more).
@@ -367,8 +375,65 @@ def _plan(change: Change, inputs: Inputs, page_flags: PageFlags | None, page_bud
                  gates=dict(inputs.gates), memory_move_bytes=memory.move_bytes,
                  memory_available_after=memory.available_after,
                  other_harm=tuple(memory.harm))
+    plan_ = _with_budgets(plan_, inputs)
     done = tuple(actions(plan_, inputs))
     return dataclasses.replace(plan_, steps=tuple(a.says for a in done), actions=done)
+
+
+def evicted(p: Plan) -> list[tuple[str, str, str]]:
+    """(namespace, name, uid) of each pod the actions evict, in their order: the pods the
+    kubelet would reject, then those pinned to CPUs that go."""
+    out = [(r.namespace, r.name, r.uid) for r in p.rejected_pods]
+    seen = {(ns, n) for ns, n, _ in out}
+    for ns, n in sorted({(c.namespace, c.pod) for c in p.stale_containers
+                         if c.kind == "cpuset_exclusive"}):
+        if (ns, n) not in seen:
+            out.append((ns, n, ""))
+    return out
+
+
+def _with_budgets(p: Plan, inputs: Inputs) -> Plan:
+    """The plan with each eviction judged against the PodDisruptionBudgets. They matter only
+    when the actions evict a pod; unread then, each pod's pdb_blocked is null and the answer
+    names them in `inputs` and `unknown`. Neither changes the verdict: a plan that evicts is
+    already "harmful" (pods rejected or left stale), and a refused eviction is not harm to a
+    running pod; but an action list the orchestrator cannot carry out says so in `harm`."""
+    pods = evicted(p)
+    if not pods:
+        return p
+    inputs_read = dict(p.inputs)
+    why = missing(inputs).get(PDB_INPUT) or ("" if inputs.budgets is not None else "not read")
+    if why:
+        inputs_read[PDB_INPUT] = why
+        line = f"pod disruption budgets: {why}"
+        return dataclasses.replace(p, inputs=inputs_read, unjudged=tuple(dict.fromkeys(
+            (*p.unjudged, line))))
+    assert inputs.budgets is not None
+    by_uid = inputs.pods
+    by_name = {(pod.namespace, pod.name): pod for pod in by_uid.values()}
+
+    def seen(namespace: str, name: str, uid: str) -> PodStatus | None:
+        return (by_uid.get(uid) if uid else None) or by_name.get((namespace, name))
+    verdicts = judge([(ns, n, seen(ns, n, uid)) for ns, n, uid in pods], inputs.budgets)
+    found: dict[str, Verdict] = {f"{ns}/{n}": v for (ns, n, _), v in zip(pods, verdicts)}
+    rejected = tuple(dataclasses.replace(r, pdb_blocked=found[f"{r.namespace}/{r.name}"].blocked)
+                     for r in p.rejected_pods)
+    blocked = [k for k, v in found.items() if v.blocked]
+    unknown = [k for k, v in found.items() if v.blocked is None]
+    harm = p.other_harm
+    if blocked:
+        harm += (f"{plural(len(blocked), 'eviction')} the API server would refuse (a "
+                 f"PodDisruptionBudget: {', '.join(blocked[:4])}"
+                 f"{' ...' if len(blocked) > 4 else ''}): the actions cannot be carried out "
+                 "as given",)
+    unjudged = p.unjudged
+    if unknown:
+        unjudged = tuple(dict.fromkeys((*unjudged, "pod disruption budgets: not judged for "
+                                        + ", ".join(unknown[:4]) + " ("
+                                        + found[unknown[0]].detail + ")")))
+    inputs_read[PDB_INPUT] = "read"
+    return dataclasses.replace(p, rejected_pods=rejected, pdb=found, other_harm=harm,
+                               inputs=inputs_read, unjudged=unjudged)
 
 
 def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
@@ -383,7 +448,8 @@ def _depends_on(change: Change, inputs: Inputs) -> dict[str, bool]:
             "running_containers": removing and not inputs.no_kubelet,
             "cpu_manager_checkpoint": change.cpus != 0 and not inputs.no_kubelet,
             "memory_manager_checkpoint": change.memory != 0 and not inputs.no_kubelet,
-            "kubelet_config": change.cpus < 0 and static}
+            "kubelet_config": change.cpus < 0 and static,
+            PDB_INPUT: False}  # only when the actions evict a pod: _with_budgets
 
 
 def missing(inputs: Inputs) -> dict[str, str]:
@@ -815,16 +881,18 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
         names = ", ".join(f"{r.namespace}/{r.name}" for r in p.rejected_pods[:8])
         more = p.rejected_total - min(8, len(p.rejected_pods))
         out.append(Action("evict", detail={"pods": [
-            {"namespace": r.namespace, "name": r.name, "uid": r.uid} for r in p.rejected_pods]},
+            _evictee(p, r.namespace, r.name, r.uid) for r in p.rejected_pods]},
             says=f"move away the pods the kubelet would reject ({names}"
-                 f"{f' and {more} more' if more else ''}): drain them or lower their requests"))
+                 f"{f' and {more} more' if more else ''}): drain them or lower their requests"
+                 + _refused(p, [(r.namespace, r.name) for r in p.rejected_pods])))
+    rejected = {(r.namespace, r.name) for r in p.rejected_pods}
     pinned = sorted({(c.namespace, c.pod) for c in p.stale_containers
-                     if c.kind == "cpuset_exclusive"})
+                     if c.kind == "cpuset_exclusive"} - rejected)
     if pinned:
-        out.append(Action("evict", detail={"pods": [{"namespace": ns, "name": n, "uid": ""}
-                                                    for ns, n in pinned]},
+        out.append(Action("evict", detail={"pods": [_evictee(p, ns, n, "") for ns, n in pinned]},
                           says="move away the pods pinned to the CPUs that go ("
-                          + ", ".join(f"{ns}/{n}" for ns, n in pinned[:8]) + ")"))
+                          + ", ".join(f"{ns}/{n}" for ns, n in pinned[:8]) + ")"
+                          + _refused(p, pinned)))
     mem = "/sys/devices/system/memory"
     for n in p.memory_take:  # largest number first, as memory.take lists them
         zone = "online_movable"
@@ -916,6 +984,26 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
     return out
 
 
+def _evictee(p: Plan, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """One pod of an evict action, with whether a PodDisruptionBudget refuses its eviction
+    (pdb_blocked null: the budgets were not read, or not for this pod)."""
+    v = p.pdb.get(f"{namespace}/{name}")
+    return {"namespace": namespace, "name": name, "uid": uid,
+            "pdb_blocked": v.blocked if v is not None else None,
+            "pdb": (v.budget or None) if v is not None else None,
+            "pdb_detail": v.detail if v is not None else "PodDisruptionBudgets not read"}
+
+
+def _refused(p: Plan, pods: Iterable[tuple[str, str]]) -> str:
+    keys = [f"{ns}/{n}" for ns, n in pods]
+    refused = [k for k in keys if (v := p.pdb.get(k)) is not None and v.blocked]
+    if not refused:
+        return ""
+    return (f"; the API server would refuse to evict {', '.join(refused[:8])} (a "
+            "PodDisruptionBudget, see each pod's pdb_detail): wait until the budget allows it "
+            "(more of its pods healthy elsewhere: scale the workload out first)")
+
+
 # ---------------------------------------------------------------- what can leave now
 
 
@@ -943,7 +1031,10 @@ def _most(limit: int, ok: Callable[[int], bool]) -> int:
 
 def unpluggable(inputs: Inputs, verdicts: list[BlockVerdict]) -> tuple[int, int]:
     """(CPUs, bytes of memory) that can be removed now, each on its own, with no pod
-    rejected, no running container stale and no kernel refusal expected."""
+    rejected, no running container stale and no kernel refusal expected. PodDisruptionBudgets
+    are not asked: they decide whether an eviction can be done, never whether a pod is hurt."""
+    inputs = dataclasses.replace(inputs, budgets=Budgets(), not_read={
+        k: v for k, v in inputs.not_read.items() if k != PDB_INPUT})
     candidates, _ = cpu_candidates(inputs)
     cpus = _most(min(len(candidates), len(inputs.snapshot.cpus_online) - 1),
                  lambda n: _harmless(Change(-n, 0), inputs, verdicts))

@@ -20,12 +20,13 @@ from exporter.events import (
     KernelSnapshot,
     MemoryManagerCheckpoint,
     NodeStatus,
+    PdbStatus,
     PodStatus,
     RunningContainers,
 )
 from exporter.kube.bounds import LIST_MAX_OBJECTS
-from exporter.kube.client import KubeUnavailable, load_config, node_and_pods
-from exporter.kube.convert import node_status, pod_status
+from exporter.kube.client import KubeUnavailable, disruption_budgets, load_config, node_and_pods
+from exporter.kube.convert import node_status, pdb_status, pod_status
 from exporter.sources.kernel.memory_blocks import HotplugHardware, PageFlagsReader, read_hardware
 from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
 from exporter.sources.kernel.sysfs import SysfsReader
@@ -151,6 +152,35 @@ class Reads:
         pods (the watch sources' bound): never a list of some of them (Unlisted says why)."""
         name = node or self.decisions.node
         return self._once(f"node_and_pods {name}", lambda: _node_and_pods(self.options, name))
+
+
+    def budgets(self) -> list[PdbStatus] | str:
+        """One list of the cluster's PodDisruptionBudgets, at most LIST_MAX_OBJECTS (the watch
+        source's bound), or why they were not read (never some of them)."""
+        return self._once("budgets", lambda: _budgets(self.options))
+
+
+def _budgets(options: Options) -> list[PdbStatus] | str:
+    try:
+        config = load_config(KUBECONFIG.of(options))
+    except KubeUnavailable as e:
+        return f"not read: {e.reason}"
+    try:
+        raw, truncated = disruption_budgets(config, LIST_MAX_OBJECTS)
+    except Exception as e:  # noqa: BLE001 - 403, unreachable...: say so, never a traceback
+        return (f"not read: listing them failed ({quoted(e) or type(e).__name__}); grant "
+                "list on poddisruptionbudgets (policy) to the exporter's service account")
+    if truncated:
+        return (f"not read: more than {LIST_MAX_OBJECTS} in the cluster (the list bound); a "
+                "judgement on some would not be one of all")
+    out = []
+    for obj in raw:
+        event = pdb_status(obj, 0.0).event
+        if not isinstance(event, PdbStatus):
+            # A budget we cannot name could be the one that selects a pod: not read.
+            return "not read: a PodDisruptionBudget in the list is not readable"
+        out.append(event)
+    return out
 
 
 def _node_and_pods(options: Options, node: str) -> NodeAndPods | Unlisted:

@@ -16,6 +16,8 @@ pods: no Node seen yet, or pods not listed, down, forbidden or cut at their boun
 planner says they are unjudged (never safe) and `node_resize_unpluggable` is absent, as the
 forecast's own series are.
 The kubelet's checkpoints and feature gates are the kubelet sink's (its view keeps them). The
+cluster's PodDisruptionBudgets (the kube_pdbs source) are kept here, in a BudgetsView under a
+lock of their own (plan/eviction.py): only a plan reads them, for each eviction it asks for. The
 agent still hands it every event, for what nobody else keeps: whether a Node was seen, and
 which of the sources a plan depends on are down and why (the kubelet's checkpoints, the running
 containers: "not read", named in the answer). Memory by zone and the hot-added blocks are
@@ -61,10 +63,13 @@ from exporter.events import (
     DeviceChange,
     Event,
     NodeStatus,
+    PdbsRelisted,
+    PdbStatus,
     SourceStatus,
     Transition,
 )
 from exporter.plan.answer import answer
+from exporter.plan.eviction import PDB_SOURCE, BudgetsView
 from exporter.plan.model import LIVE_RESIZE_GATES, BadChange, Change, parse_change
 from exporter.plan.planner import PAGE_BUDGET, Inputs, judge_blocks, unpluggable
 from exporter.ratelog import RateLimitedLog
@@ -156,6 +161,10 @@ class PlanSink(ViewSink):
         self._failures = RateLimitedLog(log)
         self.plans = 0
         self.gauge_runs = 0  # how often the gauges were worked out (tests, bench)
+        # The PodDisruptionBudgets (the kube_pdbs source's events): kept here, under their own
+        # lock (taken alone, briefly: a handle or a snapshot), nobody else reads them.
+        self._budgets = BudgetsView()
+        self._budgets_lock = threading.Lock()
 
     # ------------------------------------------------------------ inputs (agent thread)
 
@@ -165,6 +174,13 @@ class PlanSink(ViewSink):
         self.feed(event)
 
     def feed(self, event: Event) -> None:
+        if isinstance(event, (PdbStatus, PdbsRelisted)) or (
+                isinstance(event, SourceStatus) and event.source == PDB_SOURCE):
+            # Only a plan reads the budgets, never the gauges: no recomputation for them (they
+            # change with any pod's readiness anywhere in the cluster).
+            with self._budgets_lock:
+                self._budgets.handle(event)
+            return
         # Pods, relists, kernel snapshots and running containers: the forecast and the
         # running-pods view have them (SharedViews); only the count sees them here.
         self._version += 1
@@ -240,11 +256,22 @@ class PlanSink(ViewSink):
         unjudged = "" if forecast is None or validity is None or validity.valid else \
             f"pods: {validity.describe()} ({validity.fix})"
         not_read, reserved, no_kubelet = self._not_read(running, down, cpu)
+        budgets = None
+        if self.kubernetes:
+            with self._budgets_lock:
+                read = self._budgets.read()
+            if isinstance(read, str):
+                not_read["pod_disruption_budgets"] = read
+            else:
+                budgets = read
+        else:
+            not_read["pod_disruption_budgets"] = "the Kubernetes side is off"
         inputs = Inputs(running.snapshot, hw, forecast,
                         running if running.scan is not None and running.scan.cgroup_version
                         else None, cpu, memory, self.kubelet_root or KUBELET_ROOT_DIR.default,
                         resizes, pods_unjudged=unjudged, not_read=not_read,
-                        kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet)
+                        kubelet_reserved_cpus=reserved, gates=gates, no_kubelet=no_kubelet,
+                        budgets=budgets, pods=running.pods)
         return Taken(inputs, running, forecast is None or (
             forecast.node_seen and validity is not None and validity.valid))
 

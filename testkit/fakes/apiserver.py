@@ -1,4 +1,5 @@
-"""A small, real HTTP Kubernetes API server for tests: Nodes and Pods, list and watch.
+"""A small, real HTTP Kubernetes API server for tests: Nodes and Pods (and Leases, Events,
+PodDisruptionBudgets), list and watch.
 
 It speaks the wire protocol a client library sees from kube-apiserver, for the two collections
 the exporter uses (/api/v1/nodes, /api/v1/pods):
@@ -65,7 +66,12 @@ _CLOSE = object()  # queue sentinel: end the stream cleanly
 _HANG = object()  # queue sentinel: send nothing more, keep the connection open until stop()
 _RAW = object()  # queue item (_RAW, bytes): written into the stream as they are
 
-KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
+KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event",
+         "poddisruptionbudgets": "PodDisruptionBudget"}
+# The group/version each collection is served under (its objects' and lists' apiVersion).
+API_VERSIONS = {"poddisruptionbudgets": "policy/v1"}
+# policy/v1 PodDisruptionBudgets of every namespace, as the plan's budget watch reads them.
+_PDB_PATHS = ("apis/policy/v1/poddisruptionbudgets",)
 # coordination.k8s.io/v1 Leases (The node's, in kube-node-lease), served as a third
 # collection next to /api/v1's two.
 _LEASE_PATHS = ("apis/coordination.k8s.io/v1/leases",
@@ -349,7 +355,8 @@ class FakeApiServer:
             for watch in self._watches:
                 if watch.bookmarks:
                     watch.queue.put(("BOOKMARK", {
-                        "kind": KINDS[watch.collection], "apiVersion": "v1",
+                        "kind": KINDS[watch.collection],
+                        "apiVersion": API_VERSIONS.get(watch.collection, "v1"),
                         "metadata": {"resourceVersion": str(self._rv)}}))
             return self._rv
 
@@ -584,7 +591,7 @@ class FakeApiServer:
         """Store an arbitrary object as-is (malformed-input tests); RV is still assigned."""
         meta = obj.setdefault("metadata", {})
         key = meta.get("name", "")
-        if collection == "pods":
+        if collection in ("pods", "poddisruptionbudgets"):
             key = f"{meta.get('namespace', 'default')}/{key}"
         with self._lock:
             return self._store(collection, key, copy.deepcopy(obj))
@@ -598,6 +605,69 @@ class FakeApiServer:
             node["metadata"]["resourceVersion"] = str(self._rv)
             self._publish("nodes", "DELETED", node)
             return node
+
+    def put_pdb(self, name: str, *, namespace: str = "default",
+                match_labels: dict[str, str] | None = None,
+                match_expressions: list[dict] | None = None, selector: Any = "given",
+                disruptions_allowed: int = 1, current_healthy: int = 2,
+                desired_healthy: int = 1, expected_pods: int = 2,
+                observed_generation: int | None = None, generation_bump: bool = False,
+                unhealthy_pod_eviction_policy: str | None = None,
+                min_available: int | str | None = 1) -> dict:
+        """Create or replace a policy/v1 PodDisruptionBudget (ADDED, or MODIFIED), its status as
+        the disruption controller writes it. `selector` "given" builds spec.selector from
+        match_labels/match_expressions; None leaves it out; anything else is stored as is.
+        metadata.generation starts at 1 and grows by one with each replace (a spec change, as
+        the real server counts); status.observedGeneration is the generation unless given
+        (lower: the controller has not caught up). `generation_bump`: bump it once more."""
+        key = f"{namespace}/{name}"
+        with self._lock:
+            old = self._objects.get(("poddisruptionbudgets", key))
+            uid = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            created = old["metadata"]["creationTimestamp"] if old else _now_iso()
+            generation = (old["metadata"]["generation"] + 1 if old else 1) + generation_bump
+            spec: dict[str, Any] = {}
+            if min_available is not None:
+                spec["minAvailable"] = min_available
+            if selector == "given":
+                sel: dict[str, Any] = {}
+                if match_labels is not None:
+                    sel["matchLabels"] = dict(match_labels)
+                if match_expressions is not None:
+                    sel["matchExpressions"] = [dict(e) for e in match_expressions]
+                spec["selector"] = sel
+            elif selector is not None:
+                spec["selector"] = selector
+            if unhealthy_pod_eviction_policy is not None:
+                spec["unhealthyPodEvictionPolicy"] = unhealthy_pod_eviction_policy
+            pdb = {
+                "kind": "PodDisruptionBudget", "apiVersion": "policy/v1",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                             "generation": generation, "creationTimestamp": created},
+                "spec": spec,
+                "status": {
+                    "observedGeneration": generation if observed_generation is None
+                    else observed_generation,
+                    "disruptionsAllowed": disruptions_allowed,
+                    "currentHealthy": current_healthy, "desiredHealthy": desired_healthy,
+                    "expectedPods": expected_pods,
+                    "conditions": [{"type": "DisruptionAllowed",
+                                    "status": "True" if disruptions_allowed > 0 else "False",
+                                    "reason": "SufficientPods" if disruptions_allowed > 0
+                                    else "InsufficientPods",
+                                    "message": "", "observedGeneration": generation,
+                                    "lastTransitionTime": created}]},
+            }
+            return self._store("poddisruptionbudgets", key, pdb)
+
+    def delete_pdb(self, name: str, namespace: str = "default") -> dict:
+        with self._lock:
+            pdb = copy.deepcopy(self._objects.pop(("poddisruptionbudgets",
+                                                   f"{namespace}/{name}")))
+            self._rv += 1
+            pdb["metadata"]["resourceVersion"] = str(self._rv)
+            self._publish("poddisruptionbudgets", "DELETED", pdb)
+            return pdb
 
     def delete_pod(self, name: str, namespace: str = "default") -> dict:
         with self._lock:
@@ -725,7 +795,8 @@ class FakeApiServer:
             meta: dict[str, Any] = {"resourceVersion": str(self._rv)}
             if self.endless_continue:
                 meta["continue"] = str(uuid.uuid4())
-            return {"kind": KINDS[collection] + "List", "apiVersion": "v1",
+            return {"kind": KINDS[collection] + "List",
+                    "apiVersion": API_VERSIONS.get(collection, "v1"),
                     "metadata": meta, "items": items}
 
     def _open_watch(self, collection: str, matches: Callable[[dict], bool], rv: str,
@@ -812,6 +883,8 @@ class _Handler(BaseHTTPRequestHandler):
             parts = ["api", "v1", "leases"]
         if url.path.strip("/") in _EVENT_PATHS:
             parts = ["api", "v1", "events"]
+        if url.path.strip("/") in _PDB_PATHS:
+            parts = ["api", "v1", "poddisruptionbudgets"]
         if len(parts) != 3 or parts[:2] != ["api", "v1"] or parts[2] not in KINDS:
             self._send_json(404, status_object(404, "NotFound",
                                                "the server could not find the requested "
@@ -823,8 +896,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(403, status_object(
                 403, "Forbidden",
                 f'{collection} is forbidden: User "system:serviceaccount:kube-system:'
-                f'node-resize-exporter" cannot {verb} resource "{collection}" in API group "" '
-                f"at the cluster scope", {"kind": collection}))
+                f'node-resize-exporter" cannot {verb} resource "{collection}" in API group '
+                f'"{API_VERSIONS.get(collection, "v1").rpartition("/")[0]}" at the cluster '
+                f"scope", {"kind": collection}))
             return
         try:
             matches = parse_field_selector(query.get("fieldSelector", ""))

@@ -362,7 +362,7 @@ def test_api_call_scanner_reads_both_call_styles():
 def test_kube_sources_exist():
     # The RBAC comparison below is only meaningful once the sources that call the API exist.
     names = sorted(p.name for p in (REPO / "exporter" / "sources").rglob("kube_*.py"))
-    assert {"kube_node.py", "kube_pods.py"} <= set(names)
+    assert {"kube_node.py", "kube_pods.py", "kube_pdbs.py"} <= set(names)
 
 
 def _granted(docs: list[dict]) -> dict[tuple[str, str], dict[str | None, set[str]]]:
@@ -394,6 +394,8 @@ def test_rbac_is_exactly_what_the_code_calls_and_where():
     assert {k: set().union(*v.values()) for k, v in granted.items()} == called
     assert granted[("", "nodes")] == {None: {"list", "watch"}}
     assert granted[("", "pods")] == {None: {"list", "watch"}}
+    # budgets of every namespace may select this node's pods: cluster-wide, read-only
+    assert granted[("policy", "poddisruptionbudgets")] == {None: {"list", "watch"}}
     assert granted[("coordination.k8s.io", "leases")] == \
         {KubeLeaseSource.namespace: {"list", "watch"}} == {"kube-node-lease": {"list", "watch"}}
     assert granted[("", "events")] == \

@@ -54,7 +54,9 @@ def exporter(api, tmp_path_factory):
     with RunningExporter("--source", "sysfs", "--kubeconfig", kubeconfig,
                          "--node-name", "plan-node", "--podresources-socket", "",
                          "--kubelet-root-dir", "", "--cgroup-root", "") as exp:
-        exp.wait_for(lambda s: s.value("node_resize_readmission_forecast_pods") == 2)
+        # the pods and the PodDisruptionBudgets (none) listed: what both answers read
+        exp.wait_for(lambda s: s.value("node_resize_readmission_forecast_pods") == 2
+                     and s.value("node_resize_exporter_source_up", source="kube_pdbs") == 1)
         yield exp
 
 

@@ -1,5 +1,6 @@
 """Exactly once across SIGKILL: each cpu1 transition is counted by the killed exporter or by the
-one restarted on its journal, not by both.
+one restarted on its journal, not by both, and reaches Prometheus's increase() (issue 36 M6:
+the counters go on from this boot's journal rather than from 0).
 
 Each round: a real `run` (uevent + sysfs) follows a cpu1 flap storm of 40-60 sysfs writes (an
 odd number ends with cpu1 offline), is killed with SIGKILL 3-30 ms after the storm's last write
@@ -7,8 +8,9 @@ odd number ends with cpu1 offline), is killed with SIGKILL 3-30 ms after the sto
 starts on the same journal. What the killed one showed is its last scrape before the kill (a
 thread scrapes it back to back: what a Prometheus could have seen); what it counted is its
 journal; the new one counts, as down changes, each unit whose state differs between the
-journal's last state (by kernel time) and sysfs. docs/reliability.md has the design and the
-windows that remain; the figures of a run are printed.
+journal's last state (by kernel time) and sysfs, and its counters start from what the journal
+holds of this boot. docs/reliability.md has the design and the windows that remain; the
+figures of a run are printed.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pytest
 
 from exporter.events import Resource, Transition
 from exporter.sinks.journal.reader import JournalReader
+from testkit.event_log import wait_until
 from testkit.exporter_proc import RunningExporter
 
 ROUNDS = int(os.environ.get("NRE_KILL_ROUNDS", "10"))
@@ -73,6 +76,12 @@ def _journal_says_cpu1_online(path) -> bool:
     return 1 in state.cpus_online
 
 
+def _increase(samples: list[float]) -> float:
+    """What Prometheus's increase() shows over these scrapes of one series (no extrapolation):
+    a value lower than the one before is a counter reset, and counts from 0."""
+    return sum(b - a if b >= a else b for a, b in zip(samples, samples[1:]))
+
+
 class _Scraper(threading.Thread):
     """Scrapes back to back until the process is gone: `last` is the last scrape it got."""
 
@@ -95,6 +104,7 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
     rng = random.Random(int(os.environ.get("NRE_KILL_SEED", "16")))
     rows = []
     journaled_before = 0
+    shown = 0.0  # what increase() over each round's scrapes showed, summed
     for round_ in range(ROUNDS):
         writes = 0
         a = RunningExporter(*args).start()
@@ -104,6 +114,8 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
             scraper = _Scraper(a)
             base = scraper.last
             before = _counted(base)  # what earlier rounds' processes already counted
+            # (carried across restarts within this boot, as the down changes are)
+            down_before, net_before = _down(base), _down_offline_minus_online(base)
             scraper.start()
             started = time.monotonic()
             for i in range(rng.randint(*WRITES)):
@@ -125,19 +137,24 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
         try:
             s = b.wait_for(lambda s: s.value("node_resize_exporter_source_up",
                                              source="uevent") == 1, timeout=120)
-            restarted, down = _counted(s), _down(s)
+            restarted, down = _counted(s), _down(s) - down_before
         finally:
             b.stop()
-        rows.append((round_, writes, killed, journaled - journaled_before, restarted, down,
+        rows.append((round_, writes, killed, journaled - journaled_before, restarted - before, down,
                      round(storm_seconds, 3), "online" if kernel_online else "offline"))
         journaled_before = journaled
-        assert restarted == 0  # the storm was over before it started
+        # The restart goes on from what the killed process committed: never below what a
+        # scrape of it showed (a counter reset would make increase() count everything again)...
+        assert restarted >= _counted(last), rows[-1]
+        # ...and increase() over both processes' scrapes never shows more than happened.
+        shown += _increase([_counted(base), _counted(last), restarted])
+        assert _increase([_counted(base), _counted(last), restarted]) <= writes, rows[-1]
         # Never more than happened: a down change for a transition the killed process had
         # counted (and shown) would push the sum past the writes.
         assert killed + down <= writes, rows[-1]
         # Never a down change lost: where the state the killed process counted last (its
         # journal) is not the kernel's, the restart counts the difference, in its direction.
-        assert _down_offline_minus_online(s) == (
+        assert _down_offline_minus_online(s) - net_before == (
             0 if journal_online == kernel_online else 1 if journal_online else -1), rows[-1]
     print("round, sysfs writes, counted by the killed (its last scrape), cpu1 transitions its "
           "journal held, counted by the restarted, down changes, storm s, cpu1 at the end")
@@ -147,4 +164,40 @@ def test_each_transition_counted_once_by_the_killed_and_the_restarted_exporter(c
     unscraped = sum(j - k for _, _, k, j, _, _, _, _ in rows)
     print(f"{ROUNDS} kills: {sum(r[1] for r in rows)} writes, {unseen} in no scrape of either "
           f"process, {unscraped} of them journaled (counted by the killed process after its "
-          f"last scrape), {sum(r[5] for r in rows)} down changes")
+          f"last scrape), {sum(r[5] for r in rows)} down changes; increase() over both "
+          f"processes' scrapes showed {shown}")
+
+
+@pytest.mark.kernel
+def test_transitions_counted_after_the_last_scrape_reach_increase_after_a_sigkill(cpu1, tmp_path):
+    """Issue 36 M6, deterministic: cpu1 flaps 6 times with no scrape after the first; the
+    exporter counts and journals every one, is SIGKILLed, and a new one starts on the same
+    journal. Before, the new process started its counters at 0: Prometheus saw a reset and
+    increase() over the two processes' scrapes showed 0 of the 6. Now it shows 6."""
+    journal = tmp_path / "journal.db"
+    args = ("--source", "uevent", "--kubernetes", "off", "--journal", str(journal))
+    writes = 6  # ends online, as it began: no change while down to count instead
+    a = RunningExporter(*args).start()
+    try:
+        first = a.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                             source="uevent") == 1, timeout=120)
+        samples = [_counted(first)]
+        for i in range(writes):
+            cpu1.set_online(i % 2 == 1)
+        wait_until(lambda: _journaled(journal) == writes, "every transition journaled")
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait()
+    finally:
+        a.stop()
+    b = RunningExporter(*args).start()
+    try:
+        s = b.wait_for(lambda s: s.value("node_resize_exporter_source_up",
+                                         source="uevent") == 1, timeout=120)
+        samples.append(_counted(s))
+        assert _down(s) == 0
+    finally:
+        b.stop()
+    assert _increase(samples) == writes, samples
+    for direction in ("offline", "online"):
+        assert s.value("node_resize_kernel_transitions_total", resource="cpu",
+                       direction=direction, result="success") == writes // 2

@@ -23,7 +23,14 @@ from exporter import codec
 from exporter.clock import MonotonicWallClock
 from exporter.config.types import ListenAddress
 from exporter.events import DeviceChange, Direction, MalformedInput, PodStatus, Resource, Transition
-from exporter.kube.convert import Converted, LabelSelector, node_status, pod_status
+from exporter.kube.convert import (
+    Converted,
+    LabelSelector,
+    node_status,
+    pdb_status,
+    pod_status,
+    selects,
+)
 from exporter.kube.quantity import parse_quantity
 from exporter.sources.kernel.bpf.record import HotplugRecord, RecordDecoder
 from exporter.sources.kernel.sysfs import (
@@ -331,6 +338,37 @@ def test_pod_json_never_raises(obj, with_selector, deleted):
     if out.event is not None:
         assert isinstance(out.event, PodStatus) and out.event.uid
         assert out.event.deleted is deleted
+
+
+_EXPRESSION = _maybe(st.fixed_dictionaries({}, optional={
+    "key": _maybe(st.sampled_from(["app", "tier", ""])),
+    "operator": _maybe(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "in"])),
+    "values": _maybe(st.lists(_maybe(st.sampled_from(["web", "a"])), max_size=3))}))
+_PDB = st.one_of(_JSON, st.fixed_dictionaries({}, optional={
+    "metadata": _maybe(st.fixed_dictionaries({}, optional={
+        "name": _maybe(st.text(max_size=8)), "namespace": _maybe(st.text(max_size=8)),
+        "generation": _maybe(st.one_of(st.integers(), st.text(max_size=3), st.booleans()))})),
+    "spec": _maybe(st.fixed_dictionaries({}, optional={
+        "selector": _maybe(st.one_of(_JSON, st.fixed_dictionaries({}, optional={
+            "matchLabels": _maybe(st.dictionaries(st.sampled_from(["app", "tier"]),
+                                                  _maybe(st.sampled_from(["web", "a"])))),
+            "matchExpressions": _maybe(st.lists(_EXPRESSION, max_size=3))}))),
+        "unhealthyPodEvictionPolicy": _maybe(st.sampled_from(["AlwaysAllow", "x"]))})),
+    "status": _maybe(st.fixed_dictionaries({}, optional={
+        "disruptionsAllowed": _maybe(st.one_of(st.integers(), st.floats(), st.text(max_size=3))),
+        "observedGeneration": _maybe(st.integers()),
+        "disruptedPods": _maybe(_JSON)})),
+}))
+
+
+@FUZZ
+@given(_PDB, st.dictionaries(st.sampled_from(["app", "tier"]), st.sampled_from(["web", "a"])))
+def test_pdb_json_never_raises_and_its_selector_always_answers(obj, labels):
+    out = pdb_status(obj, NOW)
+    assert isinstance(out, Converted) and all(isinstance(p, str) for p in out.problems)
+    if out.event is not None:
+        assert isinstance(out.event.disruptions_allowed, int)
+        assert selects(out.event, labels) in (True, False, None)
 
 
 @FUZZ

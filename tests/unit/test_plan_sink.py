@@ -9,7 +9,7 @@ import pytest
 
 from exporter.correlate.readmission_forecast import ReadmissionForecast
 from exporter.correlate.running_pods_view import RunningPodsView
-from exporter.events import NodeStatus
+from exporter.events import NodeStatus, PdbsRelisted
 from exporter.kube.convert import node_status, pod_status
 from exporter.sinks.plan_collector import PlanSink
 from exporter.sources.kernel.sysfs import SysfsReader
@@ -262,6 +262,7 @@ def test_with_kubernetes_on_and_no_node_seen_a_plan_is_never_safe(tmp_path, node
     for i in range(10):
         handle(agent, convert(pod(f"p{i}", {"cpu": "1"}), T, None).event)
     pods_listed(agent)
+    handle(agent, PdbsRelisted(T, frozenset()))  # no PodDisruptionBudget in the cluster
     if node_seen:
         handle(agent, node_status(node(cpu="16", allocatable_cpu="16"), T).event)
     answer = json.loads(s.http("cpu=-10")[1])

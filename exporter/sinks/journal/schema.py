@@ -10,6 +10,9 @@ Versions (PRAGMA user_version):
    episode row then holds the episode without them. Opening a version 1 journal migrates it
    forward in place (the table is added; old rows keep their transitions inline and are read
    as they are).
+   Later, still version 2 (an added table every version reads or ignores, no row rewritten):
+   `counters`, one row per boot (the kernel's boot_id) with the hotplug counters carried
+   across restarts (counters.py). A 0.2 exporter reading such a file ignores it.
 """
 from __future__ import annotations
 
@@ -57,6 +60,12 @@ CREATE TRIGGER IF NOT EXISTS episodes_delete_transitions AFTER DELETE ON episode
 BEGIN
     DELETE FROM transitions WHERE episode = old.id;
 END;
+-- Added within version 2: the hotplug counters of this boot, carried across restarts
+-- (counters.py). Never pruned: one small row, replaced when the boot changes.
+CREATE TABLE IF NOT EXISTS counters (
+    boot_id TEXT PRIMARY KEY,
+    json    TEXT NOT NULL
+) WITHOUT ROWID;
 """
 
 T = TypeVar("T")

@@ -21,6 +21,13 @@ newer exporter wrote is left untouched and the sink reports itself down (`up` Fa
 `down_reason`, node_resize_exporter_sink_up{sink="journal"} 0): a rolled-back DaemonSet must not
 crash-loop on its hostPath. What survives a SIGKILL is what the writer committed; the window
 this leaves is in docs/reliability.md.
+
+The hotplug counters are carried across restarts within one boot (counters.py): `carry` at
+start reads this boot's row and writes the new start's, and from then on every transaction
+holding transitions also rewrites the row with what the writer has counted of them (a
+KernelLedger of its own, fed in the writer thread and with what a full queue drops,
+deduplicating across sources the way the agent's does), so the row and the events it counts
+commit together.
 """
 from __future__ import annotations
 
@@ -30,16 +37,18 @@ import os
 import sqlite3
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from exporter import codec
 from exporter.clock import Clock
 from exporter.config.decide import default_journal_path
+from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.model import Episode, EpisodeUpdate, Phase
-from exporter.events import Event, Transition
+from exporter.events import Event, PdbsRelisted, PdbStatus, Transition
 from exporter.ratelog import RateLimitedLog
-from exporter.sinks.journal import reader
+from exporter.sinks.journal import counters, reader
 from exporter.sinks.journal.path import WRITABLE_FIX, cannot_create, check_journal
 from exporter.sinks.journal.schema import (
     DEFAULT_MAX_AGE,
@@ -50,6 +59,11 @@ from exporter.sinks.journal.schema import (
     event_time,
 )
 from exporter.sinks.journal.store import JournalStore
+
+# The cluster's PodDisruptionBudgets are cluster state, not this node's: they change with any
+# pod's readiness anywhere, and only a plan asked now reads them (the API server judges an
+# eviction by the budget it holds then), so no node's journal keeps them.
+NOT_JOURNALED = (PdbStatus, PdbsRelisted)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +94,7 @@ class _Batch:
     # (episode, index): its stored transitions from there on go (the list got shorter)
     cuts: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     after: list[tuple[Episode, list[Transition]]] = dataclasses.field(default_factory=list)
+    counters: tuple[str, str] | None = None  # (boot_id, row): this boot's carried counters
 
     @property
     def rows(self) -> int:
@@ -111,6 +126,9 @@ class _Batch:
         c.executemany("INSERT INTO episodes(id, exported) VALUES (?, 1) "
                       "ON CONFLICT(id) DO UPDATE SET exported=1",
                       [(i,) for i in self.exported])
+        if self.counters is not None:
+            c.execute("INSERT OR REPLACE INTO counters(boot_id, json) VALUES (?, ?)",
+                      self.counters)
 
 
 class JournalSink:
@@ -138,6 +156,17 @@ class JournalSink:
         self._since_prune = 0
         self._drop_log = RateLimitedLog(log, DROP_LOG_SECONDS)
         self._bad = reader.Malformed()
+        # The counters carried across restarts (carry): this boot's id, and the transitions
+        # committed so far (with what earlier processes of this boot committed) as the writer
+        # counts them; None: not carried (no boot id, or the row could not be read).
+        self._boot: str | None = None
+        self._tally: KernelLedger | None = None
+        self._down: dict[counters.DownKey, int] = {}
+        self._recount = False  # the tally moved without a batch (a dropped transition)
+        # The tally's own lock: the writer's batches and the agent's drops (rare), so the
+        # agent's hand-over never waits for a batch being counted.
+        self._tally_lock = threading.Lock()
+        self.counters_refused = ""  # why this boot's row was refused (hostile or broken)
         self._cv = threading.Condition()
         self._events: deque[Event] = deque()
         self._episodes: dict[str, Episode] = {}
@@ -266,11 +295,17 @@ class JournalSink:
     # ------------------------------------------------------------ Sink
 
     def on_event(self, event: Event) -> None:
-        if not self.up:
+        if not self.up or isinstance(event, NOT_JOURNALED):
             return
         with self._cv:
             if len(self._events) >= self.queue_size:
                 self._drop()
+                if self._tally is not None and type(event) is Transition:
+                    # Not journaled, but counted (the agent counts it): a row below what a
+                    # scrape showed would be a counter reset at the next start.
+                    with self._tally_lock:
+                        self._tally.handle(event)
+                        self._recount = True
                 return
             self._events.append(event)
             self._cv.notify()
@@ -355,6 +390,53 @@ class JournalSink:
             return []
         return list(self._read(lambda c: reader.last_kernel_events(c, self._bad), []))
 
+    def carry(self, boot_id: str | None,
+              changes: Mapping[counters.DownKey, int]) -> counters.Carried:
+        """What the hotplug counters start from: this boot's row (every earlier process's
+        committed transitions and changes while down) plus `changes` (this start's, each a
+        transition too); written back at once, before the first scrape can show it. Without a
+        boot id, a journal that is down, or a row that cannot be read: `changes` alone (the
+        counters start at 0, a reset Prometheus handles), and the row is left as it is. A row
+        that is not one this code writes is refused whole (`counters_refused` says why) and
+        replaced."""
+        fresh = counters.Carried().plus_down(changes)
+        if boot_id is None or not self.up:
+            return fresh
+        with self._db:
+            try:
+                row = self._store.connect().execute(
+                    "SELECT json FROM counters WHERE boot_id=?", (boot_id,)).fetchone()
+            except JournalNewer as e:
+                self._go_down(str(e))
+                return fresh
+            except (OSError, sqlite3.Error) as e:
+                log.warning("journal %s: the counters of this boot not read (%s); they start "
+                            "at 0", self.path, e)
+                return fresh
+            base = counters.Carried()
+            if row is not None:
+                try:
+                    base = counters.decode(row[0])
+                except counters.BadRow as e:
+                    self.counters_refused = str(e)
+                    log.warning("journal %s: the counters row of this boot refused (%s); the "
+                                "counters start at 0", self.path, e)
+            carried = base.plus_down(changes)
+            self._boot, self._tally = boot_id, KernelLedger()
+            self._tally.transitions = dict(carried.transitions)
+            self._down = dict(carried.down_changes)
+            text = counters.encode(carried.transitions, carried.down_changes)
+            try:
+                self._store.transaction(lambda c: (
+                    c.execute("DELETE FROM counters WHERE boot_id != ?", (boot_id,)),
+                    c.execute("INSERT OR REPLACE INTO counters(boot_id, json) VALUES (?, ?)",
+                              (boot_id, text))))
+            except JournalNewer as e:
+                self._go_down(str(e))
+            except (OSError, sqlite3.Error) as e:  # the next batch that commits writes it
+                self._write_failed(e, 1)
+        return carried
+
     def _read(self, fn: Callable[[sqlite3.Connection], list[T]], default: list[T]) -> list[T]:
         with self._db:
             try:
@@ -390,6 +472,19 @@ class JournalSink:
                 exported: list[str]) -> _Batch:
         """The batch's rows; what does not encode is counted malformed and left out."""
         batch = _Batch(exported=exported)
+        with self._tally_lock:
+            counted, self._recount = self._recount, False
+            if self._tally is not None:
+                for event in events:
+                    if type(event) is Transition:
+                        # Counted even if this batch then fails: the agent counted it, and a
+                        # row below what a scrape showed would be a counter reset at the next
+                        # start.
+                        self._tally.handle(event)
+                        counted = True
+            if counted and self._boot is not None and self._tally is not None:
+                batch.counters = (self._boot,
+                                  counters.encode(self._tally.transitions, self._down))
         for event in events:
             try:
                 batch.events.append((event_time(event), type(event).__name__,

@@ -3,25 +3,24 @@
 Emits a PodStatus when a pod's converted state changes (phase, reason, readiness, requests,
 balloon resize state), PodStatus(deleted=True) on DELETED, and PodsRelisted after every list:
 after a relist (410, error) the correlator learns which pods vanished during the gap, and pods
-that did not change produce no second event, so nothing is counted twice.
+that did not change produce no second event, so nothing is counted twice
+(DiffingListWatchSource).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from exporter.clock import Clock
 from exporter.config.options import KUBECONFIG, Opt
 from exporter.config.types import KubeName, LabelSelectorText
-from exporter.events import MalformedInput, PodsRelisted, PodStatus
+from exporter.events import PodsRelisted, PodStatus
 from exporter.kube.client import ALL_NAMESPACES, RawPod
 from exporter.kube.convert import LabelSelector, pod_status
-from exporter.sources.apiserver.listwatch import ListWatchSource
-from exporter.sources.base import Emit
+from exporter.sources.apiserver.listwatch import DiffingListWatchSource
 from exporter.sources.registry import KUBERNETES, SourceSpec, Watch, register
 
 
-class KubePodsSource(ListWatchSource):
+class KubePodsSource(DiffingListWatchSource):
     name = "kube_pods"
     resource = RawPod
     plural = "pods"
@@ -35,7 +34,6 @@ class KubePodsSource(ListWatchSource):
         self.selector = (LabelSelector(balloon_selector) if isinstance(balloon_selector, str)
                          else balloon_selector)
         self.priority_classes = frozenset(balloon_priority_classes)
-        self._known: dict[str, PodStatus] = {}  # uid -> last emitted state, time/RV zeroed
 
     def field_selector(self) -> dict[str, str]:
         return {"spec.nodeName": self.node_name}
@@ -44,55 +42,18 @@ class KubePodsSource(ListWatchSource):
         spec = obj.get("spec")
         return not isinstance(spec, dict) or spec.get("nodeName") != self.node_name
 
-    def on_list(self, items: list[dict[str, Any]], emit: Emit) -> None:
-        now = self.clock.now()
-        known: dict[str, PodStatus] = {}
-        for obj in items:
-            event = self._convert(obj, now, emit, deleted=False)
-            if event is None:
-                continue
-            key = _key(event)
-            if self._known.get(event.uid) != key:
-                emit(event)
-            known[event.uid] = key
-        self._known = known
-        emit(PodsRelisted(now, frozenset(known)))
-
-    def on_event(self, event_type: str, obj: dict[str, Any], emit: Emit) -> None:
-        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
-            return
-        now = self.clock.now()
-        deleted = event_type == "DELETED"
-        event = self._convert(obj, now, emit, deleted=deleted)
-        if event is None:
-            return
-        if deleted:
-            self._known.pop(event.uid, None)
-            emit(event)
-            return
-        key = _key(event)
-        if self._known.get(event.uid) == key:
-            return
-        self._known[event.uid] = key
-        emit(event)
-
-    def _convert(self, obj: dict[str, Any], now: float, emit: Emit,
-                 deleted: bool) -> PodStatus | None:
+    def convert(self, obj: dict[str, Any], now: float,
+                deleted: bool) -> tuple[PodStatus | None, list[str]]:
         converted = pod_status(obj, now, self.selector, deleted=deleted,
                                priority_classes=self.priority_classes)
         event = converted.event
-        if not isinstance(event, PodStatus):
-            emit(MalformedInput(self.name, "; ".join(converted.problems), now))
-            return None
-        # Report a malformed quantity once per change of the pod, not once per relist.
-        if converted.problems and self._known.get(event.uid) != _key(event):
-            for problem in converted.problems:
-                emit(MalformedInput(self.name, problem, now))
-        return event
+        return (event if isinstance(event, PodStatus) else None), converted.problems
 
+    def key_of(self, event: PodStatus) -> str:
+        return event.uid
 
-def _key(event: PodStatus) -> PodStatus:
-    return dataclasses.replace(event, time=0.0, resource_version="")
+    def relisted(self, now: float, keys: frozenset[str]) -> PodsRelisted:
+        return PodsRelisted(now, keys)
 
 
 BALLOON_SELECTOR: Opt[str] = Opt(
