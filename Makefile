@@ -1,6 +1,9 @@
 # The two commands the README promises. Each installs what is missing first (scripts/setup.sh).
 PY := .venv/bin/python
 ARGS ?=
+# The root pass's pytest-xdist workers: the lab, the kernel files and the rest side by side
+# (tests/conftest.py: chain_of). TEST_JOBS=0 runs it in one process, in file order.
+TEST_JOBS ?= 3
 
 .PHONY: run test lint unit-unprivileged lab check bench image
 run:
@@ -11,7 +14,7 @@ test:
 	@scripts/setup.sh test
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory unit-unprivileged
-	@$(PY) -m pytest $(ARGS)
+	@$(PY) -m pytest -n $(TEST_JOBS) --durations=15 $(ARGS)
 
 # ruff over the whole tree (ruff.toml, imports sorted); mypy --strict over all of exporter/
 # (pyproject.toml's [tool.mypy] sets strict and names the code that is not ours).

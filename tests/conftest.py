@@ -49,6 +49,41 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(marker)
     if misplaced:
         raise pytest.UsageError("tests in the wrong folder:\n" + "\n".join(misplaced))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the long chains first
+        items.sort(key=lambda item: chain_of(item.nodeid)[0])  # stable: file order within
+
+
+# `make test` runs the root pass on pytest-xdist workers (`-n 3`) in chains, each chain on one
+# worker, in order: the QEMU lab (one guest boot, minutes; the host's hotplug untouched); every
+# other kernel file, one after another as a plain run has them (they share cpu1 and memory
+# blocks; those that hotplug also hold the machine-wide lock, as does every test elsewhere that
+# asserts on the kernel's state); each e2e file (its module's servers started once); each unit
+# test. The two long chains are handed out first, so neither is the tail. (pytest-xdist's own
+# `--dist loadgroup` cannot do this with pytest 9: it renames node ids pytest 9 no longer reads.)
+LAB_FILE = "tests/kernel/test_lab.py"
+
+
+def chain_of(nodeid: str) -> tuple[int, str]:
+    """(order, chain) of a test: the chain names the worker's unit of work."""
+    path = nodeid.split("::", 1)[0]
+    folder = path.rsplit("/", 2)[-2] if path.count("/") >= 1 else ""
+    if folder == "kernel":
+        return (0, "lab") if path == LAB_FILE else (1, "kernel")
+    if folder == "e2e":
+        return 2, path
+    return 3, nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Chains(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return chain_of(nodeid)[1]
+
+    config.option.loadscopereorder = False  # the workers' order (chain_of's), not by size
+    return Chains(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -101,3 +136,4 @@ def refused_memory_block():
             yield block
         finally:
             block.set_online(True)
+
