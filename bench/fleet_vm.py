@@ -10,23 +10,29 @@ What a fleet past one Prometheus runs, all from Debian's victoria-metrics packag
    copy with three per-node faults, so per-node alerts fire: the sysfs source down
    (NodeResizeExporterSourceDown), a pod the next kubelet restart rejects
    (NodeResizeRestartWouldRejectPods) and a CPU the kubelet still counts after it went
-   (NodeResizeCapacityStale, `for: 10m`: pending). Every other source says up (healthy()).
+   (NodeResizeCapacityStale); all three have a `for:`, so within the window they are pending
+   (active, as the rulers' API lists them). Every other source says up (healthy()).
 2. `bench/fleet.py serve` replays them as N targets; S `vmagent` shards scrape them with
    `-promscrape.cluster.membersCount=S -promscrape.cluster.memberNum=i` (each scrapes the
    targets its hash gives it), the ServiceMonitor's relabelings mirrored, and remote-write to
    one `victoria-metrics` (single node: the store), each adding `nre_shard=<i>`.
-3. `vmalert` evaluates alerts/node-resize-exporter.rules.yml against the store (recording rules
-   written back, alerts sent to Debian's Alertmanager), as the global ruler.
+3. The rules are split as a sharded fleet runs them: the groups named `*.global` (the mixin's,
+   deploy/prometheusrule-global.yaml: rules that read every node's series) on one `vmalert`
+   against the whole store, the global ruler; every other group on one `vmalert` per shard
+   that sees only its shard's series (group `params: extra_label: nre_shard=<i>`, its
+   recordings labelled `nre_shard=<i>`, so its alerts read back its own recordings), all
+   evaluating live every interval, recordings written back, alerts sent to Debian's
+   Alertmanager. Every rule outside a `.global` group must be per node by its PromQL
+   (`rule_scope`: every aggregation and vector match keeps `node`, nothing absent()-shaped),
+   else the run stops: a shard would answer it wrongly.
 4. After the window: every dashboard query timed against the store (bench/fleet.py's
    run_queries: the same expressions and Grafana substitutions), memory and CPU of the store,
-   each shard and the ruler.
-5. **Per-node alerts on any one shard**: each rule is classified from its PromQL
-   (`rule_scope`): per node when every aggregation and vector match keeps `node` and nothing
-   is absent()-shaped; else it must be evaluated by the global ruler. The global ruler's alerts
-   are taken, it is stopped, and one vmalert per shard evaluates the per-node rules seeing only
-   its shard's series (group `params: extra_label: nre_shard=<i>`, its recordings labelled
-   `nre_shard=<i>`, as a shard-local ruler would): each must raise exactly the global alerts
-   of the nodes its shard scraped, and together all of them.
+   each shard and each ruler, each ruler's evaluation time per group, and each rule's own
+   cost as an instant query against the whole store and against one shard's series.
+5. **Per-node alerts on any one shard**: every faulty node's alerts (FAULTS) must be raised
+   by exactly one shard's ruler, the one whose shard scraped the node, none on a healthy
+   node, and the global ruler must raise none (every target is up, every series there) while
+   recording the cross-node recordings for every node.
 """
 from __future__ import annotations
 
@@ -83,11 +89,28 @@ def faulty(n: int) -> bool:
     return n % 10 == 7
 
 
+# What a healthy node's gauges say, whatever the recording machine's state was when recorded
+# (another session may have a CPU offline, and the kernel then disagrees with the test API
+# server's Node: every replayed node would raise NodeResizeCapacityStale): (series regex, value).
+HEALTHY = (
+    (rb'node_resize_exporter_source_up\{source="(?!kubelet_process")[^"]*"\}', b"1.0"),
+    (rb"node_resize_capacity_drift\{[^}]*\}", b"0.0"),
+    (rb'node_resize_kernel_cpus\{state="offline"\}', b"0.0"),
+    (rb"node_resize_podresources_offline_cpus(?:\{[^}]*\})?", b"0.0"),
+    (rb"node_resize_memory_hot_added_blocks\{[^}]*\}", b"0.0"),
+    (rb"node_resize_running_containers_stale\{[^}]*\}", b"0.0"),
+    (rb"node_resize_readmission_forecast_rejected_pods\{[^}]*\}", b"0.0"),
+    (rb"node_resize_readmission_forecast_valid\{[^}]*\}", b"1.0"),
+    (rb"node_resize_exporter_sink_up\{[^}]*\}", b"1.0"),
+)
+
+
 def healthy(body: bytes) -> bytes:
-    """The recording as a healthy node's: every source up (the recording machine may lack a
-    kubelet's checkpoints or pods; kubelet_process, which no alert reads, stays as it was)."""
-    return re.sub(rb'^(node_resize_exporter_source_up\{source="(?!kubelet_process")[^"]*"\}) \S+$',
-                  rb"\1 1.0", body, flags=re.M)
+    """The recording as a healthy node's (HEALTHY; kubelet_process, which no alert reads, stays
+    as it was)."""
+    for series, value in HEALTHY:
+        body = re.sub(rb"^(" + series + rb") \S+$", rb"\1 " + value, body, flags=re.M)
+    return body
 
 
 def inject_faults(body: bytes) -> bytes:
@@ -165,17 +188,32 @@ def rule_scope(rules_file: Path = fleet.RULES) -> dict[str, str]:
     return scope
 
 
-def shard_rules(rules_file: Path, shard: int, scope: dict[str, str]) -> dict:
-    """The per-node rules as a shard-local ruler runs them: its queries see its shard's series
-    only, and what it records carries its shard label (so its own alerts read it back)."""
-    groups = []
+GLOBAL_SUFFIX = ".global"
+
+
+def split_rules(rules_file: Path, scope: dict[str, str]) -> tuple[list[dict], list[dict]]:
+    """(the global ruler's groups, the shards' groups): the `.global` groups and the others.
+    A rule outside a `.global` group that reads other nodes' series is refused: a shard's
+    ruler would answer it from a part of the fleet."""
+    glob, local = [], []
     for group in yaml.safe_load(rules_file.read_text())["groups"]:
-        rules = [r for r in group["rules"] if scope.get(r.get("record") or r["alert"]) == "node"]
-        if rules:
-            groups.append({**group, "rules": rules,
-                           "params": {"extra_label": [f"{SHARD_LABEL}={shard}"]},
-                           "labels": {SHARD_LABEL: str(shard)}})
-    return {"groups": groups}
+        if group["name"].endswith(GLOBAL_SUFFIX):
+            glob.append(group)
+            continue
+        wrong = [r.get("record") or r["alert"] for r in group["rules"]
+                 if scope[r.get("record") or r["alert"]] != "node"]
+        if wrong:
+            raise ValueError(f"group {group['name']}: {', '.join(wrong)} read other nodes' "
+                             f"series: they belong in a {GLOBAL_SUFFIX} group")
+        local.append(group)
+    return glob, local
+
+
+def shard_rules(groups: list[dict], shard: int) -> dict:
+    """The per-node groups as a shard-local ruler runs them: its queries see its shard's series
+    only, and what it records carries its shard label (so its own alerts read it back)."""
+    return {"groups": [{**g, "params": {"extra_label": [f"{SHARD_LABEL}={shard}"]},
+                        "labels": {SHARD_LABEL: str(shard)}} for g in groups]}
 
 
 # ------------------------------------------------------------------------------ processes
@@ -206,7 +244,7 @@ class Proc:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def metrics(self) -> str:
-        return fleet._get(self.url + "/metrics", timeout=30)[1].decode()
+        return fleet._get(self.url + "/metrics", timeout=120)[1].decode()
 
     def usage(self) -> dict:
         """RSS and CPU seconds from /proc (the process's own view, whatever it exports)."""
@@ -352,49 +390,91 @@ def group_timings(ruler: Proc) -> dict[str, dict]:
             for name, g in sums.items()}
 
 
-def _key(alert: dict) -> tuple:
-    labels = {k: v for k, v in alert["labels"].items() if k != SHARD_LABEL}
-    return (alert["name"], tuple(sorted(labels.items())))
+def wanted_alerts(nodes: int) -> set[tuple[str, str]]:
+    """(alert, node) for every faulty node's every fault: what the fleet must raise."""
+    return {(alert, fleet.node_name(n)) for n in range(nodes) if faulty(n)
+            for _, alert in FAULTS.values()}
 
 
-def shard_check(work: Path, store: Store, notifier: Proc, global_alerts: list[dict],
-                scope: dict[str, str], shards: int, interval: float) -> dict:
-    """One vmalert per shard on the per-node rules (see the module's docstring); the alerts each
-    raises against the global ruler's of its nodes."""
-    nodes_of = {}
+def alert_check(store: Store, shard_rulers: list[Proc], global_ruler: Proc, nodes: int,
+                interval: float, timeout: float) -> dict:
+    """Each shard's ruler against the faulty nodes its shard scraped (see the module's
+    docstring): every wanted (alert, node) raised by exactly one shard, its own; the global
+    ruler's alerts (none wanted) and how many nodes its cross-node recordings cover."""
+    shards = len(shard_rulers)
+    nodes_of = {s: {r["metric"]["node"] for r in store.vector(
+        f'count by (node) (last_over_time(up{{job="{fleet.NRE}",{SHARD_LABEL}="{s}"}}[1h]))')}
+        for s in range(shards)}
+    wanted = wanted_alerts(nodes)
+    want = {s: {k for k in wanted if k[1] in nodes_of[s]} for s in range(shards)}
+    # A loaded machine delays evaluations: bounded, and what it had is what is reported.
+    deadline = time.monotonic() + timeout
+    raised: dict[int, list[tuple[str, str]]] = {}
+    while True:
+        raised = {s: [(a["name"], a["labels"].get("node", "")) for a in ruler_alerts(r)]
+                  for s, r in enumerate(shard_rulers)}
+        if all(sorted(raised[s]) == sorted(want[s]) for s in range(shards)) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(min(interval / 2, 10))
+    times: dict[tuple[str, str], int] = {}
     for s in range(shards):
-        nodes_of[s] = {r["metric"]["node"] for r in store.vector(
-            f'count by (node) (up{{job="{fleet.NRE}",{SHARD_LABEL}="{s}"}})')}
-    rulers = []
-    try:
-        for s in range(shards):
-            path = work / f"shard-{s}.rules.yml"
-            path.write_text(yaml.safe_dump(shard_rules(fleet.RULES, s, scope), sort_keys=False))
-            rulers.append(vmalert(work, f"vmalert-shard-{s}", path, store, notifier, interval))
-        per_node = {k for a in global_alerts if scope[a["name"]] == "node" for k in [_key(a)]}
-        want = {s: {k for k in per_node if dict(k[1]).get("node") in nodes_of[s]}
-                for s in range(shards)}
-        # Recordings are written, then read by the alerts: a few evaluations.
-        deadline = time.monotonic() + 6 * interval + 60
-        got: dict[int, set] = {}
-        while True:
-            got = {s: {_key(a) for a in ruler_alerts(r)} for s, r in enumerate(rulers)}
-            if got == want or time.monotonic() > deadline:
-                break
-            time.sleep(interval / 2)
-        return {
-            "nodes_per_shard": [len(nodes_of[s]) for s in range(shards)],
-            "global_per_node_alerts": len(per_node),
-            "shards": [{"shard": s, "alerts": len(got[s]), "want": len(want[s]),
-                        "missing": sorted(map(str, want[s] - got[s]))[:10],
-                        "extra": sorted(map(str, got[s] - want[s]))[:10]}
-                       for s in range(shards)],
-            "correct": got == want,
-            "alerts_by_name": _count_by_name([{"name": k[0]} for s in got for k in got[s]]),
-        }
-    finally:
-        for r in rulers:
-            r.stop()
+        for k in raised[s]:
+            times[k] = times.get(k, 0) + 1
+    global_alerts = ruler_alerts(global_ruler)
+    recorded = {}
+    for name in global_recordings():
+        try:
+            recorded[name] = len(store.vector(f"count by (node) ({name})"))
+        except RuntimeError as e:
+            recorded[name] = repr(e)[:200]
+    return {
+        "nodes_per_shard": [len(nodes_of[s]) for s in range(shards)],
+        "wanted": len(wanted),
+        "shards": [{"shard": s, "alerts": len(raised[s]), "want": len(want[s]),
+                    "missing": sorted(map(str, want[s] - set(raised[s])))[:10],
+                    "extra": sorted(map(str, set(raised[s]) - want[s]))[:10]}
+                   for s in range(shards)],
+        "raised_once": sum(1 for k in wanted if times.get(k) == 1),
+        "raised_more_than_once": sorted(map(str, (k for k, v in times.items() if v > 1)))[:10],
+        "on_healthy_nodes": sorted(map(str, {k for k in times if k not in wanted}))[:10],
+        "correct": times == {k: 1 for k in wanted},
+        "alerts_by_name": _count_by_name([{"name": k[0]} for k in times]),
+        "global_alerts": _count_by_name(global_alerts),
+        "global_recordings_nodes": recorded,
+    }
+
+
+def global_recordings(rules_file: Path = fleet.RULES) -> list[str]:
+    return [r["record"] for g in yaml.safe_load(rules_file.read_text())["groups"]
+            if g["name"].endswith(GLOBAL_SUFFIX) for r in g["rules"] if "record" in r]
+
+
+def top_queries(store: Store, n: int = 8) -> list[dict]:
+    """The store's slowest queries by mean duration (/api/v1/status/top_queries): what the
+    rulers asked during the window, and how long each took as they asked it."""
+    answer, _ = fleet.get_json(f"{store.url}/api/v1/status/top_queries?topN={n}")
+    return [{"query": " ".join(q["query"].split())[:300],
+             "mean_s": round(q["avgDurationSeconds"], 2), "count": q["count"]}
+            for q in answer.get("topByAvgDuration") or []]
+
+
+def rule_costs(store: Store, groups: list[dict], shard: int) -> list[dict]:
+    """Each rule's query once against the whole store (as one ruler for the fleet asks it)
+    and once against one shard's series (as that shard's ruler asks it): ms and series."""
+    out = []
+    for group in groups:
+        for rule in group["rules"]:
+            row: dict = {"rule": rule.get("record") or rule["alert"], "group": group["name"]}
+            for key, extra in (("fleet", {}), ("shard", {"extra_label": f"{SHARD_LABEL}={shard}"})):
+                answer, t = store.api("query", query=rule["expr"], **extra)
+                ok = answer.get("status") == "success"
+                row[f"{key}_ms"] = round(t * 1000, 1)
+                row[f"{key}_series"] = len(answer["data"]["result"]) if ok else None
+                if not ok:
+                    row[f"{key}_error"] = str(answer.get("error"))[:200]
+            out.append(row)
+    return sorted(out, key=lambda r: -r["fleet_ms"])
 
 
 def _count_by_name(alerts: list[dict]) -> dict[str, int]:
@@ -441,8 +521,18 @@ def fleet_vm(nodes: int, shards: int, interval: float, window: float,
         procs.append(store)
         notifier = alertmanager(work)
         procs.append(notifier)
-        ruler = vmalert(work, "vmalert", fleet.RULES, store, notifier, interval)
+        glob, local = split_rules(fleet.RULES, scope)
+        (work / "global.rules.yml").write_text(yaml.safe_dump({"groups": glob}, sort_keys=False))
+        ruler = vmalert(work, "vmalert-global", work / "global.rules.yml", store, notifier,
+                        interval)
         procs.append(ruler)
+        shard_rulers = []
+        for i in range(shards):
+            path = work / f"shard-{i}.rules.yml"
+            path.write_text(yaml.safe_dump(shard_rules(local, i), sort_keys=False))
+            shard_rulers.append(vmalert(work, f"vmalert-shard-{i}", path, store, notifier,
+                                        interval))
+        procs.extend(shard_rulers)
         config = scrape_config(work, interval, targets(nodes, server.port))
         agents = [vmagent(work, config, store, s, shards) for s in range(shards)]
         procs.extend(agents)
@@ -510,22 +600,27 @@ def fleet_vm(nodes: int, shards: int, interval: float, window: float,
         except (KeyError, ValueError, TypeError) as e:  # an error answer has no data
             out["store_series"] = None
             out.setdefault("query_errors", {})["store_series"] = repr(e)[:300]
-        out["rule_groups"] = group_timings(ruler)
-        # The faulty nodes' alerts, once the ruler's groups have run on their data (a loaded
-        # machine delays the first evaluations): bounded, and what it had is what is reported.
-        want = out["sizes"]["faulty_nodes"] * len(FAULTS)
-        deadline = time.monotonic() + 10 * interval + 60
-        while len(global_alerts := ruler_alerts(ruler)) < want and time.monotonic() < deadline:
-            time.sleep(min(interval, 5))
-        out["alerts_by_name"] = _count_by_name(global_alerts)
+        out["rule_groups"] = {}
+        for r in [ruler, *shard_rulers]:
+            try:
+                out["rule_groups"][r.name] = group_timings(r)
+            except OSError as e:  # too busy to answer in 2 min on a loaded machine: said
+                out["rule_groups"][r.name] = {}
+                out.setdefault("query_errors", {})[f"{r.name} /metrics"] = repr(e)[:300]
+        say(f"alerts of each of {shards} shards' rulers and the global ruler ...")
+        out["alert_check"] = alert_check(store, shard_rulers, ruler, nodes, interval,
+                                         timeout=10 * interval + 60)
+        out["alerts_by_name"] = out["alert_check"]["alerts_by_name"]
+        out["store_top_queries"] = top_queries(store)
+        # Timed alone: the rulers' own queries would otherwise queue with the timed ones.
+        for r in [ruler, *shard_rulers]:
+            procs.remove(r)
+            r.stop()
+        say("each rule's own cost ...")
+        out["rule_costs"] = rule_costs(store, local + glob, 0)
         say("dashboard queries ...")
         out["queries"] = fleet.run_queries(store, start, end, interval, repeats)
         out["store_rss_peak_after_queries_bytes"] = store.usage()["rss_peak_bytes"]
-        procs.remove(ruler)
-        ruler.stop()
-        say(f"per-node rules on each of {shards} shards ...")
-        out["shard_check"] = shard_check(work, store, notifier, global_alerts, scope, shards,
-                                         interval)
         return out
     finally:
         for p in reversed(procs):
@@ -541,13 +636,16 @@ def _mib(b: float | None) -> str:
 
 def render(r: dict) -> str:
     """The results as bench/README.md shows them."""
-    z, q, c = r["sizes"], r["queries"], r["shard_check"]
+    z, q, c = r["sizes"], r.get("queries"), r["alert_check"]
     shards = ", ".join(str(v) for _, v in sorted(r["targets_per_shard"].items()))
     p50 = (r["scrape_duration_p50_s"] or 0) * 1000
     pmax = (r["scrape_duration_max_s"] or 0) * 1000
     alerts = ", ".join(f"{k} {v}" for k, v in r["alerts_by_name"].items())
     per_shard = ", ".join(f"{x['alerts']} ({x['want']})" for x in c["shards"])
-    verdict = "the same as the global ruler's" if c["correct"] else "**different**"
+    verdict = ("each exactly once, on its own shard, none on a healthy node" if c["correct"]
+               else "**not** exactly the faulty nodes' alerts once each")
+    glob = ", ".join(f"{k} {v}" for k, v in c["global_alerts"].items()) or "none"
+    recs = ", ".join(f"`{k}` {v}" for k, v in c["global_recordings_nodes"].items())
 
     def dist(k: str) -> str:
         v = q[k]
@@ -556,9 +654,10 @@ def render(r: dict) -> str:
     lines = [
         f"victoria-metrics {r['victoria_metrics']} (Debian); {z['nodes']:,} replayed nodes "
         f"({z['faulty_nodes']:,} faulty) on {z['shards']} vmagent shards, scraped every "
-        f"{z['scrape_interval_s']:g} s, rules every {z['evaluation_interval_s']:g} s, for "
-        f"{r['window_s']:g} s after every target was up ({r['all_up_after_s']:g} s); load "
-        f"average {r['loadavg_1m'][0]:g} -> {r['loadavg_1m'][1]:g}.", "",
+        f"{z['scrape_interval_s']:g} s, rules every {z['evaluation_interval_s']:g} s by "
+        f"{z['shards']} shard rulers and one global ruler, for {r['window_s']:g} s after every "
+        f"target was up ({r['all_up_after_s']:g} s); load average {r['loadavg_1m'][0]:g} -> "
+        f"{r['loadavg_1m'][1]:g}.", "",
         "| | |", "|---|---|",
         f"| series per scrape (one node) | {r['exposition']['series']} |",
         f"| targets up | {r['up']:.0f}/{z['nodes']} |",
@@ -571,27 +670,47 @@ def render(r: dict) -> str:
                      f"{_mib(pr['rss_bytes'])} ({_mib(pr['rss_peak_bytes'])}), "
                      f"{pr['cpu_cores']:.2f} |")
     lines.append(f"| victoria-metrics RSS peak after the dashboard queries | "
-                 f"{_mib(r['store_rss_peak_after_queries_bytes'])} |")
-    for name, t in r["rule_groups"].items():
-        lines.append(f"| vmalert group `{name}`: mean / max evaluation (ms), evaluations | "
-                     f"{t['mean_ms']} / {t['max_ms']}, {t['evaluations']} |")
+                 f"{_mib(r.get('store_rss_peak_after_queries_bytes'))} |")
+    for ruler, groups in r["rule_groups"].items():
+        for name, t in groups.items():
+            lines.append(f"| {ruler} `{name}`: mean / max evaluation (ms), evaluations | "
+                         f"{t['mean_ms']} / {t['max_ms']}, {t['evaluations']} |")
+    if q:
+        lines += [
+            f"| dashboard queries as Grafana sends them ({q['expressions']} expressions; "
+            f"n: p50 / max ms) | {dist('as_grafana_sends_them')} |",
+            f"| ... every expression as an instant query | {dist('instant')} |",
+            f"| ... every expression as a range query over the window | {dist('range')} |",
+            f"| ... variables (label values) | {dist('labels')} |",
+            f"| ... errors / empty answers | {len(q['errors'])} / {q['empty']} |"]
     lines += [
-        f"| dashboard queries as Grafana sends them ({q['expressions']} expressions; "
-        f"n: p50 / max ms) | {dist('as_grafana_sends_them')} |",
-        f"| ... every expression as an instant query | {dist('instant')} |",
-        f"| ... every expression as a range query over the window | {dist('range')} |",
-        f"| ... variables (label values) | {dist('labels')} |",
-        f"| ... errors / empty answers | {len(q['errors'])} / {q['empty']} |",
-        f"| alerts raised by the global ruler | {alerts} |",
-        f"| per-node rules on each shard alone: alerts per shard (want) | {per_shard}: "
-        f"{verdict} |",
-        "", "Slowest dashboard queries:", "", "| dashboard | panel | query | ms | series |",
-        "|---|---|---|---|---|"]
-    lines += [f"| {x['dashboard']} | {x['where']} | {x['shape']} | {x['ms']:,} | {x['series']} |"
-              for x in q["slowest"]]
-    glob = sorted(n for n, v in r["rule_scope"].items() if v == "global")
-    lines += ["", f"Rules for the global ruler (they read every node's series): "
-              f"{', '.join(glob)}; the other {len(r['rule_scope']) - len(glob)} are per node."]
+        f"| per-node alerts, shard rulers: alerts per shard (want) | {per_shard} |",
+        f"| ... by name, all shards | {alerts}: {verdict} |",
+        f"| global ruler: alerts raised | {glob} (want none) |",
+        f"| ... its recordings: nodes covered | {recs} |"]
+    top = r.get("store_top_queries") or []
+    if top:
+        lines += ["", "The store's slowest queries during the window, by mean duration (the "
+                  "rulers' own, as they asked them):", "", "| query | mean s | count |",
+                  "|---|---|---|"]
+        lines += [f"| `{x['query'][:160]}` | {x['mean_s']} | {x['count']} |" for x in top]
+    costs = r.get("rule_costs") or []
+    if costs:
+        lines += ["", "Costliest rules (each rule's query once, instant, against the whole "
+                  "store and against shard 0's series):", "",
+                  "| rule | group | whole store: ms, series | shard 0: ms, series |",
+                  "|---|---|---|---|"]
+        lines += [f"| {x['rule']} | {x['group']} | {x['fleet_ms']:,}, {x['fleet_series']} | "
+                  f"{x['shard_ms']:,}, {x['shard_series']} |" for x in costs[:8]]
+    if q:
+        lines += ["", "Slowest dashboard queries:", "", "| dashboard | panel | query | ms | "
+                  "series |", "|---|---|---|---|---|"]
+        lines += [f"| {x['dashboard']} | {x['where']} | {x['shape']} | {x['ms']:,} | "
+                  f"{x['series']} |" for x in q["slowest"]]
+    glob_rules = sorted(n for n, v in r["rule_scope"].items() if v == "global")
+    lines += ["", f"Rules that read every node's series (the global ruler's): "
+              f"{', '.join(glob_rules)}; the other {len(r['rule_scope']) - len(glob_rules)} "
+              "are per node."]
     return "\n".join(lines)
 
 

@@ -109,6 +109,9 @@ image_tools() {
   # `make image` and its test: mmdebstrap, umoci, skopeo build the OCI archive; runc runs it
   # (crun 1.8 refuses hosts with hybrid cgroups, as these CI machines have).
   apt_install mmdebstrap umoci skopeo runc openssl
+  # deploy/image/build.sh configures the image's packages with the host's tools, among them
+  # update-ca-certificates (on the image's certificates, in a private mount namespace).
+  apt_install ca-certificates
   # The arm64 image: built (mmdebstrap --arch, which wants arch-test) and run under
   # qemu-user-static through binfmt_misc (its qemu-aarch64 entry has the F flag: the
   # interpreter is opened once, so it works inside containers and chroots too).

@@ -6,9 +6,10 @@
 # manifest tagged <version>-<arch>; `skopeo copy --all` pushes the index (README). deploy/Dockerfile
 # is the same recipe for people with Docker (buildx --platform linux/amd64,linux/arm64).
 #
-# A foreign architecture runs under qemu-user-static through binfmt_misc (scripts/setup.sh image):
-# mmdebstrap's --arch runs the packages' maintainer scripts under it, and the image's own python3
-# installs the wheels and runs `--version` under it.
+# A foreign architecture runs under qemu-user-static through binfmt_misc (scripts/setup.sh image),
+# as little as possible: mmdebstrap's --arch only downloads and unpacks the packages, the host's
+# tools configure them (`build.sh configure`), and the image's own ldconfig, python3 (installing
+# the wheels) and `--version` are all that run under it.
 #
 #   layer 1  Debian 12 (essential + python3, python3-bpfcc, libbpf1, ca-certificates) and the
 #            generic kernel headers (extracted from Debian's linux-headers-<arch>, not installed)
@@ -16,7 +17,7 @@
 #            architecture under a key of the architecture, the package list and the versions apt
 #            would install (the host's candidates: Debian builds every architecture of a stable
 #            release from the same source versions): rebuilt only when they change (a Debian
-#            point release) -- under emulation the arm64 one takes minutes, so CI builds it once.
+#            point release, or this script's layer-1 hooks). About 2-4 min either architecture.
 #   layer 2  the wheel and its dependencies for that platform (pip download of manylinux wheels
 #            for cp311 on the architecture, installed with --no-index by the image's python3),
 #            the entrypoint (deploy/image/entrypoint.sh) and the seccomp profile (deploy/seccomp/).
@@ -32,7 +33,8 @@ python=${PYTHON:-$here/.venv/bin/python}
 say() { echo "image: $*" >&2; }
 arches=(${NRE_IMAGE_ARCHES:-amd64 arm64})
 
-# mmdebstrap's customize hook (build.sh headers CHROOT ARCH PKG COMMON_PKG WORK): the generic
+# --- layer 1's hooks (from here to layer 2's header: layer 1's cache key) ------------------------
+# mmdebstrap's extract hook (build.sh headers CHROOT ARCH PKG COMMON_PKG WORK): the generic
 # kernel headers of ARCH, downloaded with the chroot's apt (its lists are ARCH's) and merged
 # into one tree in the image. bcc's BCC_KERNEL_SOURCE takes one directory: -common's sources,
 # the arch package's generated headers and config over them; one architecture, no build scripts.
@@ -51,6 +53,107 @@ if [ "${1:-}" = headers ]; then
   cp -a "$hdr/usr/src/$headers_pkg/.config" "$merged/"
   mkdir -p "$root/usr/lib/node-resize-exporter"
   cp -a "$merged" "$root/usr/lib/node-resize-exporter/linux-headers"
+  exit 0
+fi
+
+# mmdebstrap's extract hook (build.sh configure ROOT ARCH): what dpkg and the packages'
+# maintainer scripts would do, done by the host's tools on the extracted packages, so that no
+# package's script runs under emulation for a foreign ARCH (dpkg and the scripts under qemu-user
+# took 51 min for arm64). Only ldconfig runs in the image (one process).
+# tests/kernel/test_image.py reads what is made here with the host's dpkg, in both images.
+if [ "${1:-}" = merged-usr ]; then  # mmdebstrap's setup hook: /bin, /sbin, /lib in /usr, as Debian 12
+  root=$2 arch=$3 dirs="bin sbin lib"
+  [ "$arch" = amd64 ] && dirs="$dirs lib32 lib64 libx32"  # as mmdebstrap's merged-usr hook
+  for d in $dirs; do ln -s "usr/$d" "$root/$d"; mkdir -p "$root/usr/$d"; done
+  exit 0
+fi
+if [ "${1:-}" = configure ]; then
+  root=$2 arch=$3
+  ctl=$(mktemp -d /var/tmp/nre-image-ctl.XXXXXX)
+  trap 'rm -rf "$ctl"' EXIT
+  info=$root/var/lib/dpkg/info
+  mkdir -p "$info" "$root/var/lib/dpkg/alternatives" "$root/var/lib/dpkg/updates"
+  : > "$root/var/lib/dpkg/status"
+  for deb in "$root"/var/cache/apt/archives/*.deb; do
+    c=$ctl/$(basename "$deb" .deb); mkdir -p "$c"
+    dpkg-deb -e "$deb" "$c"
+    pkg=$(dpkg-deb -f "$deb" Package); ma=$(dpkg-deb -f "$deb" Multi-Arch)
+    name=$pkg; [ "$ma" = same ] && name=$pkg:$arch
+    # dpkg's database: the package installed, its files, checksums and conffiles.
+    { awk '/^Package:/ {print; print "Status: install ok installed"; next} {print}' "$c/control"
+      if [ -s "$c/conffiles" ]; then
+        echo "Conffiles:"
+        while read -r f; do
+          [ -f "$root$f" ] && echo " $f $(md5sum < "$root$f" | cut -d' ' -f1)"
+        done < "$c/conffiles"
+      fi
+      echo; } >> "$root/var/lib/dpkg/status"
+    # What the path-excludes above left out is not the package's on this system (as dpkg does).
+    dpkg-deb --fsys-tarfile "$deb" | tar -t | sed -e 's|^\./|/|; s|/$||; s|^$|/.|' -e '1s|^/$|/.|' \
+      | while IFS= read -r f; do if [ -e "$root$f" ] || [ -L "$root$f" ]; then echo "$f"; fi; done \
+      > "$info/$name.list"
+    if [ -f "$c/md5sums" ]; then
+      while read -r sum f; do if [ -e "$root/$f" ]; then echo "$sum  $f"; fi; done < "$c/md5sums" \
+        > "$info/$name.md5sums"
+    fi
+    for f in preinst postinst prerm postrm config templates triggers shlibs symbols conffiles; do
+      [ -f "$c/$f" ] && cp -p "$c/$f" "$info/$name.$f"
+    done
+    # The alternatives each postinst registers, with the host's update-alternatives.
+    if [ -f "$c/postinst" ]; then
+      sed -e ':a' -e '/\\$/N; s/\\\n[[:space:]]*/ /; ta' "$c/postinst" \
+        | sed -n 's/^[[:space:]]*update-alternatives --install //p' | sed 's/[[:space:]]*|| true[[:space:]]*$//' \
+        | while read -r line; do
+          case $line in *'$'*|*'`'*) echo "image: $pkg's alternative is computed ($line): configure it here" >&2; exit 1 ;; esac
+          # shellcheck disable=SC2086  # the postinst's literal words: link name path priority ...
+          set -- $line
+          # A path the image lacks (a man page excluded above) is one the postinst skips too.
+          [ -e "$root$3" ] || continue
+          # shellcheck disable=SC2086
+          update-alternatives --quiet --root "$root" --install $line
+        done
+    fi
+  done
+  # base-passwd's postinst on a new system: the accounts from its masters.
+  for f in passwd group; do [ -e "$root/etc/$f" ] || cp -p "$root/usr/share/base-passwd/$f.master" "$root/etc/$f"; done
+  # base-files' postinst is written for this (every path under DPKG_ROOT): run on the host.
+  DPKG_ROOT=$root sh "$ctl"/base-files_*/postinst configure ""
+  # The configuration files other postinsts put in place on a new system: libc-bin's
+  # nsswitch.conf, readline-common's inputrc, debianutils' shells (with bash's and dash's),
+  # libpam-modules' environment and opasswd, login's subuid and subgid, python3's
+  # debian_config and python3.11's local site directory. (Not done: pam-auth-update's
+  # /etc/pam.d/common-*, debconf's database, init and timer links: nothing in a container
+  # that runs the exporter reads them.)
+  cp -p "$root/usr/share/libc-bin/nsswitch.conf" "$root/etc/nsswitch.conf"
+  cp -p "$root/usr/share/readline/inputrc" "$root/etc/inputrc"
+  cp -p "$root/usr/share/debianutils/shells" "$root/etc/shells"
+  update-shells --root "$root"
+  touch "$root/etc/environment" "$root/etc/subuid" "$root/etc/subgid"
+  install -m 0600 /dev/null "$root/etc/security/opasswd"
+  mkdir -p "$root/etc/python3" "$root/usr/local/lib/python3.11/dist-packages"
+  printf '[DEFAULT]\n# how to byte-compile (comma separated: standard, optimize)\nbyte-compile = standard\n' \
+    > "$root/etc/python3/debian_config"
+  # dpkg's own files of an installed system.
+  echo 1 > "$info/format"; : > "$root/var/lib/dpkg/diversions"
+  # ca-certificates' postinst: every certificate trusted (its default), then the host's
+  # update-ca-certificates (the same script) with the image's directories in their places.
+  mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ca-certificates/update.d"
+  (cd "$root/usr/share/ca-certificates" && find . -name '*.crt' | sed 's|^\./||' | LC_ALL=C sort) > "$root/etc/ca-certificates.conf"
+  unshare --mount sh -ec '
+    for d in /etc/ssl/certs /usr/share/ca-certificates /usr/local/share/ca-certificates \
+             /etc/ca-certificates/update.d /etc/ca-certificates.conf; do
+      mount --bind "$1$d" "$d"
+    done
+    update-ca-certificates >/dev/null' sh "$root"
+  # The byte-code dpkg's python triggers compile: the host's python3 (the same CPython 3.11; a
+  # .pyc depends on the version, not the CPU) with the image's paths written into it.
+  [ "$(chroot "$root" /usr/bin/python3 -c 'import sys; print(sys.version_info[:2])')" = \
+    "$(/usr/bin/python3 -c 'import sys; print(sys.version_info[:2])')" ] \
+    || { echo "image: the host's python3 is not the image's version" >&2; exit 1; }
+  /usr/bin/python3 -m compileall -q -j 0 -s "$root" -p / "$root/usr/lib/python3.11" \
+    "$root/usr/lib/python3/dist-packages" "$root/usr/share/python3" >/dev/null || true
+  # libc-bin's trigger: the loader's cache, by the image's own ldconfig.
+  chroot "$root" /sbin/ldconfig
   exit 0
 fi
 
@@ -83,11 +186,16 @@ base_layer() {  # base_layer ARCH: base= the cached OCI layout of ARCH's Debian 
   base=$cache/base-$arch-$key.oci  # an OCI layout holding the compressed layer: gzipped once
   if [ ! -s "$base/index.json" ]; then
     say "building the $arch Debian layer (${packages[*]}, $headers_pkg); cached as $base"
-    mmdebstrap --quiet --arch="$arch" --variant=essential --include="$(IFS=,; echo "${packages[*]}")" \
+    # --variant=extract: the packages (the essential set and ours) are unpacked by the host and
+    # configured by `build.sh configure`, so no maintainer script runs under emulation.
+    mmdebstrap --quiet --arch="$arch" --variant=extract --include='?essential' \
+      --include="$(IFS=,; echo "${packages[*]}")" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-      --customize-hook="'$here/deploy/image/build.sh' headers \"\$1\" $arch $headers_pkg $common_pkg '$work'" \
-      --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+      --setup-hook="'$here/deploy/image/build.sh' merged-usr \"\$1\" $arch" \
+      --extract-hook="'$here/deploy/image/build.sh' configure \"\$1\" $arch" \
+      --extract-hook="'$here/deploy/image/build.sh' headers \"\$1\" $arch $headers_pkg $common_pkg '$work'" \
+      --extract-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
       bookworm "$work/base-$arch.tar" /etc/apt/sources.list.d/debian.sources >&2
     umoci init --layout "$work/base-$arch.oci"
     umoci new --image "$work/base-$arch.oci:base"

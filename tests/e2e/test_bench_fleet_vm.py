@@ -1,9 +1,10 @@
 """bench/fleet_vm.py at its --quick size (40 replayed nodes, 2 vmagent shards, seconds of
 scraping): the fleet past one Prometheus keeps working. Debian's vmagent shards scrape every
 target once between them into Debian's VictoriaMetrics, vmalert evaluates the project's rules
-against it and raises exactly the faulty nodes' alerts, every dashboard query answers from the
-store, and a shard-local ruler running the per-node rules raises exactly the alerts of its own
-shard's nodes.
+against it split as a sharded fleet runs them (the `.global` groups on one global ruler, the
+others on one ruler per shard seeing only its shard's series), each shard's ruler raises exactly
+the alerts of its own shard's faulty nodes, the global ruler none, and every dashboard query
+answers from the store.
 
 No timed assertions: counts must add up exactly, whatever the machine's load.
 """
@@ -48,20 +49,41 @@ def test_the_shards_scrape_every_target_once_between_them(result):
         assert proc["rss_bytes"] > 0 and proc["cpu_cores"] >= 0, (name, proc)
 
 
-def test_the_global_ruler_raises_each_faulty_nodes_alerts(result):
+def test_each_ruler_evaluates_its_groups(result):
     groups = {g["name"] for g in yaml.safe_load(fleet.RULES.read_text())["groups"]}
-    assert set(result["rule_groups"]) == groups
-    assert all(t["evaluations"] > 0 for t in result["rule_groups"].values())
-    want = {alert: FAULTY for _, alert in fleet_vm.FAULTS.values()}
-    assert result["alerts_by_name"] == want, result["alerts_by_name"]
+    glob = {g for g in groups if g.endswith(".global")}
+    assert glob and set(result["rule_groups"]["vmalert-global"]) == glob
+    for s in range(SHARDS):
+        assert set(result["rule_groups"][f"vmalert-shard-{s}"]) == groups - glob
+    assert all(t["evaluations"] > 0 for r in result["rule_groups"].values() for t in r.values())
 
 
-def test_per_node_alerts_are_the_same_on_any_one_shard(result):
-    check = result["shard_check"]
+def test_each_faulty_nodes_alerts_come_once_from_its_own_shard(result):
+    check = result["alert_check"]
     assert sum(check["nodes_per_shard"]) == NODES and all(check["nodes_per_shard"])
-    assert check["global_per_node_alerts"] == FAULTY * len(fleet_vm.FAULTS)
+    assert check["wanted"] == FAULTY * len(fleet_vm.FAULTS)
     assert check["correct"], json.dumps(check, indent=1)
-    assert check["alerts_by_name"] == result["alerts_by_name"]
+    assert check["raised_once"] == check["wanted"]
+    assert result["alerts_by_name"] == {alert: FAULTY for _, alert in fleet_vm.FAULTS.values()}
+    assert [x["alerts"] for x in check["shards"]] == [x["want"] for x in check["shards"]]
+
+
+def test_the_global_ruler_sees_every_node_and_raises_nothing(result):
+    check = result["alert_check"]
+    assert check["global_alerts"] == {}
+    recorded = check["global_recordings_nodes"]
+    assert recorded and all(v == NODES for v in recorded.values()), recorded
+
+
+def test_each_rule_is_timed_on_the_whole_store_and_on_one_shard(result):
+    costs = result["rule_costs"]
+    assert len(costs) == sum(len(g["rules"]) for g in
+                             yaml.safe_load(fleet.RULES.read_text())["groups"])
+    assert all("fleet_error" not in c and "shard_error" not in c for c in costs), costs
+    up = next(c for c in costs if c["rule"] == "NodeResizeExporterSourceDown")
+    # Against shard 0's series: its own faulty nodes only (the hash may give it none of 4).
+    on_shard_0 = result["alert_check"]["shards"][0]["want"] // len(fleet_vm.FAULTS)
+    assert up["fleet_series"] == FAULTY and up["shard_series"] == on_shard_0
 
 
 def test_every_dashboard_query_answers_from_the_store(result):
@@ -113,8 +135,40 @@ def test_a_rule_reading_a_cross_node_recording_goes_global(tmp_path):
                                           "A": "global", "B": "node"}
 
 
+def test_a_cross_node_rule_outside_a_global_group_is_refused(tmp_path):
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": [
+        {"name": "x.rules", "rules": [{"alert": "A", "expr": "sum(up) < 3"}]},
+        {"name": "x.alerts.global", "rules": [{"alert": "B", "expr": "absent(up)"}]}]}))
+    with pytest.raises(ValueError, match="A read other nodes"):
+        fleet_vm.split_rules(rules, fleet_vm.rule_scope(rules))
+
+
+def test_the_shipped_rules_split_into_shard_and_global_groups():
+    glob, local = fleet_vm.split_rules(fleet.RULES, fleet_vm.rule_scope())
+    assert glob and local
+    assert all(g["name"].endswith(".global") for g in glob)
+
+
 def test_the_shipped_rules_that_need_the_global_ruler():
     """What bench/README.md says must run on the global ruler."""
     scope = fleet_vm.rule_scope()
     assert {r for r, s in scope.items() if s == "global"} == {
         "NodeResizeExporterAbsent", "NodeResizeExporterSeriesAbsent"}
+
+
+def test_the_healthy_replay_does_not_carry_the_recording_machines_faults():
+    """Recorded while another session had a CPU offline, every replayed node would raise
+    NodeResizeCapacityStale: the healthy copy says what a healthy node says."""
+    body = b"\n".join([
+        b'node_resize_capacity_drift{resource="cpu",unit="core"} -1.0',
+        b'node_resize_kernel_cpus{state="offline"} 1.0',
+        b'node_resize_exporter_source_up{source="sysfs"} 0.0',
+        b'node_resize_exporter_source_up{source="kubelet_process"} 0.0',
+        b'node_resize_readmission_forecast_valid{reason="no_pods"} 0.0', b""])
+    assert fleet_vm.healthy(body) == b"\n".join([
+        b'node_resize_capacity_drift{resource="cpu",unit="core"} 0.0',
+        b'node_resize_kernel_cpus{state="offline"} 0.0',
+        b'node_resize_exporter_source_up{source="sysfs"} 1.0',
+        b'node_resize_exporter_source_up{source="kubelet_process"} 0.0',
+        b'node_resize_readmission_forecast_valid{reason="no_pods"} 1.0', b""])

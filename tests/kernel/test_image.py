@@ -336,3 +336,52 @@ def test_the_arm64_image_runs_version_and_check_under_emulation(unpacked_arm64, 
     assert said.get("web") == "OK", out
     assert status == (1 if "FAIL" in said.values() else 0), out
     print(out)
+
+
+def _in_image(root: Path, path: Path) -> Path:
+    """PATH with its symbolic links followed inside the image's tree (never the host's)."""
+    for _ in range(10):
+        if not path.is_symlink():
+            return path
+        target = os.readlink(path)
+        path = root / target.lstrip("/") if target.startswith("/") else path.parent / target
+    raise AssertionError(f"{path}: a loop of links")
+
+
+@pytest.mark.parametrize("fixture, arch", [("unpacked", "amd64"), ("unpacked_arm64", "arm64")])
+def test_each_image_is_a_configured_debian_system(fixture, arch, request):
+    """The Debian layer is unpacked and configured by the host's tools (deploy/image/build.sh
+    configure: no maintainer script runs under emulation): what dpkg and the packages' scripts
+    would have left must be there, read here with the host's dpkg on the image's database."""
+    root, _ = request.getfixturevalue(fixture)
+    admin = ["--admindir", str(root / "var" / "lib" / "dpkg")]
+    status = subprocess.run(
+        ["dpkg-query", *admin, "-W", "-f", "${Package} ${Status} ${Architecture}\n"],
+        capture_output=True, text=True, check=True, timeout=60).stdout
+    installed = {line.split()[0]: line.split()[-1] for line in status.splitlines()
+                 if " install ok installed " in line}
+    assert len(installed) == len(status.splitlines()) > 50, status
+    for pkg in ("python3", "python3-bpfcc", "libbpf1", "ca-certificates", "libc6", "dpkg"):
+        assert installed.get(pkg) in (arch, "all"), (pkg, installed.get(pkg))
+    # Every packaged file the image keeps is the package's (md5sums), read by dpkg itself.
+    verify = subprocess.run(["dpkg", "--root", str(root), "--verify", "python3-bpfcc", "libc6"],
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0 and verify.stdout == "", verify.stdout + verify.stderr
+    # base-passwd's accounts (its masters: no shadow file in the image, as on a debootstrap).
+    assert (root / "etc" / "passwd").read_text().startswith("root:*:0:0:root:/root:")
+    assert (root / "etc" / "group").read_text().startswith("root:*:0:")
+    assert (root / "bin").readlink() == Path("usr/bin")
+    # update-alternatives' links, inside the image.
+    assert os.readlink(root / "usr" / "bin" / "awk") == "/etc/alternatives/awk"
+    assert os.readlink(root / "etc" / "alternatives" / "awk") == "/usr/bin/mawk"
+    # update-ca-certificates: the bundle, and every link pointing into the image's own tree.
+    bundle = (root / "etc" / "ssl" / "certs" / "ca-certificates.crt").read_text()
+    assert bundle.count("BEGIN CERTIFICATE") > 100
+    links = [p for p in (root / "etc" / "ssl" / "certs").iterdir() if p.is_symlink()]
+    assert len(links) > 200
+    for link in links:
+        assert _in_image(root, link).is_file(), link
+    # libc-bin's trigger (the loader's cache) and python's byte-code, made for the image.
+    assert b"libbcc.so" in (root / "etc" / "ld.so.cache").read_bytes()
+    assert (root / "usr" / "lib" / "python3.11" / "__pycache__" / "os.cpython-311.pyc").is_file()
+    assert (root / "etc" / "nsswitch.conf").read_text().startswith("#")
