@@ -40,10 +40,10 @@ def test_check_reports_config_and_rbac_from_self_subject_access_reviews(api):
     out = check("--kubeconfig", api.kubeconfig, "--node-name", NODE,
                 "--podresources-socket", "")
     assert f"OK   kubernetes config: server {api.url}" in out
-    assert ("OK   kubernetes RBAC: list and watch on nodes, pods, leases in kube-node-lease "
-            "and events in default allowed" in out)
+    assert ("OK   kubernetes RBAC: list and watch on nodes, pods, leases in kube-node-lease, "
+            "poddisruptionbudgets and events in default allowed" in out)
     reviews = [p for p, q in api.requests if p.endswith("selfsubjectaccessreviews")]
-    assert len(reviews) == 8
+    assert len(reviews) == 10
 
     api.denied.add(("watch", "pods"))
     out = check("--kubeconfig", api.kubeconfig, "--node-name", NODE,
