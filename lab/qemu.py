@@ -25,6 +25,7 @@ from lab.qmp import QMP
 QEMU = "qemu-system-x86_64"
 GiB = 1 << 30
 MiB = 1 << 20
+LPJ = 8400040  # loops per jiffy: 4200.02 BogoMIPS at HZ=250, the boot CPU under TCG here
 
 
 # The paravirtual memory devices every lab guest has (lab/scenarios_virtio.py drives them):
@@ -114,8 +115,12 @@ class Guest:
 
     def command(self, initrd: Path) -> list[str]:
         c = self.config
+        # lpj: no delay-loop calibration on a CPU coming up. Under TCG on a busy host the
+        # calibration of a hot-added vCPU took 100 s and more (calibrate_delay_direct()
+        # "failed to get a good estimate"), the guest agent unanswered meanwhile; x86 times
+        # its delays with the TSC, so the preset value (the boot CPU's, measured) changes none.
         append = ["console=ttyS0", "panic=-1", "memhp_default_state=online_movable",
-                  f"lab.script={c.script}", *c.extra_append]
+                  f"lpj={LPJ}", f"lab.script={c.script}", *c.extra_append]
         return [
             QEMU, "-machine", f"pc,max-ram-below-4g={c.below_4g_mib}M", "-accel", "tcg",
             "-m", f"{c.base_mib}M,slots={c.slots},maxmem={c.max_mib}M",
