@@ -48,3 +48,23 @@ def wait_until(predicate: Callable[[], bool], what: str, bound: float = 20.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.01)
+
+
+def started_sources(make):
+    """A fixture body for sources a test starts: yields `start(*args, **kwargs)`, which builds a
+    source with `make(*args, **kwargs)`, opens it and starts it into a new EventLog, returning
+    (source, log); every source started is stopped afterwards and its thread must be gone."""
+    started = []
+
+    def start(*args, **kwargs):
+        log = EventLog()
+        source = make(*args, **kwargs)
+        source.open()
+        source.start(log.emit)
+        started.append(source)
+        return source, log
+
+    yield start
+    for source in started:
+        source.stop()
+        assert not source._thread.is_alive()

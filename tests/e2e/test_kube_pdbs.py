@@ -8,7 +8,7 @@ import pytest
 from exporter.clock import MonotonicWallClock
 from exporter.events import MalformedInput, PdbsRelisted, PdbStatus, SourceStatus
 from exporter.sources.apiserver.kube_pdbs import KubePdbsSource
-from testkit.event_log import EventLog, wait_until
+from testkit.event_log import started_sources, wait_until
 from testkit.fakes.apiserver import FakeApiServer
 
 
@@ -20,21 +20,9 @@ def api():
 
 @pytest.fixture
 def running(api):
-    started = []
-
-    def _start():
-        log = EventLog()
-        source = KubePdbsSource(MonotonicWallClock(), kubeconfig=api.kubeconfig_path,
-                                backoff_initial=0.05, backoff_max=0.5)
-        source.open()
-        source.start(log.emit)
-        started.append(source)
-        return source, log
-
-    yield _start
-    for source in started:
-        source.stop()
-        assert not source._thread.is_alive()
+    yield from started_sources(lambda: KubePdbsSource(
+        MonotonicWallClock(), kubeconfig=api.kubeconfig_path, backoff_initial=0.05,
+        backoff_max=0.5))
 
 
 def test_budgets_of_every_namespace_are_listed_watched_and_deleted(api, running):

@@ -12,7 +12,7 @@ from exporter.events import MalformedInput, PodsRelisted, PodStatus, Resource, S
 from exporter.kube.convert import LabelSelector, pod_status
 from exporter.sources import registry
 from exporter.sources.apiserver.kube_pods import BALLOON_SELECTOR, KubePodsSource
-from testkit.event_log import EventLog
+from testkit.event_log import EventLog, started_sources
 from testkit.fakes.apiserver import FakeApiServer
 
 MiB = 2**20
@@ -27,23 +27,9 @@ def api():
 
 @pytest.fixture
 def running(api):
-    started = []
-
-    def _start(node: str = "n1"):
-        log = EventLog()
-        source = KubePodsSource(MonotonicWallClock(), node_name=node,
-                                kubeconfig=api.kubeconfig_path,
-                                balloon_selector=BALLOON_SELECTOR.default,
-                                backoff_initial=0.05, backoff_max=0.5)
-        source.open()
-        source.start(log.emit)
-        started.append(source)
-        return source, log
-
-    yield _start
-    for source in started:
-        source.stop()
-        assert not source._thread.is_alive()
+    yield from started_sources(lambda node="n1": KubePodsSource(
+        MonotonicWallClock(), node_name=node, kubeconfig=api.kubeconfig_path,
+        balloon_selector=BALLOON_SELECTOR.default, backoff_initial=0.05, backoff_max=0.5))
 
 
 def by_name(log: EventLog, name: str) -> list[PodStatus]:
