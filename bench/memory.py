@@ -261,6 +261,12 @@ class PodExporter:
     def pid(self) -> int:
         return self.proc.pid
 
+    def tail(self, chars: int = 3000) -> str:
+        """For a failure message: whether the process still runs, and its log's end."""
+        code = self.proc.poll()
+        state = "running" if code is None else f"exited {code}"
+        return f"\nexporter (pid {self.pid}) {state}; log tail:\n{self.log.read_text()[-chars:]}"
+
     def probe_report(self) -> dict:
         assert self.probe is not None
         trigger = self.probe.with_name(self.probe.name + ".trigger")

@@ -9,7 +9,6 @@ import http.client
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,18 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from testkit.exporter_proc import terminate
+from testkit.exporter_proc import free_port, terminate
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_exporter_path() -> str | None:

@@ -36,12 +36,22 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None,
                         help="artifact folder (default lab/out/<timestamp>-<pid>)")
+    parser.add_argument("--only", default="", metavar="NAME[,NAME...]",
+                        help="run only these scenarios (their function names in "
+                             "lab/scenarios*.py), in the lab's order, after the plumbing checks; "
+                             "one that builds on an earlier scenario says what it misses")
     args = parser.parse_args(argv)
+    from lab.scenarios_orchestrator import LAB_ORDER
+    only = frozenset(n for n in args.only.split(",") if n)
+    unknown = sorted(only - {step.fn.__name__ for step in LAB_ORDER})
+    if unknown:
+        parser.error(f"--only: no scenario {', '.join(unknown)}; the scenarios: "
+                     + ", ".join(step.fn.__name__ for step in LAB_ORDER))
     out = args.out or DEFAULT_OUT / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"lab: QEMU TCG guest, artifacts in {out} (budget {BUDGET_SECONDS:.0f}s)", flush=True)
     t0 = time.monotonic()
-    outcomes = run_all(out, report=lambda o: print(line(o), end="", flush=True))
+    outcomes = run_all(out, report=lambda o: print(line(o), end="", flush=True), only=only)
     passed = sum(o.passed for o in outcomes)
     verdict = "PASS" if outcomes and passed == len(outcomes) else "FAIL"
     tail = f"lab: {verdict}: {passed}/{len(outcomes)} steps passed in {time.monotonic() - t0:.0f}s"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +46,16 @@ class AgentError(RuntimeError):
     pass
 
 
+SCRAPE_TIMEOUT = 10.0
+SCRAPE_TRIES = 3
+
+
 @dataclass
 class LabGuest:
     guest: Guest
     seq: int = 0
     exporter_pid: int | None = None
+    slow_scrapes: int = 0  # scrapes that timed out and were tried again
 
     @classmethod
     def boot(cls, out: Path, config: GuestConfig | None = None,
@@ -167,8 +173,26 @@ class LabGuest:
                                f"{self.artifact('exporter.log')[-3000:]}") from None
 
     def scrape(self) -> Scrape:
-        _, body = self.http_get("/metrics", timeout=10)
-        return Scrape(body.decode())
+        """One scrape through hostfwd. Under TCG on a loaded host the guest can stall for
+        seconds after a hotplug (one CPU onlining took 4 s); a scrape that times out is tried
+        again, up to SCRAPE_TRIES times, and logged in the artifacts. An exporter that answers
+        none of them (30 s) fails the wait."""
+        for attempt in range(1, SCRAPE_TRIES + 1):
+            t0 = time.monotonic()
+            try:
+                _, body = self.http_get("/metrics", timeout=SCRAPE_TIMEOUT)
+                return Scrape(body.decode())
+            except (TimeoutError, urllib.error.URLError) as e:
+                if not isinstance(getattr(e, "reason", e), TimeoutError):
+                    raise
+                self.slow_scrapes += 1
+                with open(self.guest.out / "slow-scrapes.log", "a") as log:
+                    log.write(f"{time.strftime('%H:%M:%S')} scrape {attempt} of {SCRAPE_TRIES} "
+                              f"timed out after {time.monotonic() - t0:.1f}s\n")
+                if attempt == SCRAPE_TRIES:
+                    raise TimeoutError(f"the guest's exporter answered none of {SCRAPE_TRIES} "
+                                       f"scrapes in {SCRAPE_TIMEOUT:.0f}s each") from None
+        raise AssertionError("unreachable")
 
     def wait_scrape(self, predicate, timeout: float, what: str) -> Scrape:
         """Scrape until predicate(scrape) holds."""

@@ -7,8 +7,12 @@ has_unmovable_pages() makes offline_pages() fail with EBUSY at once (no migratio
 onlined pages sit at the tail of the free lists and unmovable allocations only take a movable
 pageblock when their own lists are empty. So first the rest of ZONE_NORMAL's free memory is
 taken by huge pages (vm.nr_hugepages: the kernel allocates them at once, nothing is copied),
-then pipes are filled in steps until /proc/kpageflags shows in-use, non-LRU pages in one of the
-target blocks (or a bound is hit), then the huge pages are given back. Without the huge pages
+then pipes are filled in steps until one of the target blocks holds enough pipe pages (or a
+bound is hit), then the huge pages are given back. A pipe page is known by its flags and its
+content: /proc/kpageflags shows it in use and neither LRU, slab, free nor huge, and /proc/kcore
+(the direct map, by physical address) shows it full of this run's random pattern. Flags alone
+also match free pages on the per-CPU lists and a block's own memmap, and the guest then gave a
+"pinned" block back (2 of 4 lab runs). Without the huge pages
 the pipes had to fill all of ZONE_NORMAL first: 0.4-1.3 GiB copied, 13-150 s under TCG.
 
     python -m lab.pin_pages READY_FILE [--movable-too] BLOCK [BLOCK...]     (root, in the guest)
@@ -16,8 +20,8 @@ the pipes had to fill all of ZONE_NORMAL first: 0.4-1.3 GiB copied, 13-150 s und
 --movable-too: the huge pages fill ZONE_MOVABLE's free memory too (a guest with movable memory
 beside the targets: huge pages come from there first).
 
-Writes READY_FILE (JSON: bytes held, the in-use non-LRU pages the pipes added per target
-block, ok) and then holds the pipes until SIGTERM; the pages go back to the kernel when the
+Writes READY_FILE (JSON: bytes held, the pipe pages found per target block (counted up to
+WANT_PAGES), ok) and then holds the pipes until SIGTERM; the pages go back to the kernel when the
 process exits.
 Standard library only.
 """
@@ -54,15 +58,64 @@ def mem_available_kb() -> int:
     return 0
 
 
-def pinned_pages(blocks: list[int]) -> dict[int, int]:
-    """In-use pages that are neither free, LRU, slab nor huge, per block (kpageflags)."""
+class Kcore:
+    """Physical memory read through /proc/kcore's RAM segments (ELF64 program headers: a
+    PT_LOAD whose p_paddr is the physical address of its direct-map range; the others carry
+    p_paddr -1). Opened afresh for each look: the kernel rebuilds the headers after memory
+    is onlined."""
+
+    def __init__(self) -> None:
+        self.f = open("/proc/kcore", "rb", buffering=0)
+        head = self.f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            raise RuntimeError("/proc/kcore is not ELF64")
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        self.f.seek(phoff)
+        table = self.f.read(phentsize * phnum)
+        self.ram: list[tuple[int, int, int]] = []  # (paddr, size, file offset)
+        for i in range(phnum):
+            p_type, _, offset, _, paddr, _, memsz, _ = struct.unpack_from(
+                "<IIQQQQQQ", table, i * phentsize)
+            if p_type == 1 and paddr != (1 << 64) - 1:
+                self.ram.append((paddr, memsz, offset))
+
+    def read(self, phys: int, size: int) -> bytes:
+        for paddr, memsz, offset in self.ram:
+            if paddr <= phys and phys + size <= paddr + memsz:
+                return os.pread(self.f.fileno(), size, offset + phys - paddr)
+        return b""
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def pinned_pages(blocks: list[int], pattern: bytes) -> dict[int, int]:
+    """Pipe pages per block, up to WANT_PAGES each: in use, neither free, LRU, slab nor huge
+    (kpageflags), and holding `pattern` (kcore). Contiguous candidates are read in one go."""
     pages = int((MEM_ROOT / "block_size_bytes").read_text(), 16) // PAGE
     out = {}
-    with open("/proc/kpageflags", "rb") as f:
-        for n in blocks:
-            f.seek(n * pages * 8)
-            data = f.read(pages * 8)
-            out[n] = sum(1 for (v,) in struct.iter_unpack("<Q", data) if not v & NOT_PINNED)
+    kcore = Kcore()
+    try:
+        with open("/proc/kpageflags", "rb") as f:
+            for n in blocks:
+                f.seek(n * pages * 8)
+                flags = [v for (v,) in struct.iter_unpack("<Q", f.read(pages * 8))]
+                found, i = 0, 0
+                while i < pages and found < WANT_PAGES:
+                    if flags[i] & NOT_PINNED:
+                        i += 1
+                        continue
+                    j = i
+                    while j < pages and j - i < 256 and not flags[j] & NOT_PINNED:
+                        j += 1
+                    data = kcore.read((n * pages + i) * PAGE, (j - i) * PAGE)
+                    found += sum(1 for k in range(0, len(data), PAGE)
+                                 if data[k:k + PAGE] == pattern)
+                    i = j
+                out[n] = found
+    finally:
+        kcore.close()
     return out
 
 
@@ -103,19 +156,16 @@ def take_the_rest(blocks: list[int], movable: bool = False) -> int:
 def fill(blocks: list[int], movable: bool = False) -> tuple[list[int], dict]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    chunk = b"\xa5" * PIPE_BYTES
+    pattern = os.urandom(PAGE)  # this run's: no page holds it before a pipe does
+    chunk = pattern * (PIPE_BYTES // PAGE)
     fds: list[int] = []
     held = 0
     t0 = time.monotonic()
     huge = take_the_rest(blocks, movable)
-    # What the blocks hold before a pipe is filled is not ours (a block's own memmap when
-    # onlined with memmap_on_memory: 512 pages of a 128 MiB block, in use and flagless; pages
-    # on the per-CPU free lists): only the rise the pipes make counts as pinned.
-    before = pinned_pages(blocks)
     try:
         while True:
-            counts = {n: max(0, c - before[n]) for n, c in pinned_pages(blocks).items()}
-            done = {"bytes": held, "pinned": counts, "before": before, "huge_pages": huge,
+            counts = pinned_pages(blocks, pattern)
+            done = {"bytes": held, "pinned": counts, "huge_pages": huge,
                     "seconds": round(time.monotonic() - t0, 2)}
             if max(counts.values()) >= WANT_PAGES:
                 return fds, {"ok": True, **done}

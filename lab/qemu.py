@@ -12,7 +12,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from lab import initramfs
 from lab.initramfs import GUEST_PORT, Kernel
 from lab.qmp import QMP
+from testkit.exporter_proc import free_port  # one port picker for every server the tests start
 
 QEMU = "qemu-system-x86_64"
 GiB = 1 << 30
@@ -65,12 +65,6 @@ class GuestConfig:
     # More QEMU arguments (-object/-device pairs): the paravirtual memory devices of
     # lab/scenarios_virtio.py (virtio-mem, virtio-balloon).
     extra_args: tuple[str, ...] = PARAVIRT_MEMORY
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _LIVE: dict[int, "Guest"] = {}  # id(guest) -> guest, while its QEMU may be running

@@ -16,10 +16,41 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Listening ports for the servers the tests start come from below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default), one slice per pytest-xdist worker. A
+# port the kernel picks for bind(0) is in the ephemeral range, where any process's next outgoing
+# connection may take it between the pick and the server's bind ("address already in use", seen in
+# CI on three workers); nothing picks ports below that range but these slices.
+_PORTS_LOW, _PORTS_HIGH = 20000, 32000
+_SLICES = 8
+_next_port: list[int] = []
+
+
+def _slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else _SLICES - 1
+    size = (_PORTS_HIGH - _PORTS_LOW) // _SLICES
+    low = _PORTS_LOW + (index % _SLICES) * size
+    return range(low, low + size)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, from this worker's slice, never the same twice in
+    a row in one process (a port just closed may still be in TIME_WAIT)."""
+    ports = _slice()
+    if not _next_port:
+        # Processes of one worker (a test and the lab or bench it starts) start apart.
+        _next_port.append(ports.start + (os.getpid() * 7919) % len(ports))
+    for _ in range(len(ports)):
+        port = _next_port[0]
+        _next_port[0] = port + 1 if port + 1 < ports.stop else ports.start
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {ports.start}-{ports.stop - 1}")
 
 
 def poll_until(read, predicate, timeout: float, interval: float, fail):

@@ -3,7 +3,6 @@ Defaults keep degrading gracefully (a journal at the default path, --kubernetes 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -32,9 +31,7 @@ def test_a_kubeconfig_without_contexts_names_the_missing_section(tmp_path):
 
 
 def test_kubernetes_on_without_a_reachable_api(tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "kubeconfig"
     config.write_text(f"""apiVersion: v1
 kind: Config

@@ -1,7 +1,6 @@
 """The Node watch against a real HTTP API server speaking list/watch (testkit/fakes/apiserver)."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from exporter.sources.apiserver.kube_node import KubeNodeSource
 from exporter.sources.apiserver.listwatch import Backoff
 from exporter.sources.base import SourceUnavailable
 from testkit.event_log import EventLog, wait_until
+from testkit.exporter_proc import free_port
 from testkit.fakes.apiserver import FakeApiServer
 
 GiB = 2**30
@@ -155,12 +155,6 @@ def test_forbidden_is_down_naming_rbac_then_recovers(api, running):
     up = log.wait_for(SourceStatus, lambda e: e.up)
     assert up.up
     assert log.wait_for(NodeStatus).capacity[Resource.CPU] == 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_at_start_then_recovers_without_restart(tmp_path):

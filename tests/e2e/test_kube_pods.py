@@ -193,6 +193,7 @@ def _kube_sources(options: Options) -> list[str]:
 
 
 def test_registry_builds_the_kube_sources_the_options_ask_for(monkeypatch):
+    registry.load()  # every source's options declared (kubelet_metrics_url is that source's)
     assert _kube_sources(Options(kubelet_metrics_url="http://127.0.0.1:1/metrics")) == [
         "kube_node", "kube_pods", "podresources", "kubelet_metrics"]
     assert _kube_sources(Options(podresources_socket="")) == ["kube_node", "kube_pods"]

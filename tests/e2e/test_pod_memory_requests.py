@@ -55,12 +55,14 @@ def test_the_request_fits_the_steady_state_and_the_limit_the_hostile_peak():
         poll_until(lambda: world.scrape(exp.port)[1],
                    lambda text: f"node_resize_readmission_forecast_pods {HOSTILE_PODS + 30}"
                    in text, 300, 1.0,
-                   lambda text: AssertionError(f"the watch never delivered them:\n{text[-2000:]}"))
+                   lambda text: AssertionError(f"the watch never delivered them:\n{text[-2000:]}"
+                                               f"{exp.tail()}"))
         world.api.compact()
         poll_until(lambda: world.scrape(exp.port)[1],
                    lambda text: 'node_resize_exporter_source_up{source="kube_pods"} 0' in text,
                    300, 1.0,
-                   lambda text: AssertionError(f"the relist was not refused:\n{text[-2000:]}"))
+                   lambda text: AssertionError(f"the relist was not refused:\n{text[-2000:]}"
+                                               f"{exp.tail()}"))
 
         # Round 2: a flood of new tokens (each one a TokenReview or a 429).
         with BearerFlood(exp.port, lambda i: f"flood-{i}-{secrets.token_hex(8)}") as flood:

@@ -13,7 +13,7 @@ from exporter.correlate.model import EpisodeUpdate, UpdateKind
 from exporter.sinks.journal.sink import JournalSink
 from exporter.sinks.traces.env import trace_config_from_env, trace_resource
 from exporter.sinks.traces.sink import TraceSink
-from testkit.exporter_proc import REPO
+from testkit.exporter_proc import REPO, free_port
 from testkit.fakes.otlp import GrpcReceiver, HttpReceiver
 from testkit.postmortem_samples import T0, cpu_offline_episode, memory_failed_episode
 
@@ -260,9 +260,7 @@ def test_run_exits_2_with_the_fix_not_a_traceback(name, value):
     # The real command: exit 2 and one line naming the variable.
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", name: value})
-    with socket.socket() as s:  # a free loopback port, should it get as far as listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     r = subprocess.run([sys.executable, "-m", "exporter", "run", "--no-journal",
                         "--source", "sysfs", "--web.listen-address", f"127.0.0.1:{port}"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
@@ -344,9 +342,7 @@ def test_hostile_otel_files_limits_and_headers_exit_2_naming_the_variable(
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
                 "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, name: value})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     r = subprocess.run([sys.executable, "-m", "exporter", "run", "--no-journal",
                         "--source", "sysfs", "--web.listen-address", f"127.0.0.1:{port}"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
