@@ -919,8 +919,12 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
     if p.rejected_pods:
         names = ", ".join(f"{r.namespace}/{r.name}" for r in p.rejected_pods[:8])
         more = p.rejected_total - min(8, len(p.rejected_pods))
+        # The answer lists the first rejected pods (readmission order); pods_total says how
+        # many the evict action really has to move (an orchestrator overriding a harmful
+        # verdict must not take the list for the whole).
         out.append(Action("evict", detail={"pods": [
-            _evictee(p, r.namespace, r.name, r.uid) for r in p.rejected_pods]},
+            _evictee(p, r.namespace, r.name, r.uid) for r in p.rejected_pods],
+            "pods_total": max(p.rejected_total, len(p.rejected_pods))},
             says=f"move away the pods the kubelet would reject ({names}"
                  f"{f' and {more} more' if more else ''}): drain them or lower their requests"
                  + _refused(p, [(r.namespace, r.name) for r in p.rejected_pods])))
@@ -928,7 +932,8 @@ def actions(p: Plan, inputs: Inputs) -> list[Action]:
     pinned = sorted({(c.namespace, c.pod) for c in p.stale_containers
                      if c.kind == "cpuset_exclusive"} - rejected)
     if pinned:
-        out.append(Action("evict", detail={"pods": [_evictee(p, ns, n, "") for ns, n in pinned]},
+        out.append(Action("evict", detail={"pods": [_evictee(p, ns, n, "") for ns, n in pinned],
+                                           "pods_total": len(pinned)},
                           says="move away the pods pinned to the CPUs that go ("
                           + ", ".join(f"{ns}/{n}" for ns, n in pinned[:8]) + ")"
                           + _refused(p, pinned)))

@@ -147,3 +147,20 @@ def test_page_flags_of_a_moved_block_count_what_moves():
     assert p.safe and p.json()["memory"]["move_bytes"] == 100 * 4096
     assert p.json()["inputs"]["page_flags"] == "read"
     assert isinstance(Inputs, type)
+
+
+def test_an_evict_action_says_how_many_pods_it_has_to_move_beyond_the_twenty_listed():
+    """30 pods of 100m on 4 CPUs, 3 taken away: 1 CPU left for them, 20 listed (the contract's
+    first 20), pods_total the whole count an orchestrator overriding the verdict has to move."""
+    hw = hardware(block(60, "Movable"), hotpluggable=frozenset({1, 2, 3}))
+    cp, mp = _checkpoints()
+    f = forecaster(node(cpu="4", allocatable_cpu="4"), snapshot(4),
+                   [pod(f"p{i:02d}", {"cpu": "100m"}, uid=f"uid-{i}") for i in range(40)])
+    i = inputs(hw, cpus=4, forecast=f, cpu_checkpoint=cp, memory_checkpoint=mp, running=None,
+               not_read={"running_containers": "no kubepods cgroup found"})
+    doc = json.loads(json.dumps(answer(Change(-3, 0), i, node="vm", now=T,
+                                       asked_generation="0" * 16).json()))
+    VALIDATOR.validate(doc)
+    [evict] = [a for a in doc["actions"] if a["do"] == "evict"]
+    assert doc["pods"]["rejected_total"] == 30 and len(doc["pods"]["rejected"]) == 20
+    assert len(evict["pods"]) == 20 and evict["pods_total"] == 30
