@@ -1,6 +1,7 @@
 """Command line: click commands and nothing else. Bad flags and config exit 2 with the fix."""
 from __future__ import annotations
 
+import faulthandler
 import sys
 from typing import Any
 
@@ -47,6 +48,9 @@ def run(print_bpf: bool, **values: Any) -> None:
         return
     from exporter.config import logs
     logs.setup(LOG_LEVEL.of(opts), LOG_FORMAT.of(opts))
+    # A crash in native code (bcc, gRPC, OpenSSL, SQLite) leaves every thread's Python stack
+    # on stderr, the container's log, instead of only "exited -11".
+    faulthandler.enable()
     from exporter.app import serve
     sys.exit(serve(opts))
 

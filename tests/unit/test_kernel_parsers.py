@@ -9,7 +9,12 @@ from exporter.sources.kernel.bpf.record import (
     cpuhp_targets,
     errno_name,
 )
-from exporter.sources.kernel.sysfs import parse_cpu_list, parse_hotplug_states, parse_meminfo
+from exporter.sources.kernel.sysfs import (
+    parse_block_state,
+    parse_cpu_list,
+    parse_hotplug_states,
+    parse_meminfo,
+)
 from exporter.sources.kernel.uevent import parse_uevent, to_event
 
 
@@ -152,3 +157,30 @@ def test_record_decoder_names_failed_cpuhp_state():
         )
     )
     assert t.failed_state == "83 (cpu:bringup)" and t.steps == 21 and t.unit == 1
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("online\n", True), ("offline\n", False),
+    # drivers/base/memory.c while offline_pages() runs: still online, and it stays so when
+    # the kernel refuses (EBUSY); read as offline it made a flap that never happened.
+    ("going-offline\n", True),
+    ("ERROR-UNKNOWN-7\n", None), ("", None), ("onlinex", None)])
+def test_memory_block_state(text, expected):
+    assert parse_block_state(text) is expected
+
+
+def test_a_block_going_offline_is_online_and_an_unknown_state_left_out(tmp_path):
+    from exporter.sources.kernel.memory_blocks import read_hardware
+    from exporter.sources.kernel.sysfs import SysfsReader
+    mem = tmp_path / "sys/devices/system/memory"
+    mem.mkdir(parents=True)
+    (mem / "block_size_bytes").write_text("8000000\n")
+    for n, state in ((0, "online"), (1, "going-offline"), (2, "offline"), (3, "ERROR-UNKNOWN-9")):
+        (mem / f"memory{n}").mkdir()
+        (mem / f"memory{n}" / "state").write_text(state + "\n")
+    size, online, offline = SysfsReader(str(tmp_path / "sys"), str(tmp_path / "proc")) \
+        .memory_blocks()
+    assert size == 128 << 20 and online == {0, 1} and offline == {2}
+    hw = read_hardware(str(tmp_path / "sys"))  # the plan's read of the same tree
+    assert {b.number: b.online for b in hw.blocks} == {0: True, 1: True, 2: False}
+    assert "memory block(s) 3" in hw.not_read["kernel"]

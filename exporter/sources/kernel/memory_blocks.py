@@ -24,6 +24,7 @@ from pathlib import Path
 
 from exporter.sources.kernel.cpu_topology import CpuPlace, read_topology
 from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
+from exporter.sources.kernel.sysfs import parse_block_state
 from exporter.untrusted import read_text
 
 PAGE_SIZE = 4096
@@ -144,17 +145,18 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
     for n in numbers[:_BLOCKS_MAX]:
         base = os.path.join(mem, f"memory{n}")
         state = _text(os.path.join(base, "state"))
-        if state is None:
+        online = None if state is None else parse_block_state(state)
+        if online is None:
             unread.append(n)
             continue
         zones = _text(os.path.join(base, "valid_zones"))
         removable = _text(os.path.join(base, "removable"))
-        blocks.append(MemoryBlock(n, state == "online", tuple(zones.split()) if zones else (),
+        blocks.append(MemoryBlock(n, online, tuple(zones.split()) if zones else (),
                                   None if removable is None else removable == "1"))
     kernel = []
     if unread:
         kernel.append(f"the state of memory block(s) {_numbers(unread)} (not a readable "
-                      "file): left out")
+                      "file, or not a state the kernel writes): left out")
     if truncated:
         kernel.append(f"memory blocks past the first {_BLOCKS_MAX}")
     if kernel:

@@ -44,6 +44,21 @@ from exporter.untrusted import read_text
 MAX_CPUS = 1 << 16  # the kernel's NR_CPUS tops out at 8192; a bigger id is not a CPU list
 
 
+def parse_block_state(text: str) -> bool | None:
+    """Whether a memory block's `state` says online: True, False, or None for a text the
+    kernel does not write (left out, as an unreadable block is). drivers/base/memory.c
+    state_show writes "online", "offline" or, while an offline is in progress,
+    "going-offline": the block is still online then (its pages are there, MemTotal counts
+    them) and stays so when the kernel refuses the offline (EBUSY). Read as offline, a poll
+    during a refused offline was an offline and an online that never happened."""
+    state = text.strip()
+    if state in ("online", "going-offline"):
+        return True
+    if state == "offline":
+        return False
+    return None
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
     """Kernel CPU list syntax: "0-3,8,10-11" (also used by cpusets). Empty means none.
 
@@ -156,7 +171,9 @@ class SysfsReader:
                 # the block is left out, as the plan's hardware read names it; one hostile
                 # block never fails the whole read.
                 continue
-            (online if state == "online" else offline).add(int(entry.name[6:]))
+            is_online = parse_block_state(state)
+            if is_online is not None:
+                (online if is_online else offline).add(int(entry.name[6:]))
         return size, frozenset(online), frozenset(offline)
 
     def hugepages(self, meminfo: dict[str, int]) -> dict[Resource, int]:
