@@ -102,7 +102,11 @@ class LabGuest:
             if not self.guest.alive():
                 raise AgentError(f"QEMU exited while the agent ran {op}")
             if time.monotonic() > deadline:
-                raise AgentError(f"guest agent did not answer {op} in {timeout}s")
+                # What the guest was doing: the agent dumps the kernel's stacks on the console
+                # when a write hangs there (lab/guest_agent.py SLOW_WRITE).
+                raise AgentError(f"guest agent did not answer {op} {args} in {timeout}s; QEMU "
+                                 f"threads: {self.guest.threads()}; serial tail:\n"
+                                 f"{self.guest.serial()[-4000:]}")
             time.sleep(0.05)
         answer = json.loads(res.read_text())
         res.unlink()

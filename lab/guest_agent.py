@@ -18,11 +18,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 MEM_ROOT = Path("/sys/devices/system/memory")
 CPU_ROOT = Path("/sys/devices/system/cpu")
+# A sysfs write still in the kernel after this long has the kernel print its blocked tasks
+# and every CPU's backtrace on the console (serial.log): what a hung hotplug waits for.
+SLOW_WRITE = 30.0
 
 
 class Agent:
@@ -54,6 +58,9 @@ class Agent:
         # One write(2), unbuffered: a buffered file whose flush fails retries the write when
         # it is closed, so the kernel would see (and refuse) the request twice.
         t0 = time.monotonic()
+        watchdog = threading.Timer(SLOW_WRITE, dump_stacks, (f"{value!r} > {path}",))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             fd = os.open(path, os.O_WRONLY)
             try:
@@ -63,6 +70,8 @@ class Agent:
             err = 0
         except OSError as e:
             err = e.errno or errno.EIO
+        finally:
+            watchdog.cancel()
         return {"errno": err, "error": errno.errorcode.get(err, "") if err else "",
                 "seconds": time.monotonic() - t0}
 
@@ -157,6 +166,20 @@ class Agent:
                 time.sleep(0.05)
         for pid in list(self.children):
             self.op_stop(pid)
+
+
+def dump_stacks(what: str) -> None:
+    """The write `what` is still in the kernel: sysrq w (blocked tasks) and l (each CPU's
+    backtrace) print to the console, whatever kernel.sysrq allows (/proc/sysrq-trigger is not
+    masked by it)."""
+    print(f"agent: {what} still in the kernel after {SLOW_WRITE:.0f}s: sysrq w and l on the "
+          "console", file=sys.stderr, flush=True)
+    for key in ("w", "l"):
+        try:
+            with open("/proc/sysrq-trigger", "w") as f:
+                f.write(key)
+        except OSError as e:
+            print(f"agent: sysrq {key}: {e}", file=sys.stderr, flush=True)
 
 
 def read(path: Path) -> str:

@@ -162,6 +162,23 @@ class Guest:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def threads(self) -> str:
+        """QEMU's threads and the CPU seconds each used ("CPU 1/TCG 0.4s"): whether a vCPU
+        that does not answer runs, spins or was never scheduled."""
+        if self.proc is None:
+            return "no QEMU"
+        out = []
+        tick = os.sysconf("SC_CLK_TCK")
+        for task in sorted(Path(f"/proc/{self.proc.pid}/task").glob("*")):
+            try:
+                comm = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            state, used = fields[0], (int(fields[11]) + int(fields[12])) / tick
+            out.append(f"{comm} {state} {used:.1f}s")
+        return ", ".join(out) or "no threads read"
+
     def serial(self) -> str:
         try:
             return self.serial_log.read_text(errors="replace")

@@ -488,8 +488,11 @@ def cpu_hot_add(run: LabRun, out: Outcome) -> None:
     before = run.counts()
     slot = lab.guest.qmp.add_cpu(CPU_ID)
     st = run.wait_guest(lambda st: cpu_count(st["cpus_present"]) == 2, "make cpu1 present")
-    # Without udev nothing onlines a hot-added CPU; the lab does what udev's rule would.
-    w = lab.call("write", path="/sys/devices/system/cpu/cpu1/online", value="1")
+    # Without udev nothing onlines a hot-added CPU; the lab does what udev's rule would. A
+    # hot-added vCPU's first bring-up under TCG took 12 s beside a CPU hog here, and more than
+    # 60 s in CI: up to 180 s (the agent prints the kernel's stacks at 30 s).
+    w = lab.call("write", run.budget(180), path="/sys/devices/system/cpu/cpu1/online",
+                 value="1")
     check(w["errno"] == 0, f"echo 1 > cpu1/online: {w['error']}")
     st = run.wait_guest(lambda st: cpu_count(st["cpus_online"]) == 2, "bring cpu1 online")
     out.kernel = (f"device_add {slot.driver} {slot.props}; cpu1 present, online "

@@ -46,12 +46,18 @@ from exporter.sources.kubelet.running_pods import (
     scan,
 )
 
-__all__ = ["HotplugHardware", "PageFlagsReader", "read_hardware", "Reads", "NodeAndPods",
+__all__ = ["HotplugHardware", "PageFlagsReader", "read_hardware", "read_kernel", "Reads",
+           "NodeAndPods",
            "MemoryDevices", "read_devices", "with_logged",
            "Unlisted", "KUBELET_ROOT_DIR", "CGROUP_ROOT", "LIST_MAX_OBJECTS", "ROOT_EMPTY",
            "NO_KUBEPODS", "find_layout", "not_mounted", "read_reserved_cpus"]
 
 T = TypeVar("T")
+
+
+def read_kernel(sysfs: str, procfs: str, now: float) -> KernelSnapshot:
+    """The kernel's CPUs, memory blocks and MemTotal now, as the sysfs source reads them."""
+    return SysfsReader(sysfs, procfs).read(now)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,11 @@ which of the sources a plan depends on are down and why (the kubelet's checkpoin
 containers: "not read", named in the answer). Memory by zone and the hot-added blocks are
 exporter/sinks/memory_zones_collector.py's, from the kernel's state. The kernel's CPUs and
 memory blocks are read when asked (a plan, the gauges' thread), kept HARDWARE_TTL seconds or
-until a kernel event; /proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each
-block's flags kept PAGE_FLAGS_TTL seconds (a cached block is not charged to the budget).
+until a kernel event; a plan also reads the kernel's CPUs, blocks and MemTotal itself when
+asked and answers on that, not on the agent's last snapshot, which trails a hotplug by the
+time its event takes to arrive (sysfs is polled; a loaded node takes seconds);
+/proc/kpageflags only for a plan, at most PAGE_BUDGET blocks a plan, each block's flags kept
+PAGE_FLAGS_TTL seconds (a cached block is not charged to the budget).
 
 The unpluggable gauges are worked out when an input changes, off the scrape path (as
 kube-state-metrics renders on the event): every event wakes this sink's thread, which lets a
@@ -62,6 +65,7 @@ from exporter.events import (
     CpuManagerCheckpoint,
     DeviceChange,
     Event,
+    KernelSnapshot,
     NodeStatus,
     ParavirtMemory,
     PdbsRelisted,
@@ -82,6 +86,7 @@ from exporter.readnow import (
     find_layout,
     not_mounted,
     read_hardware,
+    read_kernel,
     read_reserved_cpus,
     with_logged,
 )
@@ -209,10 +214,14 @@ class PlanSink(ViewSink):
 
     # ------------------------------------------------------------ reading the kernel
 
-    def hardware(self) -> HotplugHardware:
+    def hardware(self, kernel: KernelSnapshot | None = None) -> HotplugHardware:
+        """The CPUs and memory blocks, read again when a kernel event came since, after
+        HARDWARE_TTL, or when they are not the `kernel` just read (its event still on the
+        way)."""
         cached, blocks = self._hardware, self._blocks_changed
         now = time.monotonic()
-        if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL:
+        if cached is not None and cached[0] == blocks and now - cached[1] < HARDWARE_TTL \
+                and (kernel is None or _agrees(cached[2], kernel)):
             return cached[2]
         with self._io:
             hw = read_hardware(self.sysfs, self.procfs)
@@ -244,11 +253,12 @@ class PlanSink(ViewSink):
     def _kernel_read(self) -> bool:
         return self.shared.running.copy().snapshot is not None
 
-    def take(self, hw: HotplugHardware) -> Taken | None:
+    def take(self, hw: HotplugHardware, kernel: KernelSnapshot | None = None) -> Taken | None:
         """The planner's inputs: an immutable view of the forecast and whether it saw the pods
         (under the agent's lock when it changed), a copy of the running-pods view (under its
         sink's lock when it changed), the kubelet sink's view and this sink's own (references,
-        read once), each lock alone and briefly. None before the kernel was read."""
+        read once), each lock alone and briefly. None before the kernel was read. `kernel`: the
+        kernel read for this plan, which the plan is of when the agent's snapshot differs."""
         shared = self.shared
         forecast, validity = None, None
         if self.kubernetes:
@@ -256,6 +266,11 @@ class PlanSink(ViewSink):
         running = shared.running.copy()
         if running.snapshot is None:
             return None
+        snapshot = running.snapshot
+        if kernel is not None and not same_kernel(running.snapshot, kernel):
+            # The agent has not seen the kernel's latest change yet: the pods and containers
+            # are judged on the kernel as it is now (a new view: the shared one keeps its own).
+            running, snapshot = running.what_if(kernel), kernel
         # The kubelet's checkpoints and gates, as the kubelet sink's view keeps them (each a
         # reference, read once: no lock).
         kubelet = shared.kubelet.view
@@ -276,7 +291,7 @@ class PlanSink(ViewSink):
                 budgets = read
         else:
             not_read["pod_disruption_budgets"] = "the Kubernetes side is off"
-        inputs = Inputs(running.snapshot, hw, forecast,
+        inputs = Inputs(snapshot, hw, forecast,
                         running if running.scan is not None and running.scan.cgroup_version
                         else None, cpu, memory, self.kubelet_root or KUBELET_ROOT_DIR.default,
                         resizes, pods_unjudged=unjudged, not_read=not_read,
@@ -346,14 +361,18 @@ class PlanSink(ViewSink):
             change, asked = self.question(query)
         except BadChange as e:
             return 400, _error(str(e), FIX)
-        hw = self.hardware()
+        # The kernel as it is now: an answer is of the machine when asked, never of the
+        # agent's last snapshot (a CPU onlined a second ago may not have reached it).
+        with self._io:
+            kernel = read_kernel(self.sysfs, self.procfs, time.time())
+        hw = self.hardware(kernel)
         verdicts = None
         if change.memory < 0 and hw.block_size > 0:
             needed = -(change.memory // hw.block_size)  # ceil of the bytes asked
             with self._io, PageFlagsReader(hw.block_size, self.procfs) as reader:
                 verdicts = judge_blocks(self._with_cached_flags(hw), self._page_flags(reader),
                                         PAGE_BUDGET, enough=needed)
-        taken = self.take(hw)
+        taken = self.take(hw, kernel)
         if taken is None:
             return 503, _error("the kernel has not been read yet", "ask again in a second")
         result = answer(change, taken.inputs, node=self.node, now=time.time(),
@@ -381,8 +400,6 @@ class PlanSink(ViewSink):
             # sign it was meant to be (%2B works too).
             seen[key] = "+" + value[1:] if value.startswith(" ") else value
         return seen.get("cpu"), seen.get("memory"), seen.get("generation")
-
-    # ------------------------------------------------------------ the gauges
 
     # ------------------------------------------------------------ the gauges' thread
 
@@ -468,6 +485,19 @@ class PlanEndpoint:
 
 # Sources whose being down means an input was not read (their reason says why).
 DOWN_MEANS = ("kubelet_checkpoint", "running_pods")
+
+
+def same_kernel(a: KernelSnapshot, b: KernelSnapshot) -> bool:
+    """The same CPUs, memory blocks and sizes (read at different times)."""
+    return dataclasses.replace(a, time=b.time) == b
+
+
+def _agrees(hw: HotplugHardware, kernel: KernelSnapshot) -> bool:
+    """`hw` was read of the kernel `kernel` is: the same CPUs online, the same blocks."""
+    if hw.cpus_online != kernel.cpus_online:
+        return False
+    return hw.truncated or not hw.block_size or \
+        frozenset(b.number for b in hw.blocks if b.online) == kernel.memory_blocks_online
 
 
 def _error(message: str, fix: str) -> bytes:

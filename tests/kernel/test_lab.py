@@ -122,6 +122,8 @@ def test_guest_boots_with_the_host_root_and_the_agent(lab_run):
     assert len(st["memory_blocks"]) == 8  # 1 GiB of boot RAM, 128 MiB blocks
     assert set(st["memory_blocks"].values()) == {"online"}
     assert "lab-init: ready" in lab_run.lab.guest.serial()
+    # What an unanswered request reports: the vCPU's thread, its state and CPU time
+    assert re.search(r"CPU 0/TCG [RSD] \d+\.\ds", lab_run.lab.guest.threads())
 
 
 @pytest.mark.lab

@@ -344,3 +344,34 @@ def test_the_plan_reads_the_kubelets_checkpoint_from_the_kubelet_sinks_view(agen
     assert sink.shared.kubelet.view.cpu_checkpoint is not None
     answer = json.loads(sink.http("cpu=-1")[1])
     assert "stop_kubelet" in [a["do"] for a in answer["actions"]], answer["actions"]
+
+
+def _cpu1(sysfs, online: bool) -> None:
+    """cpu1 on or off in the fake tree, as the kernel writes it; no event for the agent."""
+    cpu = sysfs / "devices/system/cpu"
+    (cpu / "online").write_text("0-1\n" if online else "0\n")
+    (cpu / "offline").write_text("\n" if online else "1\n")
+    (cpu / "cpu1/online").write_text("1\n" if online else "0\n")
+
+
+def test_a_plan_is_of_the_kernel_when_asked_not_of_the_agents_last_snapshot(wired, tmp_path):
+    """cpu1 came back online a moment ago and the agent's sysfs poll has not seen it: GET /plan
+    reads the kernel itself and takes cpu1, with the pods it costs (CI: an exporter a poll
+    behind said "1 CPU online, none can be taken", and a memory plan counted pods the kernel
+    had CPUs for as rejected). And the other way: a CPU just gone is not offered."""
+    agent, sink = wired
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    _cpu1(sysfs, online=False)
+    handle(agent, SysfsReader(str(sysfs), str(procfs)).read(T + 1))  # the agent saw it go
+    assert json.loads(sink.http("cpu=-1")[1])["cpu"]["take"] == []  # and so did the plan
+    _cpu1(sysfs, online=True)  # back, and the agent not told
+    answer = json.loads(sink.http("cpu=-1")[1])
+    assert answer["cpu"]["take"] == [1], answer["harm"]
+    assert sorted(p["name"] for p in answer["pods"]["rejected"]) == ["a", "b"]
+    answer = json.loads(sink.http("memory=-256Mi")[1])
+    assert answer["pods"]["rejected"] == [] and answer["safe"], answer["harm"]
+    handle(agent, SysfsReader(str(sysfs), str(procfs)).read(T + 2))
+    _cpu1(sysfs, online=False)  # gone again, and the agent not told
+    answer = json.loads(sink.http("cpu=-1")[1])
+    assert answer["cpu"]["take"] == [] and not answer["safe"], answer
+    assert "1 CPU online" in answer["harm"][0]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from exporter.sources.kernel.cpu_topology import CpuPlace, read_topology
 from exporter.sources.kernel.memory_devices import MemoryDevices, read_devices
-from exporter.sources.kernel.sysfs import parse_block_state
+from exporter.sources.kernel.sysfs import parse_block_state, parse_cpu_list
 from exporter.untrusted import read_text
 
 PAGE_SIZE = 4096
@@ -62,6 +62,8 @@ class HotplugHardware:
     # What could not be read, by the plan's input name (kernel, memory_devices,
     # mem_available), with why
     not_read: Mapping[str, str] = field(default_factory=dict)
+    # The CPUs online when it was read (the topology of an offline CPU is not all there)
+    cpus_online: frozenset[int] = frozenset()
 
 
 def _text(path: str) -> str | None:
@@ -119,6 +121,10 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
     topology and MemAvailable. Never raises for what the tree holds: a block whose state
     cannot be read is named in `not_read` and left out."""
     every, cpus = read_cpus(sysfs)
+    try:
+        cpus_on = parse_cpu_list(_text(os.path.join(sysfs, "devices/system/cpu/online")) or "")
+    except ValueError:
+        cpus_on = frozenset()
     places = read_topology(every, sysfs, procfs) if procfs is not None else {}
     available = mem_available(procfs) if procfs is not None else None
     not_read: dict[str, str] = {}
@@ -130,7 +136,7 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
         not_read["kernel"] = bad
     if size <= 0:
         return HotplugHardware(cpus, 0, (), cpu_places=places, mem_available=available,
-                               not_read=not_read)
+                               not_read=not_read, cpus_online=cpus_on)
     numbers: list[int] = []
     try:
         for entry in os.scandir(mem):
@@ -171,7 +177,7 @@ def read_hardware(sysfs: str = "/sys", procfs: str | None = None) -> HotplugHard
     return HotplugHardware(cpus, size, tuple(blocks),
                            _text(os.path.join(mem, "auto_online_blocks")) or "",
                            _text(os.path.join(params, "online_policy")) or "", truncated,
-                           devices, places, available, not_read)
+                           devices, places, available, not_read, cpus_on)
 
 
 def _numbers(ns: list[int], most: int = 8) -> str:
