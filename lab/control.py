@@ -104,9 +104,12 @@ class LabGuest:
             if time.monotonic() > deadline:
                 # What the guest was doing: the agent dumps the kernel's stacks on the console
                 # when a write hangs there (lab/guest_agent.py SLOW_WRITE).
+                threads = self.guest.threads()
+                tail = self.guest.serial()[-1500:]
+                stacks = self.guest.sysrq("wl")
                 raise AgentError(f"guest agent did not answer {op} {args} in {timeout}s; QEMU "
-                                 f"threads: {self.guest.threads()}; serial tail:\n"
-                                 f"{self.guest.serial()[-4000:]}")
+                                 f"threads: {threads}; serial tail:\n{tail}\nsysrq w, l:\n"
+                                 f"{stacks[-6000:]}")
             time.sleep(0.05)
         answer = json.loads(res.read_text())
         res.unlink()

@@ -113,10 +113,13 @@ class Guest:
         # calibration of a hot-added vCPU took 100 s and more (calibrate_delay_direct()
         # "failed to get a good estimate"), the guest agent unanswered meanwhile; x86 times
         # its delays with the TSC, so the preset value (the boot CPU's, measured) changes none.
+        # sysrq_always_enabled: the host can ask a wedged guest for its stacks (sysrq()).
         append = ["console=ttyS0", "panic=-1", "memhp_default_state=online_movable",
-                  f"lpj={LPJ}", f"lab.script={c.script}", *c.extra_append]
+                  f"lpj={LPJ}", "sysrq_always_enabled", f"lab.script={c.script}",
+                  *c.extra_append]
         return [
-            QEMU, "-machine", f"pc,max-ram-below-4g={c.below_4g_mib}M", "-accel", "tcg",
+            QEMU, "-name", "lab,debug-threads=on",  # threads named "CPU 1/TCG": threads()
+            "-machine", f"pc,max-ram-below-4g={c.below_4g_mib}M", "-accel", "tcg",
             "-m", f"{c.base_mib}M,slots={c.slots},maxmem={c.max_mib}M",
             "-smp", f"1,maxcpus={c.max_cpus}",
             "-kernel", str(self.kernel.image), "-initrd", str(initrd),
@@ -178,6 +181,22 @@ class Guest:
             state, used = fields[0], (int(fields[11]) + int(fields[12])) / tick
             out.append(f"{comm} {state} {used:.1f}s")
         return ", ".join(out) or "no threads read"
+
+    def sysrq(self, keys: str = "wl", settle: float = 3.0) -> str:
+        """Alt-SysRq-<key> on the guest's keyboard for each of `keys` (w: blocked tasks, l:
+        each CPU's backtrace), through QMP: the guest kernel prints them on the console
+        whatever its programs do. What the console printed meanwhile, or why nothing."""
+        if self.qmp is None or not self.alive():
+            return "(no QMP)"
+        before = len(self.serial())
+        try:
+            for key in keys:
+                self.qmp.execute("send-key", timeout=5, keys=[
+                    {"type": "qcode", "data": k} for k in ("alt", "sysrq", key)])
+        except Exception as e:  # noqa: BLE001 - a diagnostic: say why, never raise
+            return f"(send-key failed: {e})"
+        time.sleep(settle)
+        return self.serial()[before:]
 
     def serial(self) -> str:
         try:

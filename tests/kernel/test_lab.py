@@ -124,6 +124,8 @@ def test_guest_boots_with_the_host_root_and_the_agent(lab_run):
     assert "lab-init: ready" in lab_run.lab.guest.serial()
     # What an unanswered request reports: the vCPU's thread, its state and CPU time
     assert re.search(r"CPU 0/TCG [RSD] \d+\.\ds", lab_run.lab.guest.threads())
+    # and the guest kernel's stacks, asked on its keyboard
+    assert "Show Blocked State" in lab_run.lab.guest.sysrq("w")
 
 
 @pytest.mark.lab
