@@ -106,10 +106,11 @@ class LabGuest:
                 # when a write hangs there (lab/guest_agent.py SLOW_WRITE).
                 threads = self.guest.threads()
                 tail = self.guest.serial()[-1500:]
+                vcpus = self.guest.vcpus()
                 stacks = self.guest.sysrq("wl")
                 raise AgentError(f"guest agent did not answer {op} {args} in {timeout}s; QEMU "
-                                 f"threads: {threads}; serial tail:\n{tail}\nsysrq w, l:\n"
-                                 f"{stacks[-6000:]}")
+                                 f"threads: {threads}; serial tail:\n{tail}\nvCPUs:\n"
+                                 f"{vcpus[-9000:]}\nsysrq w, l:\n{stacks[-4000:]}")
             time.sleep(0.05)
         answer = json.loads(res.read_text())
         res.unlink()

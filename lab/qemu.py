@@ -182,10 +182,11 @@ class Guest:
             out.append(f"{comm} {state} {used:.1f}s")
         return ", ".join(out) or "no threads read"
 
-    def sysrq(self, keys: str = "wl", settle: float = 3.0) -> str:
+    def sysrq(self, keys: str = "wl", timeout: float = 15.0) -> str:
         """Alt-SysRq-<key> on the guest's keyboard for each of `keys` (w: blocked tasks, l:
         each CPU's backtrace), through QMP: the guest kernel prints them on the console
-        whatever its programs do. What the console printed meanwhile, or why nothing."""
+        whatever its programs do. What the console printed meanwhile (until every key was
+        taken, and 3 s for what it prints), or why nothing."""
         if self.qmp is None or not self.alive():
             return "(no QMP)"
         before = len(self.serial())
@@ -195,8 +196,27 @@ class Guest:
                     {"type": "qcode", "data": k} for k in ("alt", "sysrq", key)])
         except Exception as e:  # noqa: BLE001 - a diagnostic: say why, never raise
             return f"(send-key failed: {e})"
-        time.sleep(settle)
+        deadline = time.monotonic() + timeout
+        while self.serial()[before:].count("sysrq: ") < len(keys) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(min(3.0, max(0.0, deadline - time.monotonic())))
         return self.serial()[before:]
+
+    def vcpus(self) -> str:
+        """QEMU's own view of the vCPUs: `info cpus` (which halted) and each local APIC's
+        registers (`info lapic`: what is pending, in service, masked), through QMP's HMP."""
+        if self.qmp is None or not self.alive():
+            return "(no QMP)"
+        out = []
+        for command in ("info cpus", "info registers -a",
+                        *(f"info lapic {i}" for i in range(self.config.max_cpus))):
+            try:
+                out.append(f"({command})\n" + str(self.qmp.execute(
+                    "human-monitor-command", timeout=5, **{"command-line": command})))
+            except Exception as e:  # noqa: BLE001 - a diagnostic: say why, never raise
+                out.append(f"({command}) failed: {e}")
+        return "\n".join(out)
 
     def serial(self) -> str:
         try:

@@ -5,6 +5,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,58 @@ def hotplug_lock():
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# The machine to itself: every test but the lab's holds QUIET_PATH shared while it runs
+# (sharing_the_machine, tests/conftest.py); the lab's vCPU scenarios hold it exclusively
+# (alone_on_the_machine). A test that wants to start meanwhile waits at TURNSTILE_PATH, so a
+# stream of tests on the other workers cannot starve the lab.
+QUIET_PATH = "/run/lock/node-resize-exporter-quiet.lock"
+TURNSTILE_PATH = "/run/lock/node-resize-exporter-turnstile.lock"
+
+
+def _lock_fd(path: str) -> int | None:
+    """A descriptor to flock `path` with; None where this user cannot open it (the unit
+    tests' unprivileged pass, which runs alone)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def sharing_the_machine():
+    """Held while a test runs: it starts only when nobody holds the machine alone."""
+    turnstile, quiet = _lock_fd(TURNSTILE_PATH), _lock_fd(QUIET_PATH)
+    try:
+        if turnstile is not None:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)  # passes through unless the lab waits here
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        if quiet is not None:
+            fcntl.flock(quiet, fcntl.LOCK_SH)
+        yield
+    finally:
+        for fd in (quiet, turnstile):
+            if fd is not None:
+                os.close(fd)  # drops the lock
+
+
+@contextlib.contextmanager
+def alone_on_the_machine():
+    """No other test runs while this is held: new ones wait to start, the running ones are
+    waited for. Yields the seconds it waited."""
+    started = time.monotonic()
+    turnstile, quiet = _lock_fd(TURNSTILE_PATH), _lock_fd(QUIET_PATH)
+    try:
+        if turnstile is not None:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if quiet is not None:
+            fcntl.flock(quiet, fcntl.LOCK_EX)
+        yield time.monotonic() - started
+    finally:
+        for fd in (quiet, turnstile):
+            if fd is not None:
+                os.close(fd)
 
 
 @dataclass

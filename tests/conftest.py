@@ -32,6 +32,18 @@ def pytest_sessionfinish(session, exitstatus):
             baseline.restore()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every test but the lab's runs sharing the machine, its set-up and tear-down included
+    (a module's servers start and stop there), so that the lab's vCPU scenarios can have it
+    alone (testkit.kernel.alone_on_the_machine, tests/kernel/test_lab.py)."""
+    if chain_of(item.nodeid)[1] == "lab":  # the lab's file: it holds the machine alone
+        yield
+        return
+    with kernel.sharing_the_machine():
+        yield
+
+
 FOLDER_MARKERS = {"unit": "unit", "e2e": "e2e", "kernel": "kernel"}
 
 
