@@ -363,8 +363,12 @@ class PlanSink(ViewSink):
             return 400, _error(str(e), FIX)
         # The kernel as it is now: an answer is of the machine when asked, never of the
         # agent's last snapshot (a CPU onlined a second ago may not have reached it).
-        with self._io:
-            kernel = read_kernel(self.sysfs, self.procfs, time.time())
+        try:
+            with self._io:
+                kernel = read_kernel(self.sysfs, self.procfs, time.time())
+        except (OSError, ValueError) as e:  # never an answer on what was not read
+            return 503, _error(f"the kernel could not be read now ({str(e)[:200]})",
+                               "ask again; if it lasts, see `node-resize-exporter check`")
         hw = self.hardware(kernel)
         verdicts = None
         if change.memory < 0 and hw.block_size > 0:

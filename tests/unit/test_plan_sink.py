@@ -375,3 +375,11 @@ def test_a_plan_is_of_the_kernel_when_asked_not_of_the_agents_last_snapshot(wire
     answer = json.loads(sink.http("cpu=-1")[1])
     assert answer["cpu"]["take"] == [] and not answer["safe"], answer
     assert "1 CPU online" in answer["harm"][0]
+
+
+def test_a_kernel_that_cannot_be_read_when_asked_is_a_503_not_an_old_answer(wired, tmp_path):
+    """The agent read the kernel before; now its CPU list is garbage: no plan on the old read."""
+    _, sink = wired
+    (tmp_path / "sys/devices/system/cpu/online").write_text("0-zz\n")
+    status, body = sink.http("cpu=-1")
+    assert status == 503 and "could not be read" in json.loads(body)["error"]
