@@ -262,10 +262,15 @@ class PodExporter:
         return self.proc.pid
 
     def tail(self, chars: int = 3000) -> str:
-        """For a failure message: whether the process still runs, and its log's end."""
+        """For a failure message: whether the process still runs, and its log's end; after a
+        crash, faulthandler's whole dump (the crashing thread comes first: CI's tail of 3,000
+        characters cut it off)."""
         code = self.proc.poll()
         state = "running" if code is None else f"exited {code}"
-        return f"\nexporter (pid {self.pid}) {state}; log tail:\n{self.log.read_text()[-chars:]}"
+        text = self.log.read_text()
+        crash = text.rfind("Fatal Python error")
+        shown = text[crash:][:20000] if crash >= 0 else text[-chars:]
+        return f"\nexporter (pid {self.pid}) {state}; log tail:\n{shown}"
 
     def probe_report(self) -> dict:
         assert self.probe is not None

@@ -117,7 +117,7 @@ class RunningExporter:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "RunningExporter":
+    def start(self, timeout: float = 60.0) -> "RunningExporter":
         cmd = [*self.wrapper, sys.executable, "-m", "exporter", "run", "--web.listen-address",
                f"127.0.0.1:{self.port}", "--log.level", "debug", *self.args]
         self.log = open(self.log_path, "w")
