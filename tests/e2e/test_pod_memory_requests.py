@@ -27,6 +27,14 @@ HOSTILE_PODS = 20_000
 FLOOD_REQUESTS = 2_000
 
 
+def _scrape_alive(world: PodShaped, exp: PodExporter) -> str:
+    """A scrape's text; an exporter that died fails the test now, not at the wait's end (a
+    crash left a 300 s wait to run out in CI)."""
+    if exp.proc.poll() is not None:
+        raise AssertionError(f"the exporter died{exp.tail()}")
+    return world.scrape(exp.port)[1]
+
+
 def quantity_mib(text: str) -> float:
     units = {"Mi": 1, "Gi": 1024, "Ki": 1 / 1024}
     for suffix, factor in units.items():
@@ -52,13 +60,13 @@ def test_the_request_fits_the_steady_state_and_the_limit_the_hostile_peak():
         # watch expired) the relist of 20,030 is refused at its object bound.
         for i in range(HOSTILE_PODS):
             world.api.put_pod(f"many-{i}", node=NODE, requests={"cpu": "1m", "memory": "1Mi"})
-        poll_until(lambda: world.scrape(exp.port)[1],
+        poll_until(lambda: _scrape_alive(world, exp),
                    lambda text: f"node_resize_readmission_forecast_pods {HOSTILE_PODS + 30}"
                    in text, 300, 1.0,
                    lambda text: AssertionError(f"the watch never delivered them:\n{text[-2000:]}"
                                                f"{exp.tail()}"))
         world.api.compact()
-        poll_until(lambda: world.scrape(exp.port)[1],
+        poll_until(lambda: _scrape_alive(world, exp),
                    lambda text: 'node_resize_exporter_source_up{source="kube_pods"} 0' in text,
                    300, 1.0,
                    lambda text: AssertionError(f"the relist was not refused:\n{text[-2000:]}"
