@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import yaml
 from testkit import metrics_doc
 from testkit.exporter_proc import free_port
 from testkit.monitoring import as_promql, dashboard_exprs, recorded_rules
-from testkit.prometheus import Daemon, get_json, wait_for
+from testkit.prometheus import Daemon, get_json
 
 REPO = Path(__file__).resolve().parents[2]
 INHIBIT = REPO / "alerts" / "alertmanager-inhibit.yml"
@@ -461,13 +462,7 @@ def test_a_real_alertmanager_applies_the_inhibit_rules(tmp_path):
                                          headers={"Content-Type": "application/json"})
         urllib.request.urlopen(request, timeout=5).close()
 
-        def states():
-            got = {(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"]
-                   for a in get_json(am.url + "/api/v2/alerts")}
-            return got if len(got) == len(posted) and "unprocessed" not in got.values() \
-                else None
-        got = wait_for("Alertmanager to process the alerts", states, timeout=30, logs=am.logs)
-        assert got == {
+        want = {
             ("NodeResizeExporterDown", "node-a"): "active",
             ("NodeResizeKernelRefused", "node-a"): "suppressed",  # exporter down there
             ("NodeResizeCapacityStale", "node-b"): "active",
@@ -475,6 +470,20 @@ def test_a_real_alertmanager_applies_the_inhibit_rules(tmp_path):
             ("NodeResizePodresourcesOfflineCPUs", "node-b"): "suppressed",  # same cause
             ("NodeResizeKernelRefused", "node-c"): "active",
         }
+        last: dict = {}
+
+        def states():
+            # Alertmanager's inhibitor learns of a source alert on its own goroutine: a target
+            # read just after the POST can still be "active" (CI saw all three so), so the
+            # states are read until they are the expected ones or the wait ends.
+            last.clear()
+            last.update({(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"]
+                         for a in get_json(am.url + "/api/v2/alerts")})
+            return last if last == want else None
+        deadline = time.monotonic() + 30
+        while states() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert last == want, am.logs()
     finally:
         am.stop()
 
