@@ -58,20 +58,28 @@ def _lock_fd(path: str) -> int | None:
 
 
 @contextlib.contextmanager
-def sharing_the_machine():
-    """Held while a test runs: it starts only when nobody holds the machine alone."""
-    turnstile, quiet = _lock_fd(TURNSTILE_PATH), _lock_fd(QUIET_PATH)
+def _flocked(*steps: tuple[str, int, bool]):
+    """Each (path, flock operation, keep) in order; a step not kept is let go at once (the
+    turnstile passed through). Everything is dropped when the block ends."""
+    fds = []
     try:
-        if turnstile is not None:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)  # passes through unless the lab waits here
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        if quiet is not None:
-            fcntl.flock(quiet, fcntl.LOCK_SH)
+        for path, operation, keep in steps:
+            fd = _lock_fd(path)
+            if fd is None:
+                continue
+            fds.append(fd)
+            fcntl.flock(fd, operation)
+            if not keep:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         yield
     finally:
-        for fd in (quiet, turnstile):
-            if fd is not None:
-                os.close(fd)  # drops the lock
+        for fd in reversed(fds):
+            os.close(fd)  # drops its lock
+
+
+def sharing_the_machine():
+    """Held while a test runs: it starts only when nobody holds the machine alone."""
+    return _flocked((TURNSTILE_PATH, fcntl.LOCK_EX, False), (QUIET_PATH, fcntl.LOCK_SH, True))
 
 
 @contextlib.contextmanager
@@ -79,17 +87,8 @@ def alone_on_the_machine():
     """No other test runs while this is held: new ones wait to start, the running ones are
     waited for. Yields the seconds it waited."""
     started = time.monotonic()
-    turnstile, quiet = _lock_fd(TURNSTILE_PATH), _lock_fd(QUIET_PATH)
-    try:
-        if turnstile is not None:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if quiet is not None:
-            fcntl.flock(quiet, fcntl.LOCK_EX)
+    with _flocked((TURNSTILE_PATH, fcntl.LOCK_EX, True), (QUIET_PATH, fcntl.LOCK_EX, True)):
         yield time.monotonic() - started
-    finally:
-        for fd in (quiet, turnstile):
-            if fd is not None:
-                os.close(fd)
 
 
 @dataclass

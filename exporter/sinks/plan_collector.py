@@ -267,7 +267,7 @@ class PlanSink(ViewSink):
         if running.snapshot is None:
             return None
         snapshot = running.snapshot
-        if kernel is not None and not same_kernel(running.snapshot, kernel):
+        if kernel is not None and not _same_kernel(running.snapshot, kernel):
             # The agent has not seen the kernel's latest change yet: the pods and containers
             # are judged on the kernel as it is now (a new view: the shared one keeps its own).
             running, snapshot = running.what_if(kernel), kernel
@@ -491,7 +491,7 @@ class PlanEndpoint:
 DOWN_MEANS = ("kubelet_checkpoint", "running_pods")
 
 
-def same_kernel(a: KernelSnapshot, b: KernelSnapshot) -> bool:
+def _same_kernel(a: KernelSnapshot, b: KernelSnapshot) -> bool:
     """The same CPUs, memory blocks and sizes (read at different times)."""
     return dataclasses.replace(a, time=b.time) == b
 
