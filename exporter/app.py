@@ -54,7 +54,13 @@ from exporter.correlate.down_changes import changes_while_down, state_at_stop
 from exporter.correlate.ledger import KernelLedger
 from exporter.correlate.node_view import NodeView
 from exporter.events import Direction, Resource, SourceStatus
-from exporter.kube.client import KubeUnavailable, load_config, make_client, probe_api
+from exporter.kube.client import (
+    KubeUnavailable,
+    load_config,
+    make_client,
+    prepare_decoding,
+    probe_api,
+)
 from exporter.sinks import collectors
 from exporter.sinks.journal.counters import BOOT_ID_PATH, valid_boot_id
 from exporter.sinks.journal.path import DEFAULT_UNWRITABLE, WRITABLE_FIX
@@ -338,6 +344,7 @@ def build_agent(options: Options, clock: MonotonicWallClock, *, journal: Any = N
     ledger, view = KernelLedger(), NodeView(decisions.correlator, clock)
     correlator = Correlator(decisions.correlator, clock, ledger=ledger, view=view)
     opened = open_sources(registry.SourceContext(options, clock, decisions.node), decisions)
+    prepare_decoding()  # before any thread decodes (msgspec's first decode is not thread-safe)
     agent = Agent(correlator, opened.sources(), [journal] if journal is not None else [], clock,
                   pokes=opened.pokes(), down=tuple(opened.down))
     metrics = MetricsSink(agent.lock, ledger, view, sinks=agent.sinks,
