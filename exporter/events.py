@@ -85,6 +85,11 @@ class Transition:
         return None if self.start is None else max(0.0, self.end - self.start)
 
 
+# The BPF programs that see the managed page count move (bpf/managed.bpf.c): while both are
+# attached, their source's managed-page changes are the ones believed (correlate/ledger.py).
+MANAGED_PAGE_PROGRAMS = ("managed_adjust_enter", "managed_online_enter")
+
+
 @dataclass(frozen=True)
 class DeviceChange:
     """A CPU or memory block device appeared or vanished (uevent add/remove: physical hotplug)."""

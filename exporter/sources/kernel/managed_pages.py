@@ -128,6 +128,11 @@ class Settler:
         return self.first is not None and self.last_move is not None \
             and now - self.last_move >= SETTLE_SECONDS
 
+    def cancel(self) -> None:
+        """Drop the change not yet settled (the poll: a block moved meanwhile)."""
+        self.first = self.last_move = None
+        self.seen = self.taken
+
     def finish(self, total: int, what: str) -> Transition | None:
         """Report what moved since the last report (None when it came back to where it was)."""
         start, end = self.first, self.last_move
@@ -195,20 +200,28 @@ class ManagedPagesPoll(Source):
                 emit(MalformedInput(self.name, f"{self.meminfo}: {e}"[:300], self.clock.now()))
 
     def poll(self, emit: Emit) -> None:
-        """One read: a MemTotal move with the same blocks online is a managed-page change."""
+        """One read: a MemTotal move with the same blocks online, before and after MemTotal
+        was read, is a managed-page change.
+
+        The block states are read on both sides of MemTotal: onlining blocks one after another
+        moves MemTotal between two reads, and a MemTotal read after blocks that were still
+        coming made their pages look like a change no block made (the lab: a virtio-mem
+        big-block plug of 8 blocks reported as "+768 MiB" of sub-blocks). A block that moved
+        drops a change not yet settled: its pages may be that block's."""
+        blocks = self.reader.memory_blocks()[1]
         mem = self._mem_total()
+        if self.reader.memory_blocks()[1] != blocks or blocks != self._blocks:
+            self._blocks, self._bytes = blocks, mem  # a block's own transition: not ours
+            self.settler.cancel()
+            return
         if mem == self._bytes:
             if self.settler.pending:  # stood still since the last read: settled
                 t = self.settler.finish(self.settler.seen, self.attribution.name())
                 if t is not None:
                     emit(t)
             return
-        blocks = self.reader.memory_blocks()[1]
         moved = (mem - self._bytes) // PAGE_SIZE
         self._bytes = mem
-        if blocks != self._blocks:  # a block's own transition: the block sources count it
-            self._blocks = blocks
-            return
         self.settler.read(self.settler.seen + moved, self.clock.now())
 
 
