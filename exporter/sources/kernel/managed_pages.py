@@ -12,9 +12,10 @@ skipped), and settled here into one Transition per change: resource memory, unit
 Where the kernel has no kprobes (the hosts here: CONFIG_KPROBES=n), or the bpf source could not
 load them, the `managed_pages` source below reads MemTotal every --managed-pages.interval and
 reports a move of MemTotal between two reads in which no memory block changed state
-(bench/README.md, "virtio-mem and virtio-balloon": its cost and latency). Either way the ledger
-counts a change once (the key is the unit and direction, the count the maximum over sources),
-and the transition pokes the sysfs reconciler, so the kernel capacity gauge follows at once.
+(bench/README.md, "virtio-mem and virtio-balloon": its cost and latency). The ledger believes
+one of the two at a time: the kprobes while both their programs are attached, else the poll
+(correlate/ledger.py says why), and the transition pokes the sysfs reconciler, so the kernel
+capacity gauge follows at once.
 """
 from __future__ import annotations
 
@@ -235,9 +236,8 @@ def _poll(ctx: SourceContext) -> ManagedPagesPoll:
     # It polls beside the bpf source too: the kprobes may not load on a kernel that has them
     # (no headers, a compile that timed out), and one source cannot see whether another's
     # programs attached. Beside them it costs 34 us of CPU a second (bench/README.md) and
-    # counts nothing twice: its changes are coarser than the kprobes' (it settles after a whole
-    # interval without a move, they after SETTLE_SECONDS), so the ledger, which keeps the
-    # largest count any source reports, keeps theirs.
+    # counts nothing: while both managed-page programs are attached the ledger takes the
+    # kprobes' changes alone (exporter/correlate/ledger.py).
     return ManagedPagesPoll(ctx.clock, MANAGED_PAGES_INTERVAL.of(ctx.options),
                             SYSFS_ROOT.of(ctx.options), PROCFS_ROOT.of(ctx.options))
 
