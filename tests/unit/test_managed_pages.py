@@ -295,3 +295,8 @@ def test_a_managed_change_is_no_block_to_replay_at_restart_nor_a_hotplug_duratio
     assert ledger.handle(grew)
     assert ledger.transitions == {(MEM, Direction.ONLINE, Result.SUCCESS): 1}
     assert ledger.durations == {}
+
+
+def test_the_programs_the_ledger_believes_are_the_bpf_sources_managed_page_probes():
+    from exporter.sources.kernel.bpf.programs import MANAGED_PROBES
+    assert set(MANAGED_PAGE_PROGRAMS) == set(MANAGED_PROBES)
