@@ -171,7 +171,7 @@ class _OnliningKernel:
         return 128 * MiB, frozenset(self.online), frozenset()
 
 
-@pytest.mark.parametrize("mem_steps,scan_steps", [(1, 1), (1, 3), (2, 5), (1, 16), (0, 16)])
+@pytest.mark.parametrize("mem_steps,scan_steps", [(1, 1), (1, 3), (2, 5), (1, 16), (3, 1)])
 def test_blocks_onlined_between_the_polls_reads_are_no_managed_change(tmp_path, mem_steps,
                                                                         scan_steps):
     """The lab's false "+768 MiB" of virtio-mem: eight blocks came online while the poll read
@@ -190,6 +190,24 @@ def test_blocks_onlined_between_the_polls_reads_are_no_managed_change(tmp_path, 
         poll.poll(out.append)
     assert kernel.online == {0, *range(48, 56)} and not kernel.steps  # all done, then still
     assert out == []
+
+
+def test_a_still_memtotal_reads_no_block_state(tmp_path):
+    """The poll's cost where nothing moves (bench/README.md: 34 us a second): one MemTotal read,
+    never the block states' directory, which is thousands of files on a large node."""
+    _tree(tmp_path, 1_048_576, {n: "online" for n in range(64)})
+    poll = ManagedPagesPoll(FakeClock(T0), 1.0, str(tmp_path / "sys"), str(tmp_path / "proc"))
+    poll.open()
+    scans: list[int] = []
+    scan = poll.reader.memory_blocks
+    poll.reader.memory_blocks = lambda: scans.append(1) or scan()  # type: ignore[method-assign]
+    out: list = []
+    for _ in range(10):
+        poll.poll(out.append)
+    assert scans == [] and out == []
+    _tree(tmp_path, 1_048_576 - 8192, {n: "online" for n in range(64)}, inflated=2048)
+    poll.poll(out.append)  # it moved: now the blocks are read, before and after MemTotal
+    assert len(scans) == 2
 
 
 # ---------------------------------------------------------------- the correlator

@@ -204,11 +204,15 @@ class ManagedPagesPoll(Source):
         """One read: a MemTotal move with the same blocks online, before and after MemTotal
         was read, is a managed-page change.
 
-        The block states are read on both sides of MemTotal: onlining blocks one after another
-        moves MemTotal between two reads, and a MemTotal read after blocks that were still
-        coming made their pages look like a change no block made (the lab: a virtio-mem
-        big-block plug of 8 blocks reported as "+768 MiB" of sub-blocks). A block that moved
-        drops a change not yet settled: its pages may be that block's."""
+        While MemTotal stands still and nothing is settling, that one read is all (the block
+        states are a directory of hundreds of files). Else the block states are read on both
+        sides of MemTotal: onlining blocks one after another moves MemTotal between two reads,
+        and a MemTotal read after blocks that were still coming made their pages look like a
+        change no block made (the lab: a virtio-mem big-block plug of 8 blocks reported as
+        "+768 MiB" of sub-blocks). A block that moved drops a change not yet settled: its
+        pages may be that block's."""
+        if self._mem_total() == self._bytes and not self.settler.pending:
+            return
         blocks = self.reader.memory_blocks()[1]
         mem = self._mem_total()
         if self.reader.memory_blocks()[1] != blocks or blocks != self._blocks:
