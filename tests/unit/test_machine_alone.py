@@ -22,19 +22,21 @@ def test_alone_waits_for_the_tests_running_and_they_for_it():
     running = threading.Event()
     release = threading.Event()
 
+    # Each writes its last line while it still holds the machine: written after the release,
+    # the next holder's first line could come first (CI, under load).
     def a_test(name: str, hold: threading.Event | None = None) -> None:
         with kernel.sharing_the_machine():
             log.append(f"{name} runs")
             running.set()
             if hold is not None:
                 hold.wait(10)
-        log.append(f"{name} done")
+            log.append(f"{name} done")
 
     def the_lab() -> None:
         with kernel.alone_on_the_machine() as waited:
             log.append(f"lab alone after {waited:.1f}s")
             time.sleep(0.3)
-        log.append("lab done")
+            log.append("lab done")
 
     first = threading.Thread(target=a_test, args=("first", release))
     first.start()
