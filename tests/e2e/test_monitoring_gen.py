@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 import yaml
 
 from testkit import metrics_doc
-from testkit.exporter_proc import free_port
+from testkit.exporter_proc import free_port, poll_until
 from testkit.monitoring import as_promql, dashboard_exprs, recorded_rules
 from testkit.prometheus import Daemon, get_json
 
@@ -470,20 +469,13 @@ def test_a_real_alertmanager_applies_the_inhibit_rules(tmp_path):
             ("NodeResizePodresourcesOfflineCPUs", "node-b"): "suppressed",  # same cause
             ("NodeResizeKernelRefused", "node-c"): "active",
         }
-        last: dict = {}
-
-        def states():
-            # Alertmanager's inhibitor learns of a source alert on its own goroutine: a target
-            # read just after the POST can still be "active" (CI saw all three so), so the
-            # states are read until they are the expected ones or the wait ends.
-            last.clear()
-            last.update({(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"]
-                         for a in get_json(am.url + "/api/v2/alerts")})
-            return last if last == want else None
-        deadline = time.monotonic() + 30
-        while states() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert last == want, am.logs()
+        # Alertmanager's inhibitor learns of a source alert on its own goroutine: a target read
+        # just after the POST can still be "active" (CI saw all three so), so the states are
+        # read until they are the expected ones or the wait ends.
+        poll_until(lambda: {(a["labels"]["alertname"], a["labels"]["node"]): a["status"]["state"]
+                            for a in get_json(am.url + "/api/v2/alerts")},
+                   lambda got: got == want, 30, 0.2,
+                   lambda got: AssertionError(f"states {got}, want {want}\n{am.logs()}"))
     finally:
         am.stop()
 

@@ -120,17 +120,14 @@ VCPU_SCENARIOS = LAB_ORDER[LAB_ORDER.index(cpu_hot_add):]
 def machine_alone(lab_run):
     """Held from the first vCPU scenario to the last (closed there, or at the module's end);
     the wait is not charged to the lab's time budget, and is written to the run's alone.log."""
-    stack = contextlib.ExitStack()
-    began = time.monotonic()
-    waited = stack.enter_context(kernel.alone_on_the_machine())
-    lab_run.started += waited
-    stack.callback(lambda: (lab_run.lab.guest.out / "alone.log").write_text(
-        f"waited {waited:.1f}s for the machine, had it alone "
-        f"{time.monotonic() - began - waited:.1f}s\n"))
-    try:
+    with contextlib.ExitStack() as stack:  # test_scenario closes it after the last one
+        began = time.monotonic()
+        waited = stack.enter_context(kernel.alone_on_the_machine())
+        lab_run.started += waited
+        stack.callback(lambda: (lab_run.lab.guest.out / "alone.log").write_text(
+            f"waited {waited:.1f}s for the machine, had it alone "
+            f"{time.monotonic() - began - waited:.1f}s\n"))
         yield stack
-    finally:
-        stack.close()
 
 
 def passes(scenario: Scenario, run: LabRun) -> None:
